@@ -1,0 +1,58 @@
+# The two commands of the README: `make run` and `make test`. Everything else is a helper.
+JOBS ?= $(shell nproc)
+PYTHON ?= /usr/bin/python3
+CMAKE_FLAGS ?=
+SAN_FLAGS = -DDL_WITH_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug
+ASAN = -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+TSAN = -fsanitize=thread -fno-omit-frame-pointer
+export ASAN_OPTIONS = detect_leaks=1:abort_on_error=1
+export UBSAN_OPTIONS = print_stacktrace=1:halt_on_error=1
+export TSAN_OPTIONS = halt_on_error=1:second_deadlock_stack=1
+
+.PHONY: all deps test-deps build run test test-release test-asan test-tsan test-python device clean
+
+all: build
+
+deps:
+	@sh scripts/install-deps.sh build
+
+test-deps:
+	@sh scripts/install-deps.sh test
+
+build: deps
+	@cmake -S . -B build -DDL_WERROR=ON $(CMAKE_FLAGS) >/dev/null
+	@cmake --build build -j $(JOBS)
+
+run: build
+	./build/dlbench --workers 8
+
+test: test-deps
+	@$(MAKE) --no-print-directory test-release test-asan test-tsan test-python
+
+test-release:
+	@cmake -S . -B build -DDL_WERROR=ON $(CMAKE_FLAGS) >/dev/null
+	@cmake --build build -j $(JOBS)
+	cd build && ctest --output-on-failure -j $(JOBS)
+
+test-asan:
+	@cmake -S . -B build-asan $(SAN_FLAGS) -DDL_WERROR=ON -DCMAKE_C_FLAGS="$(ASAN)" >/dev/null
+	@cmake --build build-asan -j $(JOBS)
+	cd build-asan && ctest --output-on-failure -j $(JOBS) -LE slow
+
+test-tsan:
+	@cmake -S . -B build-tsan $(SAN_FLAGS) -DDL_WERROR=ON -DCMAKE_C_FLAGS="$(TSAN)" >/dev/null
+	@cmake --build build-tsan -j $(JOBS)
+	cd build-tsan && ctest --output-on-failure -j $(JOBS) -L threads
+
+test-python: build
+	cd build && RINGFEED_LIBRARY=$(CURDIR)/build/libringfeed.so DL_TEST_SHARDS=$(CURDIR)/build/tests/shards \
+	  $(PYTHON) -m pytest -q $(CURDIR)/bindings/python/tests
+
+# Portable binaries for a machine without the -dev packages (the GPU machine): dependencies linked
+# statically, CUDA runtime static, into build-device/.
+device: deps
+	@cmake -S . -B build-device -DDL_STATIC_DEPS=ON -DDL_WITH_CUDA=ON -DDL_BUILD_TESTS=ON >/dev/null
+	@cmake --build build-device -j $(JOBS)
+
+clean:
+	rm -rf build build-asan build-tsan build-device

@@ -1,0 +1,165 @@
+/*
+ * ringfeed: a data loader that keeps GPUs fed.
+ *
+ * This header is the whole public contract: what is not declared here is not API.
+ *
+ * Threading: a dl_loader is driven by one consumer thread at a time (dl_next_batch, dl_state_save,
+ * dl_close). dl_batch_* accessors and dl_batch_release may be called from any thread. Error
+ * functions are thread-safe; dl_last_error() is per thread.
+ *
+ * Return values: every int function returns >= 0 on success and a negative code on failure,
+ * either -errno or one of the DL_E* codes below. Codes are never renumbered.
+ */
+#ifndef RINGFEED_H
+#define RINGFEED_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <dlpack/dlpack.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(DL_BUILDING_LIBRARY)
+#define DL_EXTERN __attribute__((visibility("default")))
+#else
+#define DL_EXTERN
+#endif
+
+#define DL_VERSION_MAJOR 0
+#define DL_VERSION_MINOR 1
+#define DL_VERSION_PATCH 0
+
+/* End of the last epoch: a positive value, returned by dl_next_batch(). */
+#define DL_EOF 1
+
+/*
+ * Project error codes: negative, far below any -errno. X(name, value, message).
+ * The list makes the enum, dl_strerror() and dl_errname().
+ */
+#define DL_ERRNO_MAP(X)                                                                            \
+  X(DL_ECORRUPT, -1001, "corrupt input")                                                         \
+  X(DL_EUNSUPPORTED, -1002, "unsupported input")                                                 \
+  X(DL_ECUDA, -1003, "CUDA error")                                                               \
+  X(DL_ELIMIT, -1004, "input exceeds a configured limit")                                        \
+  X(DL_EOPTION, -1005, "bad option")                                                             \
+  X(DL_ESTATE, -1006, "bad resume token")                                                        \
+  X(DL_EBUSY, -1007, "the consumer holds every batch slot")                                      \
+  X(DL_ENOSAMPLES, -1008, "no samples")                                                          \
+  X(DL_ENODEVICE, -1009, "no such device")                                                       \
+  X(DL_ENOFIELD, -1010, "no such field")
+
+enum dl_error {
+#define DL__ERR_ENUM(name, value, msg) name = value,
+  DL_ERRNO_MAP(DL__ERR_ENUM)
+#undef DL__ERR_ENUM
+};
+
+typedef struct dl_loader dl_loader;
+typedef struct dl_batch dl_batch;
+
+/* Library version as "MAJOR.MINOR.PATCH"; static storage. */
+DL_EXTERN const char *dl_version(void);
+
+/* Message for a code returned by any dl_ function (negative errno or DL_E*); static storage. */
+DL_EXTERN const char *dl_strerror(int err);
+
+/* Symbolic name of a code ("DL_ECORRUPT", "ENOENT", "DL_EOF"); static storage. */
+DL_EXTERN const char *dl_errname(int err);
+
+/*
+ * The calling thread's message for its last failed call, with context (shard, member, offset,
+ * option). Valid until the thread's next dl_ call that fails.
+ */
+DL_EXTERN const char *dl_last_error(void);
+
+/*
+ * Opens a loader over SOURCE: a WebDataset tar shard, a list separated by "::", globs and brace
+ * ranges ("train-{000000..000146}.tar"), or an ImageFolder directory (root/<class>/<image>).
+ * OPTIONS are "key=value" words separated by spaces (NULL or "" for defaults):
+ *   batch_size workers prefetch image_size(N or HxW) crop(random_resized|center|resize|none)
+ *   flip channels(1|3) layout(NHWC|NCHW) seed shuffle epochs(0 = forever) drop_last rank
+ *   world_size device(cpu|cuda|cuda:N[,M...]) dtype(uint8|float32|float16|bfloat16) mean std
+ *   device_slots on_error(skip|fail) io(auto|uring|pread) io_depth max_pixels max_member_bytes
+ *   resume(TOKEN) log(quiet|error|warn|info|debug)
+ * An unknown key or bad value fails with DL_EOPTION and a message naming it.
+ * On success *out owns worker threads and memory until dl_close(). Not thread-safe against other
+ * calls on the same loader.
+ */
+DL_EXTERN int dl_open(dl_loader **out, const char *source, const char *options);
+
+/*
+ * Blocks until the next batch in order is complete and sets *out to it: returns 0 with a batch,
+ * DL_EOF after the last epoch, or a negative code (with on_error=fail, the first failed sample's
+ * error). The batch stays valid until dl_batch_release(). DL_EBUSY if the consumer holds every
+ * prefetch slot, which would otherwise never complete.
+ */
+DL_EXTERN int dl_next_batch(dl_loader *l, dl_batch **out);
+
+/*
+ * With several devices (device=cuda:0,1,...), the next batch of device DEV's own stream (DEV is
+ * an index into the device list). dl_next_batch() is dl_next_batch_on(l, 0, out).
+ */
+DL_EXTERN int dl_next_batch_on(dl_loader *l, int dev, dl_batch **out);
+
+/* Number of samples in the batch (B, or fewer in a final partial batch). */
+DL_EXTERN int dl_batch_size(const dl_batch *b);
+
+/* Key of sample I ("shard-000001/000123" style); owned by the loader; NULL if I is out of range. */
+DL_EXTERN const char *dl_batch_key(const dl_batch *b, int i);
+
+/* 0 if sample I was delivered as read, else the error that made it a substitute (on_error=skip). */
+DL_EXTERN int dl_batch_sample_error(const dl_batch *b, int i);
+
+/* Position of the batch: epoch and index within that epoch for this rank. */
+DL_EXTERN int dl_batch_position(const dl_batch *b, int64_t *epoch, int64_t *index);
+
+/*
+ * Describes field NAME ("image", "label") as a DLTensor whose data, shape and strides point into
+ * the batch (no copy; valid until release). "image" is uint8 [B,H,W,C] (or [B,C,H,W] with
+ * layout=NCHW, or the configured float dtype on a CUDA device); "label" is int64 [B], -1 where a
+ * sample has no .cls member. DL_ENOFIELD for an unknown name.
+ */
+DL_EXTERN int dl_batch_field(const dl_batch *b, const char *name, DLTensor *out);
+
+/*
+ * Exports field NAME as a DLManagedTensor. Each export holds a reference to the batch; the batch
+ * returns to the loader once it has been released and every export's deleter has run.
+ */
+DL_EXTERN int dl_batch_export(dl_batch *b, const char *name, DLManagedTensor **out);
+
+/*
+ * Makes STREAM (a cudaStream_t; NULL for the legacy default stream) wait for the batch's copy
+ * without blocking the host. A no-op for host batches.
+ */
+DL_EXTERN int dl_batch_wait(dl_batch *b, void *stream);
+
+/*
+ * Hands the batch back. For device batches the library records an event on STREAM, and the next
+ * copy into that device slot waits on it, so work queued on STREAM may still read the batch.
+ * Releasing NULL is a no-op.
+ */
+DL_EXTERN void dl_batch_release(dl_batch *b, void *stream);
+
+/* Number of batches each epoch holds for this rank (the first epoch after a resume may be shorter). */
+DL_EXTERN int64_t dl_batches_per_epoch(const dl_loader *l);
+
+/*
+ * Writes a printable resume token (no spaces, NUL-terminated) that continues right after the last
+ * batch handed out; pass it back as resume=TOKEN. Returns its length, or -ENOSPC if CAP is short.
+ */
+DL_EXTERN int dl_state_save(dl_loader *l, char *buf, size_t cap);
+
+/* Writes the loader's counters as one JSON object; returns its length or -ENOSPC. */
+DL_EXTERN int dl_stats_json(dl_loader *l, char *buf, size_t cap);
+
+/* Stops the workers and frees everything; batches still held become invalid. NULL is a no-op. */
+DL_EXTERN void dl_close(dl_loader *l);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* RINGFEED_H */

@@ -1,0 +1,38 @@
+/* Built without CUDA: device=cuda fails with a clear error, host batches work as always. */
+#include "internal.h"
+
+#include <stdlib.h>
+
+int dl__cuda_open(dl_loader *l) {
+  (void)l;
+  return dl__fail(DL_ENODEVICE, "option device=cuda: this ringfeed was built without CUDA");
+}
+int dl__cuda_start(dl_loader *l) {
+  (void)l;
+  return DL_ENODEVICE;
+}
+void dl__cuda_stop(dl_loader *l) { (void)l; }
+void dl__cuda_close(dl_loader *l) { (void)l; }
+void *dl__host_alloc(dl_loader *l, size_t bytes) {
+  (void)l;
+  return aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
+}
+void dl__host_free(dl_loader *l, void *p) {
+  (void)l;
+  free(p);
+}
+int dl__cuda_field(const dl_batch *b, const char *name, DLTensor *out) {
+  (void)b, (void)name, (void)out;
+  return DL_ENODEVICE;
+}
+int dl__cuda_wait(dl_batch *b, void *stream) {
+  (void)b, (void)stream;
+  return 0;
+}
+void dl__cuda_release_locked(dl_batch *b) { (void)b; }
+int dl__cuda_stats(dl_loader *l, char *buf, size_t cap) {
+  (void)l;
+  if (cap)
+    buf[0] = 0;
+  return 0;
+}

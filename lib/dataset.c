@@ -1,0 +1,70 @@
+/* The flat sample table: files, samples and one string pool for names. */
+#include "internal.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static int grow(void **p, size_t *cap, size_t need, size_t elem) {
+  if (need <= *cap)
+    return 0;
+  size_t n = *cap ? *cap : 64;
+  while (n < need)
+    n *= 2;
+  void *q = realloc(*p, n * elem);
+  if (!q)
+    return -ENOMEM;
+  *p = q;
+  *cap = n;
+  return 0;
+}
+
+int dl__dataset_add_file(dl__dataset *ds, const char *path, uint32_t *index) {
+  size_t cap = ds->files_cap;
+  if (grow((void **)&ds->files, &cap, ds->nfiles + 1u, sizeof *ds->files))
+    return dl__fail(-ENOMEM, "out of memory adding %s", path);
+  size_t fcap = ds->files_cap;
+  if (grow((void **)&ds->fds, &fcap, ds->nfiles + 1u, sizeof *ds->fds))
+    return dl__fail(-ENOMEM, "out of memory adding %s", path);
+  ds->files_cap = (uint32_t)cap;
+  char *copy = strdup(path);
+  if (!copy)
+    return dl__fail(-ENOMEM, "out of memory adding %s", path);
+  ds->files[ds->nfiles] = copy;
+  ds->fds[ds->nfiles] = -1;
+  *index = ds->nfiles++;
+  return 0;
+}
+
+uint32_t dl__dataset_intern(dl__dataset *ds, const char *s, size_t len) {
+  if (ds->pool_len + len + 1 > UINT32_MAX)
+    return UINT32_MAX;
+  if (grow((void **)&ds->pool, &ds->pool_cap, ds->pool_len + len + 1, 1))
+    return UINT32_MAX;
+  uint32_t at = (uint32_t)ds->pool_len;
+  memcpy(ds->pool + at, s, len);
+  ds->pool[at + len] = 0;
+  ds->pool_len += len + 1;
+  return at;
+}
+
+int dl__dataset_push(dl__dataset *ds, const dl__sample *s) {
+  if (grow((void **)&ds->samples, &ds->cap, ds->n + 1, sizeof *s))
+    return -ENOMEM;
+  ds->samples[ds->n++] = *s;
+  return 0;
+}
+
+void dl__dataset_free(dl__dataset *ds) {
+  for (uint32_t i = 0; i < ds->nfiles; i++) {
+    if (ds->fds && ds->fds[i] >= 0)
+      close(ds->fds[i]);
+    free(ds->files[i]);
+  }
+  free(ds->files);
+  free(ds->fds);
+  free(ds->samples);
+  free(ds->pool);
+  memset(ds, 0, sizeof *ds);
+}

@@ -1,0 +1,88 @@
+/* Error codes, per-thread messages and the loader's log. */
+#include "internal.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+static _Thread_local char last_error[DL__MSG_MAX];
+
+int dl__log_level = DL__LOG_WARN;
+
+const char *dl_version(void) {
+#define DL__STR2(x) #x
+#define DL__STR(x) DL__STR2(x)
+  return DL__STR(DL_VERSION_MAJOR) "." DL__STR(DL_VERSION_MINOR) "." DL__STR(DL_VERSION_PATCH);
+}
+
+const char *dl_strerror(int err) {
+  switch (err) {
+  case 0:
+    return "success";
+  case DL_EOF:
+    return "end of data";
+#define DL__ERR_MSG(name, value, msg)                                                              \
+  case value:                                                                                      \
+    return msg;
+    DL_ERRNO_MAP(DL__ERR_MSG)
+#undef DL__ERR_MSG
+  }
+  if (err < 0 && err > -4096)
+    return strerror(-err);
+  return "unknown error";
+}
+
+const char *dl_errname(int err) {
+  switch (err) {
+  case 0:
+    return "OK";
+  case DL_EOF:
+    return "DL_EOF";
+#define DL__ERR_NAME(name, value, msg)                                                             \
+  case value:                                                                                      \
+    return #name;
+    DL_ERRNO_MAP(DL__ERR_NAME)
+#undef DL__ERR_NAME
+  }
+  if (err < 0 && err > -4096) {
+    const char *name = strerrorname_np(-err);
+    if (name)
+      return name;
+  }
+  return "UNKNOWN";
+}
+
+const char *dl_last_error(void) { return last_error; }
+
+int dl__fail(int code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(last_error, sizeof last_error, fmt, ap);
+  va_end(ap);
+  return code;
+}
+
+int dl__err_set(dl__err *e, int code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+  va_end(ap);
+  e->code = code;
+  return code;
+}
+
+void dl__log(int level, const char *fmt, ...) {
+  static const char *names[] = {"", "error", "warning", "info", "debug"};
+  if (level > dl__log_level)
+    return;
+  char line[DL__MSG_MAX + 64];
+  int n = snprintf(line, sizeof line, "ringfeed %s: ", names[level]);
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, ap);
+  va_end(ap);
+  /* One write per line so lines from several threads never interleave. */
+  size_t len = strlen(line);
+  line[len] = '\n';
+  fwrite(line, 1, len + 1, stderr);
+}

@@ -1,0 +1,228 @@
+/*
+ * The cached member index of a tar shard, kept beside it (<shard>.rfidx) or, when that folder is
+ * not writable, in $XDG_CACHE_HOME/ringfeed. Valid while the shard's size and mtime match. The
+ * cache file is untrusted input like the shard: every field is checked, and an XXH64 covers it.
+ *
+ * Layout (little-endian): "RFTIDX02", u64 shard size, i64 mtime ns, u64 samples, u64 pool bytes,
+ * then per sample {u64 offset, u64 size, i64 label, u32 name, u32 key, u8 codec, 3 x u8 0},
+ * then the names pool, then u64 XXH64 of everything before it.
+ */
+#include "internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#define MAGIC "RFTIDX02"
+#define HEADER_BYTES 40
+#define RECORD_BYTES 36
+
+static void put64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
+static uint64_t get64(const uint8_t *p) {
+  uint64_t v;
+  memcpy(&v, p, 8);
+  return v;
+}
+
+static int cache_dir(char *buf, size_t cap) {
+  const char *xdg = getenv("XDG_CACHE_HOME");
+  const char *home = getenv("HOME");
+  int n;
+  if (xdg && *xdg)
+    n = snprintf(buf, cap, "%s/ringfeed", xdg);
+  else if (home && *home)
+    n = snprintf(buf, cap, "%s/.cache/ringfeed", home);
+  else
+    return -1;
+  return n > 0 && (size_t)n < cap ? 0 : -1;
+}
+
+/* The fallback location: the cache folder, named by a hash of the shard's absolute path. */
+static int fallback_path(const char *shard, char *buf, size_t cap) {
+  char dir[PATH_MAX], abs[PATH_MAX];
+  if (cache_dir(dir, sizeof dir) || !realpath(shard, abs))
+    return -1;
+  const char *base = strrchr(abs, '/');
+  int n = snprintf(buf, cap, "%s/%016llx-%s.rfidx", dir,
+                   (unsigned long long)XXH64(abs, strlen(abs), 0), base ? base + 1 : abs);
+  return n > 0 && (size_t)n < cap ? 0 : -1;
+}
+
+static int read_file(const char *path, uint8_t **out, size_t *len) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return -1;
+  struct stat st;
+  if (fstat(fd, &st) || st.st_size < HEADER_BYTES + 8 || st.st_size > (1ll << 34)) {
+    close(fd);
+    return -1;
+  }
+  uint8_t *p = malloc((size_t)st.st_size);
+  size_t got = 0;
+  while (p && got < (size_t)st.st_size) {
+    ssize_t n = read(fd, p + got, (size_t)st.st_size - got);
+    if (n <= 0)
+      break;
+    got += (size_t)n;
+  }
+  close(fd);
+  if (!p || got != (size_t)st.st_size) {
+    free(p);
+    return -1;
+  }
+  *out = p;
+  *len = got;
+  return 0;
+}
+
+static int parse(dl__dataset *ds, uint32_t file, const uint8_t *p, size_t len, uint64_t size,
+                 int64_t mtime_ns) {
+  if (memcmp(p, MAGIC, 8) || get64(p + 8) != size || (int64_t)get64(p + 16) != mtime_ns)
+    return -1;
+  uint64_t n = get64(p + 24), pool = get64(p + 32);
+  if (n > (len / RECORD_BYTES) || pool > len || HEADER_BYTES + n * RECORD_BYTES + pool + 8 != len)
+    return -1;
+  if (XXH64(p, len - 8, 0) != get64(p + len - 8))
+    return -1;
+  const uint8_t *rec = p + HEADER_BYTES;
+  const char *names = (const char *)(rec + n * RECORD_BYTES);
+  if (pool && names[pool - 1] != 0)
+    return -1;
+  size_t first = ds->n;
+  for (uint64_t i = 0; i < n; i++, rec += RECORD_BYTES) {
+    dl__sample s = {0};
+    s.offset = get64(rec);
+    s.size = get64(rec + 8);
+    s.label = (int64_t)get64(rec + 16);
+    uint32_t name, key;
+    memcpy(&name, rec + 24, 4);
+    memcpy(&key, rec + 28, 4);
+    s.codec = rec[32];
+    if (name >= pool || key >= pool || s.codec > DL__CODEC_OTHER || s.offset > size ||
+        s.size > size - s.offset)
+      goto bad;
+    s.name = dl__dataset_intern(ds, names + name, strlen(names + name));
+    s.key = dl__dataset_intern(ds, names + key, strlen(names + key));
+    if (s.name == UINT32_MAX || s.key == UINT32_MAX)
+      goto bad;
+    s.file = file;
+    if (dl__dataset_push(ds, &s))
+      goto bad;
+  }
+  return 0;
+bad:
+  ds->n = first;
+  return -1;
+}
+
+int dl__index_cache_read(dl__dataset *ds, uint32_t file, const char *path, uint64_t size,
+                         int64_t mtime_ns) {
+  char cpath[PATH_MAX + 64];
+  for (int attempt = 0; attempt < 2; attempt++) {
+    if (attempt == 0)
+      snprintf(cpath, sizeof cpath, "%s.rfidx", path);
+    else if (fallback_path(path, cpath, sizeof cpath))
+      return -1;
+    uint8_t *p;
+    size_t len;
+    if (read_file(cpath, &p, &len))
+      continue;
+    int r = parse(ds, file, p, len, size, mtime_ns);
+    free(p);
+    if (r == 0)
+      return 0;
+  }
+  return -1;
+}
+
+static int write_all(const char *target, const uint8_t *p, size_t len) {
+  char tmp[PATH_MAX + 96];
+  snprintf(tmp, sizeof tmp, "%s.tmp.%ld", target, (long)getpid());
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0)
+    return -errno;
+  size_t done = 0;
+  while (done < len) {
+    ssize_t n = write(fd, p + done, len - done);
+    if (n <= 0) {
+      int e = n < 0 ? errno : EIO;
+      close(fd);
+      unlink(tmp);
+      return -e;
+    }
+    done += (size_t)n;
+  }
+  if (close(fd) || rename(tmp, target)) {
+    int e = errno;
+    unlink(tmp);
+    return -e;
+  }
+  return 0;
+}
+
+static void mkdirs(const char *dir) {
+  char buf[PATH_MAX];
+  snprintf(buf, sizeof buf, "%s", dir);
+  for (char *p = buf + 1; *p; p++)
+    if (*p == '/') {
+      *p = 0;
+      mkdir(buf, 0755);
+      *p = '/';
+    }
+  mkdir(buf, 0755);
+}
+
+void dl__index_cache_write(const dl__dataset *ds, size_t first, const char *path, uint64_t size,
+                           int64_t mtime_ns) {
+  size_t n = ds->n - first, pool = 0;
+  for (size_t i = first; i < ds->n; i++)
+    pool += strlen(ds->pool + ds->samples[i].name) + strlen(ds->pool + ds->samples[i].key) + 2;
+  size_t len = HEADER_BYTES + n * RECORD_BYTES + pool + 8;
+  uint8_t *p = calloc(1, len);
+  if (!p)
+    return;
+  memcpy(p, MAGIC, 8);
+  put64(p + 8, size);
+  put64(p + 16, (uint64_t)mtime_ns);
+  put64(p + 24, n);
+  put64(p + 32, pool);
+  uint8_t *rec = p + HEADER_BYTES;
+  char *names = (char *)(rec + n * RECORD_BYTES);
+  uint32_t at = 0;
+  for (size_t i = first; i < ds->n; i++, rec += RECORD_BYTES) {
+    const dl__sample *s = &ds->samples[i];
+    put64(rec, s->offset);
+    put64(rec + 8, s->size);
+    put64(rec + 16, (uint64_t)s->label);
+    rec[32] = s->codec;
+    const uint32_t offs[2] = {s->name, s->key};
+    for (int f = 0; f < 2; f++) {
+      size_t nl = strlen(ds->pool + offs[f]) + 1;
+      memcpy(rec + 24 + 4 * f, &at, 4);
+      memcpy(names + at, ds->pool + offs[f], nl);
+      at += (uint32_t)nl;
+    }
+  }
+  put64(p + len - 8, XXH64(p, len - 8, 0));
+  char target[PATH_MAX + 64];
+  snprintf(target, sizeof target, "%s.rfidx", path);
+  int r = write_all(target, p, len);
+  if (r) {
+    char dir[PATH_MAX];
+    if (fallback_path(path, target, sizeof target) == 0 && cache_dir(dir, sizeof dir) == 0) {
+      mkdirs(dir);
+      r = write_all(target, p, len);
+    }
+    if (r)
+      dl__log(DL__LOG_INFO, "shard %s: index not cached (%s)", path, strerror(-r));
+  }
+  free(p);
+}

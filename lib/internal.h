@@ -1,0 +1,357 @@
+/*
+ * Private declarations shared between the library's files. Names shared across files are dl__*;
+ * everything else in a .c file is static.
+ */
+#ifndef RINGFEED_INTERNAL_H
+#define RINGFEED_INTERNAL_H
+
+#define DL_BUILDING_LIBRARY 1
+#include "ringfeed.h"
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#define DL__ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+#define DL__MAX_DEVICES 16
+#define DL__MSG_MAX 1024
+
+/* ---- errors and logging (error.c) ---- */
+
+enum { DL__LOG_QUIET, DL__LOG_ERROR, DL__LOG_WARN, DL__LOG_INFO, DL__LOG_DEBUG };
+extern int dl__log_level;
+
+/* Sets the calling thread's last-error message and returns CODE. */
+int dl__fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void dl__log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* A per-sample error: the code and a message with shard, member, offset and reason. */
+typedef struct dl__err {
+  int code;
+  char msg[DL__MSG_MAX];
+} dl__err;
+
+int dl__err_set(dl__err *e, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* ---- options (options.c) ---- */
+
+enum { DL__CROP_RANDOM_RESIZED, DL__CROP_CENTER, DL__CROP_RESIZE, DL__CROP_NONE };
+enum { DL__LAYOUT_NHWC, DL__LAYOUT_NCHW };
+enum { DL__DTYPE_UINT8, DL__DTYPE_FLOAT32, DL__DTYPE_FLOAT16, DL__DTYPE_BFLOAT16 };
+enum { DL__ON_ERROR_SKIP, DL__ON_ERROR_FAIL };
+enum { DL__IO_AUTO, DL__IO_URING, DL__IO_PREAD };
+
+typedef struct dl__options {
+  int batch_size;
+  int workers;
+  int prefetch;
+  int height, width;
+  int crop;
+  int flip;
+  int channels;
+  int layout;
+  uint64_t seed;
+  int shuffle;
+  int64_t epochs; /* 0: forever */
+  int drop_last;
+  int rank, world_size;
+  int ndevices; /* 0: host batches */
+  int device_ids[DL__MAX_DEVICES];
+  int dtype;
+  float mean[3], std[3];
+  int device_slots;
+  int on_error;
+  int io;
+  int io_depth;
+  int64_t max_pixels;
+  int64_t max_member_bytes;
+  char resume[256];
+  int log_level;
+} dl__options;
+
+int dl__options_parse(dl__options *o, const char *text);
+
+/* ---- the sample table (dataset.c, tar.c, folder.c, source.c) ---- */
+
+enum { DL__CODEC_NONE, DL__CODEC_JPEG, DL__CODEC_PNG, DL__CODEC_OTHER };
+
+typedef struct dl__sample {
+  uint64_t offset; /* of the image member's data in its file */
+  uint64_t size;
+  int64_t label;   /* -1: no .cls member */
+  uint32_t file;   /* index into dl__dataset.files */
+  uint32_t name;   /* string pool offset: the image member's name (the key when there is none) */
+  uint32_t key;    /* string pool offset: the sample's key */
+  uint8_t codec;
+} dl__sample;
+
+typedef struct dl__dataset {
+  char **files;
+  uint32_t nfiles, files_cap;
+  int *fds;       /* per file, -1 when files are opened per read (ImageFolder) */
+  dl__sample *samples;
+  size_t n, cap;
+  char *pool;
+  size_t pool_len, pool_cap;
+} dl__dataset;
+
+int dl__dataset_add_file(dl__dataset *ds, const char *path, uint32_t *index);
+uint32_t dl__dataset_intern(dl__dataset *ds, const char *s, size_t len);
+int dl__dataset_push(dl__dataset *ds, const dl__sample *s);
+void dl__dataset_free(dl__dataset *ds);
+static inline const char *dl__sample_name(const dl__dataset *ds, const dl__sample *s) {
+  return ds->pool + s->name;
+}
+
+/* Reads one tar shard's samples (through the cached index when it is valid). */
+int dl__tar_load(dl__dataset *ds, const char *path, int on_error);
+/* Scans a tar shard into DS (no cache); used by dl__tar_load and by tools. */
+int dl__tar_scan(dl__dataset *ds, uint32_t file, int fd, uint64_t file_size, int on_error);
+int dl__folder_load(dl__dataset *ds, const char *root);
+/* Expands SOURCE ("::" lists, brace ranges, globs) and loads every part. */
+int dl__source_load(dl__dataset *ds, const char *source, int on_error);
+int dl__expand_braces(const char *pattern, char ***out, size_t *count);
+
+/* Cached tar index beside the shard or in the cache folder (index_cache.c). */
+int dl__index_cache_read(dl__dataset *ds, uint32_t file, const char *path, uint64_t size, int64_t mtime_ns);
+void dl__index_cache_write(const dl__dataset *ds, size_t first, const char *path, uint64_t size,
+                           int64_t mtime_ns);
+
+/* ---- counter-based randomness (rng.h-style helpers) ---- */
+
+static inline uint64_t dl__mix64(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+static inline uint64_t dl__hash3(uint64_t a, uint64_t b, uint64_t c) {
+  return dl__mix64(dl__mix64(dl__mix64(a) ^ b) ^ c);
+}
+/* Uniform double in [0, 1) from a key and a draw number. */
+static inline double dl__uniform(uint64_t key, uint64_t draw) {
+  return (double)(dl__mix64(key ^ dl__mix64(draw)) >> 11) * 0x1.0p-53;
+}
+
+/* ---- sampler (sampler.c) ---- */
+
+typedef struct dl__sampler {
+  int64_t n;           /* samples in the dataset */
+  int world, rank;
+  int batch;
+  int drop_last, shuffle;
+  uint64_t seed;
+  int64_t epochs;      /* 0: forever */
+  int64_t start_epoch; /* first epoch of this run (resume) */
+  int64_t start_off;   /* permutation positions of start_epoch already consumed by all ranks */
+  int64_t nb_first;    /* batches in the first epoch for this rank */
+  int64_t nb;          /* batches in every later epoch */
+  int64_t total;       /* batches in the run, -1 forever */
+} dl__sampler;
+
+int dl__sampler_init(dl__sampler *s, int64_t n, int world, int rank, int batch, int drop_last,
+                     int shuffle, uint64_t seed, int64_t epochs, const char *resume);
+/* Batch K of the run: its epoch, index within the epoch, and the epoch's start offset. */
+void dl__sampler_locate(const dl__sampler *s, int64_t k, int64_t *epoch, int64_t *index, int64_t *off);
+int dl__sampler_batch_len(const dl__sampler *s, int64_t k);
+/* Dataset index of sample I of batch K. */
+int64_t dl__sampler_sample(const dl__sampler *s, int64_t k, int i, int64_t *epoch);
+/* Token for the state after batches [0, K) of the run were handed out. */
+int dl__sampler_token(const dl__sampler *s, int64_t k, char *buf, size_t cap);
+/* The index that position POS of epoch E's permutation holds. */
+int64_t dl__permute(uint64_t seed, int64_t epoch, int64_t n, int64_t pos);
+
+/* ---- I/O backends (io_uring.c, io_pread.c) ---- */
+
+typedef struct dl__io dl__io;
+typedef struct dl__io_ops {
+  const char *name;
+  int (*init)(dl__io *io, unsigned depth);
+  void (*fini)(dl__io *io);
+  /* Queues a read of LEN bytes at OFF into BUF; TAG comes back with the completion. */
+  int (*submit)(dl__io *io, int fd, void *buf, size_t len, uint64_t off, uint64_t tag);
+  /* Waits for one completion: bytes read or -errno in *RES. */
+  int (*wait)(dl__io *io, uint64_t *tag, int64_t *res);
+} dl__io_ops;
+
+struct dl__io {
+  const dl__io_ops *ops;
+  void *state;
+};
+
+extern const dl__io_ops dl__io_pread_ops;
+extern const dl__io_ops dl__io_uring_ops; /* init fails with -ENOSYS when built without */
+/* Chooses the backend for MODE once; writes why into REASON. */
+const dl__io_ops *dl__io_choose(int mode, char *reason, size_t cap, int *err);
+
+/* ---- decoders (jpeg.c, png.c) ---- */
+
+typedef struct dl__buf {
+  uint8_t *p;
+  size_t cap;
+} dl__buf;
+/* Grows B to at least N bytes (grow-only, so steady state allocates nothing). */
+int dl__buf_reserve(dl__buf *b, size_t n);
+void dl__buf_free(dl__buf *b);
+
+typedef struct dl__rect {
+  double x, y, w, h;
+} dl__rect;
+
+typedef struct dl__decode_job dl__decode_job;
+struct dl__decode_job {
+  /* in */
+  const uint8_t *src;
+  size_t len;
+  int channels;       /* 1 or 3 */
+  int out_w, out_h;   /* final size, so a decoder may decode at a reduced scale */
+  int64_t max_pixels;
+  /* Called once the image size is known: fills job->rect (source pixels) or fails. */
+  int (*plan)(dl__decode_job *job, int width, int height, dl__err *e);
+  void *plan_arg;
+  dl__buf *scratch;
+  /* set by plan */
+  dl__rect rect;
+  /* out: decoded pixels (channels interleaved) and rect mapped into them */
+  const uint8_t *pixels;
+  int width, height;
+  size_t stride;
+  dl__rect mapped;
+  int src_width, src_height;
+};
+
+typedef struct dl__decoder_ops {
+  const char *name;
+  int (*create)(void **ctx);
+  void (*destroy)(void *ctx);
+  int (*decode)(void *ctx, dl__decode_job *job, dl__err *e);
+} dl__decoder_ops;
+
+extern const dl__decoder_ops dl__jpeg_ops;
+extern const dl__decoder_ops dl__png_ops;
+int dl__sniff_codec(const uint8_t *p, size_t n);
+
+/* ---- crop and resize (augment.c, resize.c) ---- */
+
+/* Chooses the source rectangle for MODE; draws come from KEY. */
+int dl__crop_rect(int mode, int width, int height, int out_w, int out_h, uint64_t key, dl__rect *r,
+                  dl__err *e);
+
+typedef struct dl__resize_scratch {
+  dl__buf tmp, coef;
+} dl__resize_scratch;
+
+/*
+ * Resamples RECT of SRC (w x h x ch, row stride) to OUT (ow x oh) with an antialiasing triangle
+ * filter; FLIP mirrors horizontally. Output is interleaved (pixel stride ch) or planar (NCHW).
+ */
+int dl__resize(const uint8_t *src, int w, int h, size_t stride, int ch, dl__rect rect, uint8_t *out,
+               int ow, int oh, int planar, int flip, dl__resize_scratch *s);
+
+/* ---- the loader (loader.c, ring.c, worker.c) ---- */
+
+enum { DL__SLOT_FREE, DL__SLOT_FILLING, DL__SLOT_COMPLETE, DL__SLOT_HELD };
+
+struct dl_batch {
+  dl_loader *l;
+  int stream;        /* which output stream (device) it belongs to */
+  int state;
+  int64_t k;         /* batch number within its stream's run */
+  int64_t epoch, index;
+  int len, done;
+  bool ready;        /* complete (host) or its copy queued (device): the consumer may take it */
+  bool is_device;    /* a device slot of the copy stage rather than a host slot */
+  int refs;          /* the consumer's hold (until release) + exports */
+  int exports;       /* DLManagedTensors still alive */
+  void *release_stream;
+  int64_t image_shape[4], label_shape[1];
+  int err;           /* first failure, with on_error=fail */
+  char errmsg[DL__MSG_MAX];
+  uint8_t *image;    /* host image bytes for this slot */
+  int64_t *label;
+  const char **key;
+  int *sample_err;
+  void *gpu;         /* per-slot device state (cuda.c) */
+};
+
+typedef struct dl__stream {
+  dl__sampler sm;
+  int64_t claim_k;   /* next batch to hand to workers */
+  int claim_i;
+  int64_t next_out;  /* next batch for the consumer */
+  int64_t handed;    /* batches handed out */
+  dl_batch *slots;   /* host prefetch slots; batch k lives in slot k % prefetch */
+  dl_batch *dslots;  /* device slots (copy stage), batch k in dslots[k % device_slots]; or NULL */
+} dl__stream;
+
+typedef struct dl__stats {
+  _Atomic int64_t samples, errors, bytes_read;
+  _Atomic int64_t decode_ns, read_wait_ns;
+  int64_t batches;
+  double consumer_wait_s;
+  double first_batch_ms;
+} dl__stats;
+
+struct dl_loader {
+  dl__options o;
+  dl__dataset ds;
+  int nstreams;
+  dl__stream streams[DL__MAX_DEVICES];
+  size_t image_bytes; /* one batch's image bytes */
+  size_t sample_bytes;
+  uint8_t *host_mem;  /* all slots' images, one allocation (pinned with CUDA) */
+  const dl__io_ops *io_ops;
+  char io_reason[160];
+  pthread_mutex_t mu;
+  pthread_cond_t work_cv;  /* workers wait for a free slot */
+  pthread_cond_t ready_cv; /* the consumer waits for a complete batch */
+  int stop;
+  int closed;        /* dl_close() ran; freed when the last export goes */
+  int nworkers;
+  struct dl__worker *workers;
+  dl__stats st;
+  double open_time;
+  void *cuda; /* cuda.c state, NULL for host batches */
+};
+
+double dl__now(void);
+
+/* Claim one sample to work on; returns 1 with a claim, 0 when none is available now (NONBLOCK)
+ * or there is no more work, -1 when the loader stops. */
+typedef struct dl__claim {
+  dl_batch *slot;
+  int i;
+  int64_t index; /* dataset index */
+  int64_t epoch;
+} dl__claim;
+int dl__ring_claim(dl_loader *l, dl__claim *c, bool block);
+/* Marks sample C done; signals the consumer when its batch is complete. */
+void dl__ring_done(dl_loader *l, const dl__claim *c, const dl__err *e);
+void dl__slot_free_locked(dl_batch *b);
+
+int dl__workers_start(dl_loader *l);
+void dl__workers_stop(dl_loader *l);
+
+/* ---- CUDA (cuda.c; stubs when built without) ---- */
+
+/* Checks the devices and sets up l->cuda (before the host slots are allocated). */
+int dl__cuda_open(dl_loader *l);
+/* Allocates device slots and starts a copy thread per device (after the host slots exist). */
+int dl__cuda_start(dl_loader *l);
+/* Stops the copy threads (workers are already stopped). */
+void dl__cuda_stop(dl_loader *l);
+/* Frees device memory, streams and events. NULL l->cuda is a no-op. */
+void dl__cuda_close(dl_loader *l);
+/* Host memory for the slots: pinned when a device is in use. */
+void *dl__host_alloc(dl_loader *l, size_t bytes);
+void dl__host_free(dl_loader *l, void *p);
+int dl__cuda_field(const dl_batch *b, const char *name, DLTensor *out);
+int dl__cuda_wait(dl_batch *b, void *stream);
+/* Under l->mu, when a device batch's last reference goes: records the consumer's event. */
+void dl__cuda_release_locked(dl_batch *b);
+int dl__cuda_stats(dl_loader *l, char *buf, size_t cap);
+
+#endif /* RINGFEED_INTERNAL_H */

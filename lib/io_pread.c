@@ -1,0 +1,71 @@
+/* The blocking fallback: each submitted read runs at once; completions come back in order. */
+#include "internal.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+typedef struct done {
+  uint64_t tag;
+  int64_t res;
+} done;
+
+typedef struct pread_state {
+  done *q;
+  unsigned cap, head, count;
+} pread_state;
+
+static int pr_init(dl__io *io, unsigned depth) {
+  pread_state *s = calloc(1, sizeof *s);
+  if (!s || !(s->q = calloc(depth, sizeof *s->q))) {
+    free(s);
+    return -ENOMEM;
+  }
+  s->cap = depth;
+  io->state = s;
+  return 0;
+}
+
+static void pr_fini(dl__io *io) {
+  pread_state *s = io->state;
+  if (s)
+    free(s->q);
+  free(s);
+  io->state = NULL;
+}
+
+static int pr_submit(dl__io *io, int fd, void *buf, size_t len, uint64_t off, uint64_t tag) {
+  pread_state *s = io->state;
+  if (s->count == s->cap)
+    return -EBUSY;
+  size_t got = 0;
+  int64_t res = 0;
+  while (got < len) {
+    ssize_t n = pread(fd, (char *)buf + got, len - got, (off_t)(off + got));
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0) {
+      res = -errno;
+      break;
+    }
+    if (n == 0)
+      break;
+    got += (size_t)n;
+  }
+  s->q[(s->head + s->count) % s->cap] = (done){tag, res < 0 ? res : (int64_t)got};
+  s->count++;
+  return 0;
+}
+
+static int pr_wait(dl__io *io, uint64_t *tag, int64_t *res) {
+  pread_state *s = io->state;
+  if (!s->count)
+    return -EAGAIN;
+  *tag = s->q[s->head].tag;
+  *res = s->q[s->head].res;
+  s->head = (s->head + 1) % s->cap;
+  s->count--;
+  return 0;
+}
+
+const dl__io_ops dl__io_pread_ops = {"pread", pr_init, pr_fini, pr_submit, pr_wait};

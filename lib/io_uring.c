@@ -1,0 +1,173 @@
+/*
+ * io_uring reads: each worker owns a ring (no shared state, no locks on the I/O path) and keeps
+ * up to its depth of reads in flight. Short reads (a file shorter than its index says) are
+ * continued until the file ends, then reported as the bytes read.
+ */
+#include "internal.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef DL_WITH_IO_URING
+#include <liburing.h>
+
+typedef struct op {
+  int fd;
+  char *buf;
+  size_t len, got;
+  uint64_t off, tag;
+  bool busy;
+} op;
+
+typedef struct uring_state {
+  struct io_uring ring;
+  op *ops;
+  unsigned depth, pending;
+} uring_state;
+
+static int ur_init(dl__io *io, unsigned depth) {
+  uring_state *s = calloc(1, sizeof *s);
+  if (!s)
+    return -ENOMEM;
+  s->ops = calloc(depth, sizeof *s->ops);
+  if (!s->ops) {
+    free(s);
+    return -ENOMEM;
+  }
+  int r = io_uring_queue_init(depth, &s->ring, 0);
+  if (r < 0) {
+    free(s->ops);
+    free(s);
+    return r;
+  }
+  s->depth = depth;
+  io->state = s;
+  return 0;
+}
+
+static void ur_fini(dl__io *io) {
+  uring_state *s = io->state;
+  if (!s)
+    return;
+  io_uring_queue_exit(&s->ring);
+  free(s->ops);
+  free(s);
+  io->state = NULL;
+}
+
+static int queue(uring_state *s, op *o) {
+  struct io_uring_sqe *sqe = io_uring_get_sqe(&s->ring);
+  if (!sqe)
+    return -EBUSY;
+  io_uring_prep_read(sqe, o->fd, o->buf + o->got, (unsigned)(o->len - o->got), o->off + o->got);
+  io_uring_sqe_set_data(sqe, o);
+  s->pending++;
+  return 0;
+}
+
+static int ur_submit(dl__io *io, int fd, void *buf, size_t len, uint64_t off, uint64_t tag) {
+  uring_state *s = io->state;
+  op *o = NULL;
+  for (unsigned i = 0; i < s->depth; i++)
+    if (!s->ops[i].busy) {
+      o = &s->ops[i];
+      break;
+    }
+  if (!o || len > UINT32_MAX)
+    return o ? -EINVAL : -EBUSY;
+  *o = (op){.fd = fd, .buf = buf, .len = len, .off = off, .tag = tag, .busy = true};
+  int r = queue(s, o);
+  if (r)
+    o->busy = false;
+  return r;
+}
+
+static int ur_wait(dl__io *io, uint64_t *tag, int64_t *res) {
+  uring_state *s = io->state;
+  for (;;) {
+    if (s->pending) {
+      int r = io_uring_submit(&s->ring);
+      if (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY)
+        return r;
+      if (r > 0)
+        s->pending -= (unsigned)r < s->pending ? (unsigned)r : s->pending;
+    }
+    struct io_uring_cqe *cqe;
+    int r = io_uring_wait_cqe(&s->ring, &cqe);
+    if (r == -EINTR)
+      continue;
+    if (r < 0)
+      return r;
+    op *o = io_uring_cqe_get_data(cqe);
+    int cres = cqe->res;
+    io_uring_cqe_seen(&s->ring, cqe);
+    if (cres == -EAGAIN || cres == -EINTR) {
+      if (queue(s, o) == 0)
+        continue;
+    } else if (cres > 0 && o->got + (size_t)cres < o->len) {
+      o->got += (size_t)cres;
+      if (queue(s, o) == 0)
+        continue;
+    } else if (cres > 0) {
+      o->got += (size_t)cres;
+    }
+    *tag = o->tag;
+    *res = cres < 0 ? cres : (int64_t)o->got;
+    o->busy = false;
+    return 0;
+  }
+}
+
+const dl__io_ops dl__io_uring_ops = {"io_uring", ur_init, ur_fini, ur_submit, ur_wait};
+
+#else
+
+static int ur_init(dl__io *io, unsigned depth) {
+  (void)io;
+  (void)depth;
+  return -ENOSYS;
+}
+static void ur_fini(dl__io *io) { (void)io; }
+static int ur_submit(dl__io *io, int fd, void *buf, size_t len, uint64_t off, uint64_t tag) {
+  (void)io, (void)fd, (void)buf, (void)len, (void)off, (void)tag;
+  return -ENOSYS;
+}
+static int ur_wait(dl__io *io, uint64_t *tag, int64_t *res) {
+  (void)io, (void)tag, (void)res;
+  return -ENOSYS;
+}
+const dl__io_ops dl__io_uring_ops = {"io_uring", ur_init, ur_fini, ur_submit, ur_wait};
+
+#endif
+
+const dl__io_ops *dl__io_choose(int mode, char *reason, size_t cap, int *err) {
+  *err = 0;
+  const char *env = getenv("DL_IO");
+  if (env && !strcmp(env, "pread")) {
+    snprintf(reason, cap, "DL_IO=pread in the environment");
+    return &dl__io_pread_ops;
+  }
+  if (mode == DL__IO_PREAD) {
+    snprintf(reason, cap, "io=pread was asked for");
+    return &dl__io_pread_ops;
+  }
+  dl__io probe = {0};
+  int r = dl__io_uring_ops.init(&probe, 4);
+  if (r == 0) {
+    dl__io_uring_ops.fini(&probe);
+    snprintf(reason, cap, "io_uring is available");
+    return &dl__io_uring_ops;
+  }
+#ifdef DL_WITH_IO_URING
+  snprintf(reason, cap, "io_uring could not be set up (%s)", strerror(-r));
+#else
+  snprintf(reason, cap, "built without io_uring");
+#endif
+  if (mode == DL__IO_URING) {
+    *err = dl__fail(r, "option io=uring: %s", reason);
+    return NULL;
+  }
+  return &dl__io_pread_ops;
+}

@@ -1,0 +1,231 @@
+/*
+ * JPEG through libjpeg-turbo. Decodes only what the crop needs: DCT scaling (1/8, 1/4, 1/2, 1:
+ * the SIMD-accelerated factors) when the crop is at least twice the output size, then
+ * jpeg_crop_scanline and jpeg_skip_scanlines around the crop. Truncation and corrupt entropy data,
+ * which libjpeg reports only as warnings and fills with grey, are errors here: no silent wrong
+ * pixels.
+ */
+#include "internal.h"
+
+#include <setjmp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jpeglib.h>
+#include <jerror.h>
+
+#define MAX_SCANS 1000
+
+typedef struct jpeg_ctx {
+  struct jpeg_decompress_struct d;
+  struct jpeg_error_mgr err;
+  struct jpeg_progress_mgr progress;
+  jmp_buf jump;
+  int code;
+  char msg[JMSG_LENGTH_MAX + 64];
+  JSAMPROW rows[16];
+} jpeg_ctx;
+
+static void on_error(j_common_ptr c) {
+  jpeg_ctx *x = (jpeg_ctx *)c->client_data;
+  char buf[JMSG_LENGTH_MAX];
+  c->err->format_message(c, buf);
+  int code = c->err->msg_code;
+  x->code = (code == JERR_BAD_PRECISION || code == JERR_NOT_COMPILED || code == JERR_SOF_UNSUPPORTED ||
+             code == JERR_CONVERSION_NOTIMPL || code == JERR_ARITH_NOTIMPL)
+                ? DL_EUNSUPPORTED
+                : DL_ECORRUPT;
+  snprintf(x->msg, sizeof x->msg, "%s", buf);
+  longjmp(x->jump, 1);
+}
+
+static void on_message(j_common_ptr c, int level) {
+  if (level >= 0)
+    return; /* trace messages */
+  int code = c->err->msg_code;
+  /* Data that ends early or breaks off mid-segment leaves grey blocks: wrong pixels. */
+  if (code == JWRN_JPEG_EOF || code == JWRN_HIT_MARKER || code == JWRN_MUST_RESYNC) {
+    jpeg_ctx *x = (jpeg_ctx *)c->client_data;
+    char buf[JMSG_LENGTH_MAX];
+    c->err->format_message(c, buf);
+    x->code = DL_ECORRUPT;
+    snprintf(x->msg, sizeof x->msg, "%s", buf);
+    longjmp(x->jump, 1);
+  }
+  c->err->num_warnings++;
+}
+
+/* Bounds the work a crafted progressive file can cause. */
+static void on_progress(j_common_ptr c) {
+  if (!c->is_decompressor)
+    return;
+  j_decompress_ptr d = (j_decompress_ptr)c;
+  if (d->input_scan_number > MAX_SCANS) {
+    jpeg_ctx *x = (jpeg_ctx *)c->client_data;
+    x->code = DL_ELIMIT;
+    snprintf(x->msg, sizeof x->msg, "more than %d progressive scans", MAX_SCANS);
+    longjmp(x->jump, 1);
+  }
+}
+
+static int jpeg_create(void **out) {
+  jpeg_ctx *x = calloc(1, sizeof *x);
+  if (!x)
+    return -1;
+  x->d.err = jpeg_std_error(&x->err);
+  x->err.error_exit = on_error;
+  x->err.emit_message = on_message;
+  x->d.client_data = x;
+  if (setjmp(x->jump)) {
+    free(x);
+    return -1;
+  }
+  jpeg_create_decompress(&x->d);
+  x->progress.progress_monitor = on_progress;
+  x->d.progress = &x->progress;
+  *out = x;
+  return 0;
+}
+
+static void jpeg_destroy_ctx(void *p) {
+  jpeg_ctx *x = p;
+  if (!x)
+    return;
+  jpeg_destroy_decompress(&x->d);
+  free(x);
+}
+
+static void cmyk_to_out(uint8_t *row, int width, bool inverted, int channels) {
+  for (int i = 0; i < width; i++) {
+    int c = row[4 * i], m = row[4 * i + 1], y = row[4 * i + 2], k = row[4 * i + 3];
+    if (!inverted) {
+      c = 255 - c, m = 255 - m, y = 255 - y, k = 255 - k;
+    }
+    int r = (c * k + 127) / 255, g = (m * k + 127) / 255, b = (y * k + 127) / 255;
+    if (channels == 3) {
+      row[3 * i] = (uint8_t)r;
+      row[3 * i + 1] = (uint8_t)g;
+      row[3 * i + 2] = (uint8_t)b;
+    } else {
+      row[i] = (uint8_t)((r * 19595 + g * 38470 + b * 7471 + 32768) >> 16);
+    }
+  }
+}
+
+/*
+ * libjpeg keeps Huffman and quantization tables across images on purpose (abbreviated streams),
+ * so an image that lacks a table, as Motion-JPEG frames do, would silently decode with the previous
+ * image's. Each image starts from a fresh decompressor instead: a few small allocations, against
+ * milliseconds of decoding.
+ */
+static int renew(jpeg_ctx *x) {
+  if (setjmp(x->jump))
+    return -1;
+  jpeg_destroy_decompress(&x->d);
+  x->d.err = &x->err;
+  x->d.client_data = x;
+  jpeg_create_decompress(&x->d);
+  x->d.progress = &x->progress;
+  return 0;
+}
+
+static int jpeg_decode(void *p, dl__decode_job *job, dl__err *e) {
+  jpeg_ctx *x = p;
+  struct jpeg_decompress_struct *d = &x->d;
+  if (renew(x))
+    return dl__err_set(e, -12, "out of memory starting a JPEG decode");
+  if (setjmp(x->jump)) {
+    jpeg_abort_decompress(d);
+    return dl__err_set(e, x->code, "%s", x->msg);
+  }
+  jpeg_mem_src(d, job->src, (unsigned long)job->len);
+  jpeg_read_header(d, TRUE);
+  int w = (int)d->image_width, h = (int)d->image_height;
+  job->src_width = w;
+  job->src_height = h;
+  if ((int64_t)w * h > job->max_pixels) {
+    jpeg_abort_decompress(d);
+    return dl__err_set(e, DL_ELIMIT, "image is %dx%d, above max_pixels=%lld", w, h,
+                       (long long)job->max_pixels);
+  }
+  int r = job->plan(job, w, h, e);
+  if (r) {
+    jpeg_abort_decompress(d);
+    return r;
+  }
+  bool cmyk = d->jpeg_color_space == JCS_CMYK || d->jpeg_color_space == JCS_YCCK;
+  d->out_color_space = cmyk ? JCS_CMYK : job->channels == 3 ? JCS_RGB : JCS_GRAYSCALE;
+  d->dct_method = JDCT_ISLOW;
+  /* The largest reduction that still leaves at least the output size inside the crop. */
+  int num = 8;
+  while (num > 1 && job->rect.w * (num / 2) / 8 >= job->out_w && job->rect.h * (num / 2) / 8 >= job->out_h)
+    num /= 2;
+  d->scale_num = (unsigned)num;
+  d->scale_denom = 8;
+  jpeg_start_decompress(d);
+  double sx = (double)d->output_width / w, sy = (double)d->output_height / h;
+  int comps = d->output_components;
+  /* A margin of two pixels keeps the resampling filter's support inside decoded data. */
+  int x0 = (int)(job->rect.x * sx) - 2, x1 = (int)((job->rect.x + job->rect.w) * sx + 0.999) + 2;
+  int y0 = (int)(job->rect.y * sy) - 2, y1 = (int)((job->rect.y + job->rect.h) * sy + 0.999) + 2;
+  if (x0 < 0)
+    x0 = 0;
+  if (y0 < 0)
+    y0 = 0;
+  if (x1 > (int)d->output_width)
+    x1 = (int)d->output_width;
+  if (y1 > (int)d->output_height)
+    y1 = (int)d->output_height;
+  JDIMENSION xoff = (JDIMENSION)x0, cw = (JDIMENSION)(x1 - x0);
+  if (cw < d->output_width)
+    jpeg_crop_scanline(d, &xoff, &cw);
+  else
+    xoff = 0, cw = d->output_width;
+  int rows = y1 - y0;
+  size_t stride = (size_t)cw * (size_t)comps;
+  if (dl__buf_reserve(job->scratch, stride * (size_t)rows)) {
+    jpeg_abort_decompress(d);
+    return dl__err_set(e, -12, "out of memory for a %ux%d decode", cw, rows);
+  }
+  if (y0 > 0)
+    jpeg_skip_scanlines(d, (JDIMENSION)y0);
+  int got = 0;
+  while (got < rows) {
+    int want = rows - got < 16 ? rows - got : 16;
+    for (int i = 0; i < want; i++)
+      x->rows[i] = job->scratch->p + (size_t)(got + i) * stride;
+    JDIMENSION n = jpeg_read_scanlines(d, x->rows, (JDIMENSION)want);
+    if (n == 0)
+      break;
+    got += (int)n;
+  }
+  bool inverted = d->saw_Adobe_marker;
+  jpeg_abort_decompress(d);
+  if (got < rows)
+    return dl__err_set(e, DL_ECORRUPT, "JPEG data ends early");
+  if (cmyk) {
+    for (int i = 0; i < rows; i++)
+      cmyk_to_out(job->scratch->p + (size_t)i * stride, (int)cw, inverted, job->channels);
+    stride = (size_t)cw * (size_t)comps; /* rows keep their CMYK stride */
+  }
+  job->pixels = job->scratch->p;
+  job->width = (int)cw;
+  job->height = rows;
+  job->stride = stride;
+  job->mapped.x = job->rect.x * sx - xoff;
+  job->mapped.y = job->rect.y * sy - y0;
+  job->mapped.w = job->rect.w * sx;
+  job->mapped.h = job->rect.h * sy;
+  return 0;
+}
+
+const dl__decoder_ops dl__jpeg_ops = {"jpeg", jpeg_create, jpeg_destroy_ctx, jpeg_decode};
+
+int dl__sniff_codec(const uint8_t *p, size_t n) {
+  if (n >= 3 && p[0] == 0xFF && p[1] == 0xD8 && p[2] == 0xFF)
+    return DL__CODEC_JPEG;
+  if (n >= 8 && !memcmp(p, "\x89PNG\r\n\x1a\n", 8))
+    return DL__CODEC_PNG;
+  return DL__CODEC_OTHER;
+}

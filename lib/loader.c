@@ -1,0 +1,374 @@
+/*
+ * dl_open() and the consumer's side: batches handed out in order, released in any order, and
+ * kept alive past dl_close() while exported tensors still point into them.
+ *
+ * Lock order: l->mu only.
+ */
+#include "internal.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+
+double dl__now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static void free_loader(dl_loader *l) {
+  dl__cuda_close(l);
+  for (int s = 0; s < l->nstreams; s++) {
+    dl_batch *slots = l->streams[s].slots;
+    for (int i = 0; slots && i < l->o.prefetch; i++) {
+      free(slots[i].label);
+      free(slots[i].key);
+      free(slots[i].sample_err);
+    }
+    free(slots);
+  }
+  if (l->host_mem)
+    dl__host_free(l, l->host_mem);
+  dl__dataset_free(&l->ds);
+  pthread_mutex_destroy(&l->mu);
+  pthread_cond_destroy(&l->work_cv);
+  pthread_cond_destroy(&l->ready_cv);
+  free(l);
+}
+
+/* Many shards stay open for the loader's life: lift the soft limit on descriptors. */
+static void raise_fd_limit(void) {
+  struct rlimit r;
+  if (getrlimit(RLIMIT_NOFILE, &r) == 0 && r.rlim_cur < r.rlim_max) {
+    r.rlim_cur = r.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &r);
+  }
+}
+
+static int alloc_slots(dl_loader *l) {
+  int ch = l->o.channels;
+  l->sample_bytes = (size_t)l->o.height * l->o.width * ch;
+  l->image_bytes = l->sample_bytes * (size_t)l->o.batch_size;
+  size_t total = l->image_bytes * (size_t)l->o.prefetch * (size_t)l->nstreams;
+  l->host_mem = dl__host_alloc(l, total);
+  if (!l->host_mem)
+    return dl__fail(-ENOMEM, "could not allocate %zu bytes of %s batch memory", total,
+                    l->o.ndevices ? "pinned" : "host");
+  size_t at = 0;
+  for (int s = 0; s < l->nstreams; s++) {
+    dl_batch *slots = calloc((size_t)l->o.prefetch, sizeof *slots);
+    l->streams[s].slots = slots;
+    if (!slots)
+      return dl__fail(-ENOMEM, "out of memory");
+    for (int i = 0; i < l->o.prefetch; i++, at += l->image_bytes) {
+      dl_batch *b = &slots[i];
+      b->l = l;
+      b->stream = s;
+      b->k = -1;
+      b->image = l->host_mem + at;
+      b->label = calloc((size_t)l->o.batch_size, sizeof *b->label);
+      b->key = calloc((size_t)l->o.batch_size, sizeof *b->key);
+      b->sample_err = calloc((size_t)l->o.batch_size, sizeof *b->sample_err);
+      if (!b->label || !b->key || !b->sample_err)
+        return dl__fail(-ENOMEM, "out of memory");
+    }
+  }
+  return 0;
+}
+
+int dl_open(dl_loader **out, const char *source, const char *options) {
+  double t0 = dl__now();
+  *out = NULL;
+  dl_loader *l = calloc(1, sizeof *l);
+  if (!l)
+    return dl__fail(-ENOMEM, "out of memory");
+  pthread_mutex_init(&l->mu, NULL);
+  pthread_cond_init(&l->work_cv, NULL);
+  pthread_cond_init(&l->ready_cv, NULL);
+  l->open_time = t0;
+  const char *env_level = getenv("DL_LOG_LEVEL");
+  if (env_level && *env_level >= '0' && *env_level <= '4')
+    dl__log_level = *env_level - '0';
+  int r = dl__options_parse(&l->o, options);
+  if (r)
+    goto fail;
+  dl__log_level = l->o.log_level;
+  raise_fd_limit();
+  if ((r = dl__source_load(&l->ds, source, l->o.on_error)))
+    goto fail;
+  l->nstreams = l->o.ndevices > 1 ? l->o.ndevices : 1;
+  for (int s = 0; s < l->nstreams; s++) {
+    /* Several devices in one process split the data as if each were a rank of its own. */
+    r = dl__sampler_init(&l->streams[s].sm, (int64_t)l->ds.n, l->o.world_size * l->nstreams,
+                         l->o.rank * l->nstreams + s, l->o.batch_size, l->o.drop_last, l->o.shuffle,
+                         l->o.seed, l->o.epochs, l->o.resume);
+    if (r)
+      goto fail;
+  }
+  l->io_ops = dl__io_choose(l->o.io, l->io_reason, sizeof l->io_reason, &r);
+  if (!l->io_ops)
+    goto fail;
+  dl__log(DL__LOG_INFO, "reading with %s: %s", l->io_ops->name, l->io_reason);
+  if (l->o.ndevices && (r = dl__cuda_open(l)))
+    goto fail;
+  if ((r = alloc_slots(l)))
+    goto fail;
+  if (l->cuda && (r = dl__cuda_start(l)))
+    goto fail;
+  if ((r = dl__workers_start(l)))
+    goto fail;
+  *out = l;
+  return 0;
+fail:
+  if (l->workers)
+    dl__workers_stop(l);
+  free_loader(l);
+  return r;
+}
+
+static bool exhausted_out(const dl__stream *s) { return s->sm.total >= 0 && s->next_out >= s->sm.total; }
+
+int dl_next_batch_on(dl_loader *l, int dev, dl_batch **out) {
+  *out = NULL;
+  if (dev < 0 || dev >= l->nstreams)
+    return dl__fail(DL_ENODEVICE, "device index %d: the loader has %d", dev, l->nstreams);
+  dl__stream *s = &l->streams[dev];
+  double t0 = dl__now();
+  pthread_mutex_lock(&l->mu);
+  if (exhausted_out(s)) {
+    pthread_mutex_unlock(&l->mu);
+    return DL_EOF;
+  }
+  dl_batch *b = s->dslots ? &s->dslots[s->next_out % l->o.device_slots]
+                          : &s->slots[s->next_out % l->o.prefetch];
+  while (!(b->k == s->next_out && b->ready)) {
+    if (b->state == DL__SLOT_HELD) {
+      int held = s->dslots ? l->o.device_slots : l->o.prefetch;
+      pthread_mutex_unlock(&l->mu);
+      return dl__fail(DL_EBUSY,
+                      "batch %" PRId64 " cannot be filled: all %d batch slots are held by the consumer "
+                      "(release a batch, or raise %s)",
+                      s->next_out, held, s->dslots ? "device_slots" : "prefetch");
+    }
+    pthread_cond_wait(&l->ready_cv, &l->mu);
+  }
+  b->state = DL__SLOT_HELD;
+  b->ready = false;
+  b->refs = 1;
+  s->next_out++;
+  s->handed = s->next_out;
+  l->st.batches++;
+  double now = dl__now();
+  l->st.consumer_wait_s += now - t0;
+  if (l->st.batches == 1)
+    l->st.first_batch_ms = (now - l->open_time) * 1000;
+  int err = b->err;
+  if (err) {
+    dl__fail(err, "%s", b->errmsg);
+    b->refs = 0;
+    dl__slot_free_locked(b);
+  }
+  pthread_mutex_unlock(&l->mu);
+  if (err)
+    return err;
+  *out = b;
+  return 0;
+}
+
+int dl_next_batch(dl_loader *l, dl_batch **out) { return dl_next_batch_on(l, 0, out); }
+
+int dl_batch_size(const dl_batch *b) { return b ? b->len : 0; }
+
+const char *dl_batch_key(const dl_batch *b, int i) {
+  return b && i >= 0 && i < b->len ? b->key[i] : NULL;
+}
+
+int dl_batch_sample_error(const dl_batch *b, int i) {
+  return b && i >= 0 && i < b->len ? b->sample_err[i] : -EINVAL;
+}
+
+int dl_batch_position(const dl_batch *b, int64_t *epoch, int64_t *index) {
+  if (epoch)
+    *epoch = b->epoch;
+  if (index)
+    *index = b->index;
+  return 0;
+}
+
+int dl_batch_field(const dl_batch *b, const char *name, DLTensor *t) {
+  dl_loader *l = b->l;
+  dl_batch *m = (dl_batch *)b;
+  memset(t, 0, sizeof *t);
+  if (b->is_device)
+    return dl__cuda_field(b, name, t);
+  t->device = (DLDevice){kDLCPU, 0};
+  if (!strcmp(name, "image")) {
+    t->data = b->image;
+    t->ndim = 4;
+    t->dtype = (DLDataType){kDLUInt, 8, 1};
+    int64_t *sh = m->image_shape;
+    sh[0] = b->len;
+    if (l->o.layout == DL__LAYOUT_NCHW)
+      sh[1] = l->o.channels, sh[2] = l->o.height, sh[3] = l->o.width;
+    else
+      sh[1] = l->o.height, sh[2] = l->o.width, sh[3] = l->o.channels;
+    t->shape = sh;
+    return 0;
+  }
+  if (!strcmp(name, "label")) {
+    t->data = b->label;
+    t->ndim = 1;
+    t->dtype = (DLDataType){kDLInt, 64, 1};
+    m->label_shape[0] = b->len;
+    t->shape = m->label_shape;
+    return 0;
+  }
+  return dl__fail(DL_ENOFIELD, "no field '%s' (fields: image, label)", name);
+}
+
+/* Visits every batch slot, host and device; stops when FN returns true. */
+static bool any_slot(dl_loader *l, bool (*fn)(dl_batch *)) {
+  for (int s = 0; s < l->nstreams; s++) {
+    dl__stream *st = &l->streams[s];
+    for (int i = 0; st->slots && i < l->o.prefetch; i++)
+      if (fn(&st->slots[i]))
+        return true;
+    for (int i = 0; st->dslots && i < l->o.device_slots; i++)
+      if (fn(&st->dslots[i]))
+        return true;
+  }
+  return false;
+}
+
+static bool has_refs(dl_batch *b) { return b->refs > 0; }
+
+/* The consumer's own hold ends at dl_close(); exported tensors keep their batch alive. */
+static bool drop_hold(dl_batch *b) {
+  if (b->state == DL__SLOT_HELD)
+    b->refs = b->exports;
+  return false;
+}
+
+static void unref_locked(dl_batch *b, bool *free_now) {
+  dl_loader *l = b->l;
+  if (--b->refs > 0)
+    return;
+  if (b->is_device)
+    dl__cuda_release_locked(b);
+  dl__slot_free_locked(b);
+  *free_now = l->closed && !any_slot(l, has_refs);
+}
+
+void dl_batch_release(dl_batch *b, void *stream) {
+  if (!b)
+    return;
+  dl_loader *l = b->l;
+  bool free_now = false;
+  pthread_mutex_lock(&l->mu);
+  b->release_stream = stream;
+  unref_locked(b, &free_now);
+  pthread_mutex_unlock(&l->mu);
+  if (free_now)
+    free_loader(l);
+}
+
+typedef struct export {
+  DLManagedTensor m;
+  int64_t shape[4];
+} export;
+
+static void export_deleter(DLManagedTensor *m) {
+  dl_batch *b = m->manager_ctx;
+  free(m);
+  dl_loader *l = b->l;
+  bool free_now = false;
+  pthread_mutex_lock(&l->mu);
+  b->exports--;
+  unref_locked(b, &free_now);
+  pthread_mutex_unlock(&l->mu);
+  if (free_now)
+    free_loader(l);
+}
+
+int dl_batch_export(dl_batch *b, const char *name, DLManagedTensor **out) {
+  export *e = calloc(1, sizeof *e);
+  if (!e)
+    return dl__fail(-ENOMEM, "out of memory");
+  int r = dl_batch_field(b, name, &e->m.dl_tensor);
+  if (r) {
+    free(e);
+    return r;
+  }
+  memcpy(e->shape, e->m.dl_tensor.shape, sizeof(int64_t) * (size_t)e->m.dl_tensor.ndim);
+  e->m.dl_tensor.shape = e->shape;
+  e->m.manager_ctx = b;
+  e->m.deleter = export_deleter;
+  pthread_mutex_lock(&b->l->mu);
+  b->refs++;
+  b->exports++;
+  pthread_mutex_unlock(&b->l->mu);
+  *out = &e->m;
+  return 0;
+}
+
+int dl_batch_wait(dl_batch *b, void *stream) {
+  if (!b)
+    return dl__fail(-EINVAL, "no batch");
+  return b->is_device ? dl__cuda_wait(b, stream) : 0;
+}
+
+int64_t dl_batches_per_epoch(const dl_loader *l) { return l->streams[0].sm.nb; }
+
+int dl_state_save(dl_loader *l, char *buf, size_t cap) {
+  pthread_mutex_lock(&l->mu);
+  int64_t handed = l->streams[0].handed;
+  pthread_mutex_unlock(&l->mu);
+  int r = dl__sampler_token(&l->streams[0].sm, handed, buf, cap);
+  return r < 0 ? dl__fail(r, "resume token needs %s", "more room") : r;
+}
+
+int dl_stats_json(dl_loader *l, char *buf, size_t cap) {
+  char device[64] = "cpu";
+  if (l->o.ndevices) {
+    int n = snprintf(device, sizeof device, "cuda:");
+    for (int i = 0; i < l->o.ndevices && n < (int)sizeof device - 8; i++)
+      n += snprintf(device + n, sizeof device - (size_t)n, "%s%d", i ? "," : "", l->o.device_ids[i]);
+  }
+  pthread_mutex_lock(&l->mu);
+  int64_t batches = l->st.batches;
+  double wait = l->st.consumer_wait_s, first = l->st.first_batch_ms;
+  pthread_mutex_unlock(&l->mu);
+  char gpu[512] = "";
+  if (l->cuda)
+    dl__cuda_stats(l, gpu, sizeof gpu);
+  int n = snprintf(
+      buf, cap,
+      "{\"samples\":%" PRId64 ",\"batches\":%" PRId64 ",\"errors\":%" PRId64 ",\"bytes_read\":%" PRId64
+      ",\"wall_s\":%.6f,\"first_batch_ms\":%.3f,\"consumer_wait_s\":%.6f,\"decode_s\":%.6f"
+      ",\"read_wait_s\":%.6f,\"workers\":%d,\"prefetch\":%d,\"batch_size\":%d,\"dataset_samples\":%zu"
+      ",\"io_backend\":\"%s\",\"io_reason\":\"%s\",\"device\":\"%s\"%s}",
+      atomic_load(&l->st.samples), batches, atomic_load(&l->st.errors), atomic_load(&l->st.bytes_read),
+      dl__now() - l->open_time, first, wait, atomic_load(&l->st.decode_ns) * 1e-9,
+      atomic_load(&l->st.read_wait_ns) * 1e-9, l->o.workers, l->o.prefetch, l->o.batch_size, l->ds.n,
+      l->io_ops->name, l->io_reason, device, gpu);
+  return n < 0 || (size_t)n >= cap ? dl__fail(-ENOSPC, "stats need %d bytes", n + 1) : n;
+}
+
+void dl_close(dl_loader *l) {
+  if (!l)
+    return;
+  dl__workers_stop(l);
+  if (l->cuda)
+    dl__cuda_stop(l);
+  pthread_mutex_lock(&l->mu);
+  l->closed = 1;
+  any_slot(l, drop_hold);
+  bool held = any_slot(l, has_refs);
+  pthread_mutex_unlock(&l->mu);
+  if (!held)
+    free_loader(l);
+}

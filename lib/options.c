@@ -1,0 +1,277 @@
+/* Parses "key=value key=value" option strings; the same keys as the Python keywords. */
+#include "internal.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static void set_defaults(dl__options *o) {
+  memset(o, 0, sizeof *o);
+  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  o->batch_size = 256;
+  o->workers = cpus > 0 ? (int)cpus : 1;
+  o->prefetch = 4;
+  o->height = o->width = 224;
+  o->crop = DL__CROP_RANDOM_RESIZED;
+  o->channels = 3;
+  o->layout = DL__LAYOUT_NHWC;
+  o->shuffle = 1;
+  o->epochs = 1;
+  o->world_size = 1;
+  o->dtype = DL__DTYPE_UINT8;
+  const float mean[3] = {0.485f, 0.456f, 0.406f}, std[3] = {0.229f, 0.224f, 0.225f};
+  memcpy(o->mean, mean, sizeof mean);
+  memcpy(o->std, std, sizeof std);
+  o->device_slots = 3;
+  o->on_error = DL__ON_ERROR_SKIP;
+  o->io = DL__IO_AUTO;
+  o->io_depth = 16;
+  o->max_pixels = 64ll << 20;
+  o->max_member_bytes = 256ll << 20;
+  o->log_level = dl__log_level;
+}
+
+static int bad(const char *key, const char *value, const char *why) {
+  return dl__fail(DL_EOPTION, "option %s=%s: %s", key, value, why);
+}
+
+static int parse_int(const char *key, const char *v, int64_t lo, int64_t hi, int64_t *out) {
+  char *end;
+  errno = 0;
+  long long x = strtoll(v, &end, 10);
+  if (errno || end == v || *end)
+    return bad(key, v, "not an integer");
+  if (x < lo || x > hi)
+    return dl__fail(DL_EOPTION, "option %s=%s: out of range [%lld, %lld]", key, v, (long long)lo,
+                    (long long)hi);
+  *out = x;
+  return 0;
+}
+
+static int parse_bool(const char *key, const char *v, int *out) {
+  if (!strcmp(v, "1") || !strcmp(v, "true") || !strcmp(v, "yes") || !strcmp(v, "True")) {
+    *out = 1;
+    return 0;
+  }
+  if (!strcmp(v, "0") || !strcmp(v, "false") || !strcmp(v, "no") || !strcmp(v, "False")) {
+    *out = 0;
+    return 0;
+  }
+  return bad(key, v, "expected 0 or 1");
+}
+
+static int parse_choice(const char *key, const char *v, const char *const *names, int n, int *out) {
+  for (int i = 0; i < n; i++)
+    if (names[i] && !strcmp(v, names[i])) {
+      *out = i;
+      return 0;
+    }
+  char why[256] = "expected one of";
+  for (int i = 0; i < n; i++)
+    if (names[i]) {
+      strncat(why, " ", sizeof why - strlen(why) - 1);
+      strncat(why, names[i], sizeof why - strlen(why) - 1);
+    }
+  return bad(key, v, why);
+}
+
+static int parse_floats3(const char *key, const char *v, float out[3]) {
+  const char *p = v;
+  for (int i = 0; i < 3; i++) {
+    char *end;
+    errno = 0;
+    float x = strtof(p, &end);
+    if (errno || end == p || !(x == x))
+      return bad(key, v, "expected three numbers a,b,c");
+    out[i] = x;
+    if (i < 2 && *end != ',')
+      return bad(key, v, "expected three numbers a,b,c");
+    p = end + (i < 2);
+    if (i == 2 && *end)
+      return bad(key, v, "expected three numbers a,b,c");
+  }
+  return 0;
+}
+
+static int parse_size(const char *key, const char *v, dl__options *o) {
+  int64_t h, w;
+  const char *x = strchr(v, 'x');
+  if (!x)
+    x = strchr(v, 'X');
+  if (!x) {
+    if (parse_int(key, v, 1, 16384, &h))
+      return DL_EOPTION;
+    o->height = o->width = (int)h;
+    return 0;
+  }
+  char hs[32];
+  size_t n = (size_t)(x - v);
+  if (n == 0 || n >= sizeof hs)
+    return bad(key, v, "expected N or HxW");
+  memcpy(hs, v, n);
+  hs[n] = 0;
+  if (parse_int(key, hs, 1, 16384, &h) || parse_int(key, x + 1, 1, 16384, &w))
+    return dl__fail(DL_EOPTION, "option %s=%s: expected N or HxW, each 1..16384", key, v);
+  o->height = (int)h;
+  o->width = (int)w;
+  return 0;
+}
+
+static int parse_device(const char *key, const char *v, dl__options *o) {
+  if (!strcmp(v, "cpu")) {
+    o->ndevices = 0;
+    return 0;
+  }
+  if (strncmp(v, "cuda", 4))
+    return bad(key, v, "expected cpu, cuda, cuda:N or cuda:N,M,...");
+  if (v[4] == 0) {
+    const char *lr = getenv("LOCAL_RANK");
+    int64_t id = 0;
+    if (lr && *lr && parse_int("LOCAL_RANK", lr, 0, 1023, &id))
+      return DL_EOPTION;
+    o->ndevices = 1;
+    o->device_ids[0] = (int)id;
+    return 0;
+  }
+  if (v[4] != ':')
+    return bad(key, v, "expected cpu, cuda, cuda:N or cuda:N,M,...");
+  const char *p = v + 5;
+  o->ndevices = 0;
+  for (;;) {
+    char *end;
+    errno = 0;
+    long id = strtol(p, &end, 10);
+    if (errno || end == p || id < 0 || id > 1023 || (*end && *end != ','))
+      return bad(key, v, "expected cpu, cuda, cuda:N or cuda:N,M,...");
+    if (o->ndevices == DL__MAX_DEVICES)
+      return bad(key, v, "too many devices");
+    for (int i = 0; i < o->ndevices; i++)
+      if (o->device_ids[i] == id)
+        return bad(key, v, "a device is listed twice");
+    o->device_ids[o->ndevices++] = (int)id;
+    if (!*end)
+      break;
+    p = end + 1;
+  }
+  return 0;
+}
+
+static int apply(dl__options *o, const char *key, const char *v) {
+  static const char *const crops[] = {"random_resized", "center", "resize", "none"};
+  static const char *const layouts[] = {"NHWC", "NCHW"};
+  static const char *const dtypes[] = {"uint8", "float32", "float16", "bfloat16"};
+  static const char *const on_errors[] = {"skip", "fail"};
+  static const char *const ios[] = {"auto", "uring", "pread"};
+  static const char *const logs[] = {"quiet", "error", "warn", "info", "debug"};
+  int64_t x;
+  int r = 0;
+#define INT_OPT(name, field, lo, hi)                                                               \
+  if (!strcmp(key, name)) {                                                                        \
+    if ((r = parse_int(key, v, lo, hi, &x)))                                                       \
+      return r;                                                                                    \
+    o->field = x;                                                                                  \
+    return 0;                                                                                      \
+  }
+  INT_OPT("batch_size", batch_size, 1, 1 << 20)
+  INT_OPT("workers", workers, 1, 1024)
+  INT_OPT("prefetch", prefetch, 1, 1024)
+  INT_OPT("epochs", epochs, 0, INT64_MAX / 2)
+  INT_OPT("rank", rank, 0, 1 << 20)
+  INT_OPT("world_size", world_size, 1, 1 << 20)
+  INT_OPT("device_slots", device_slots, 1, 64)
+  INT_OPT("io_depth", io_depth, 1, 4096)
+  INT_OPT("max_pixels", max_pixels, 1, INT64_C(1) << 40)
+  INT_OPT("max_member_bytes", max_member_bytes, 1, INT64_C(1) << 40)
+#undef INT_OPT
+  if (!strcmp(key, "seed")) {
+    char *end;
+    errno = 0;
+    unsigned long long s = strtoull(v, &end, 0);
+    if (errno || end == v || *end || v[0] == '-')
+      return bad(key, v, "expected a non-negative integer");
+    o->seed = s;
+    return 0;
+  }
+  if (!strcmp(key, "channels")) {
+    if ((r = parse_int(key, v, 1, 3, &x)))
+      return r;
+    if (x == 2)
+      return bad(key, v, "expected 1 or 3");
+    o->channels = (int)x;
+    return 0;
+  }
+  if (!strcmp(key, "image_size"))
+    return parse_size(key, v, o);
+  if (!strcmp(key, "crop"))
+    return parse_choice(key, v, crops, 4, &o->crop);
+  if (!strcmp(key, "layout"))
+    return parse_choice(key, v, layouts, 2, &o->layout);
+  if (!strcmp(key, "dtype"))
+    return parse_choice(key, v, dtypes, 4, &o->dtype);
+  if (!strcmp(key, "on_error"))
+    return parse_choice(key, v, on_errors, 2, &o->on_error);
+  if (!strcmp(key, "io"))
+    return parse_choice(key, v, ios, 3, &o->io);
+  if (!strcmp(key, "log"))
+    return parse_choice(key, v, logs, 5, &o->log_level);
+  if (!strcmp(key, "flip"))
+    return parse_bool(key, v, &o->flip);
+  if (!strcmp(key, "shuffle"))
+    return parse_bool(key, v, &o->shuffle);
+  if (!strcmp(key, "drop_last"))
+    return parse_bool(key, v, &o->drop_last);
+  if (!strcmp(key, "mean"))
+    return parse_floats3(key, v, o->mean);
+  if (!strcmp(key, "std")) {
+    if ((r = parse_floats3(key, v, o->std)))
+      return r;
+    for (int i = 0; i < 3; i++)
+      if (o->std[i] == 0)
+        return bad(key, v, "std must not be zero");
+    return 0;
+  }
+  if (!strcmp(key, "device"))
+    return parse_device(key, v, o);
+  if (!strcmp(key, "resume")) {
+    if (strlen(v) >= sizeof o->resume)
+      return bad(key, v, "token too long");
+    strcpy(o->resume, v);
+    return 0;
+  }
+  return dl__fail(DL_EOPTION, "unknown option '%s'", key);
+}
+
+int dl__options_parse(dl__options *o, const char *text) {
+  set_defaults(o);
+  const char *p = text ? text : "";
+  for (;;) {
+    while (isspace((unsigned char)*p))
+      p++;
+    if (!*p)
+      break;
+    const char *start = p;
+    while (*p && !isspace((unsigned char)*p))
+      p++;
+    size_t n = (size_t)(p - start);
+    char word[512];
+    if (n >= sizeof word)
+      return dl__fail(DL_EOPTION, "option '%.40s...' is too long", start);
+    memcpy(word, start, n);
+    word[n] = 0;
+    char *eq = strchr(word, '=');
+    if (!eq || eq == word)
+      return dl__fail(DL_EOPTION, "option '%s' is not key=value", word);
+    *eq = 0;
+    int r = apply(o, word, eq + 1);
+    if (r)
+      return r;
+  }
+  if (o->rank >= o->world_size)
+    return dl__fail(DL_EOPTION, "option rank=%d: must be below world_size=%d", o->rank,
+                    o->world_size);
+  if (o->dtype != DL__DTYPE_UINT8 && o->ndevices == 0)
+    return dl__fail(DL_EOPTION, "option dtype: float conversion runs on the GPU; use device=cuda");
+  return 0;
+}

@@ -1,0 +1,140 @@
+/*
+ * PNG through libpng: every colour type and bit depth, interlaced or not, expanded to 8-bit
+ * RGB (or grey) with 16-bit samples reduced to their high byte and alpha dropped, as PIL's
+ * convert("RGB") does. Text, ICC and EXIF chunks are never inflated, so a decompression bomb in
+ * metadata costs nothing.
+ */
+#include "internal.h"
+
+#include <errno.h>
+#include <setjmp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <png.h>
+
+typedef struct png_ctx {
+  dl__buf rows;
+  const uint8_t *src;
+  size_t len, pos;
+  char msg[256];
+} png_ctx;
+
+static int png_create(void **out) {
+  png_ctx *x = calloc(1, sizeof *x);
+  if (!x)
+    return -1;
+  *out = x;
+  return 0;
+}
+
+static void png_destroy_ctx(void *p) {
+  png_ctx *x = p;
+  if (!x)
+    return;
+  dl__buf_free(&x->rows);
+  free(x);
+}
+
+static void on_error(png_structp png, png_const_charp msg) {
+  png_ctx *x = png_get_error_ptr(png);
+  snprintf(x->msg, sizeof x->msg, "%s", msg);
+  png_longjmp(png, 1);
+}
+
+static void on_warning(png_structp png, png_const_charp msg) {
+  (void)png;
+  (void)msg;
+}
+
+static void on_read(png_structp png, png_bytep out, size_t n) {
+  png_ctx *x = png_get_io_ptr(png);
+  if (n > x->len - x->pos)
+    png_error(png, "PNG data ends early");
+  memcpy(out, x->src + x->pos, n);
+  x->pos += n;
+}
+
+static int png_decode(void *p, dl__decode_job *job, dl__err *e) {
+  png_ctx *x = p;
+  x->src = job->src;
+  x->len = job->len;
+  x->pos = 0;
+  x->msg[0] = 0;
+  png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, x, on_error, on_warning);
+  png_infop info = png ? png_create_info_struct(png) : NULL;
+  if (!info) {
+    png_destroy_read_struct(&png, NULL, NULL);
+    return dl__err_set(e, -ENOMEM, "out of memory starting a PNG decode");
+  }
+  volatile int code = DL_ECORRUPT;
+  if (setjmp(png_jmpbuf(png))) {
+    png_destroy_read_struct(&png, &info, NULL);
+    return dl__err_set(e, code, "%s", x->msg[0] ? x->msg : "corrupt PNG");
+  }
+  png_set_read_fn(png, x, on_read);
+  static const png_byte skip[] = "tEXt\0zTXt\0iTXt\0iCCP\0eXIf\0sPLT\0";
+  png_set_keep_unknown_chunks(png, PNG_HANDLE_CHUNK_NEVER, skip, 6);
+  png_set_user_limits(png, 1u << 24, 1u << 24);
+  png_set_chunk_malloc_max(png, 8u << 20);
+  png_read_info(png, info);
+  png_uint_32 w, h;
+  int depth, color, interlace;
+  png_get_IHDR(png, info, &w, &h, &depth, &color, &interlace, NULL, NULL);
+  job->src_width = (int)w;
+  job->src_height = (int)h;
+  if ((int64_t)w * h > job->max_pixels) {
+    code = DL_ELIMIT;
+    snprintf(x->msg, sizeof x->msg, "image is %ux%u, above max_pixels=%lld", w, h,
+             (long long)job->max_pixels);
+    png_longjmp(png, 1);
+  }
+  dl__err plan_err;
+  int r = job->plan(job, (int)w, (int)h, &plan_err);
+  if (r) {
+    code = r;
+    snprintf(x->msg, sizeof x->msg, "%s", plan_err.msg);
+    png_longjmp(png, 1);
+  }
+  if (color == PNG_COLOR_TYPE_PALETTE)
+    png_set_palette_to_rgb(png);
+  if (color == PNG_COLOR_TYPE_GRAY && depth < 8)
+    png_set_expand_gray_1_2_4_to_8(png);
+  if (depth == 16)
+    png_set_strip_16(png);
+  /* Palette expansion turns tRNS into an alpha channel: drop it like a stored one. */
+  if ((color & PNG_COLOR_MASK_ALPHA) || png_get_valid(png, info, PNG_INFO_tRNS))
+    png_set_strip_alpha(png);
+  bool is_color = (color & PNG_COLOR_MASK_COLOR) != 0;
+  if (job->channels == 3 && !is_color)
+    png_set_gray_to_rgb(png);
+  if (job->channels == 1 && is_color)
+    png_set_rgb_to_gray_fixed(png, 1, -1, -1);
+  int passes = png_set_interlace_handling(png);
+  (void)passes;
+  png_read_update_info(png, info);
+  size_t stride = png_get_rowbytes(png, info);
+  if (stride != (size_t)w * (size_t)job->channels) {
+    snprintf(x->msg, sizeof x->msg, "unexpected PNG row size %zu for %u pixels", stride, w);
+    png_longjmp(png, 1);
+  }
+  if (dl__buf_reserve(job->scratch, stride * h) || dl__buf_reserve(&x->rows, sizeof(png_bytep) * h)) {
+    code = -ENOMEM;
+    snprintf(x->msg, sizeof x->msg, "out of memory for a %ux%u image", w, h);
+    png_longjmp(png, 1);
+  }
+  png_bytep *rows = (png_bytep *)x->rows.p;
+  for (png_uint_32 i = 0; i < h; i++)
+    rows[i] = job->scratch->p + (size_t)i * stride;
+  png_read_image(png, rows);
+  png_destroy_read_struct(&png, &info, NULL);
+  job->pixels = job->scratch->p;
+  job->width = (int)w;
+  job->height = (int)h;
+  job->stride = stride;
+  job->mapped = job->rect;
+  return 0;
+}
+
+const dl__decoder_ops dl__png_ops = {"png", png_create, png_destroy_ctx, png_decode};

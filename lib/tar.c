@@ -1,0 +1,380 @@
+/*
+ * WebDataset tar shards: scans ustar, GNU (long names, base-256 sizes) and pax headers, and groups
+ * consecutive members that share a key (the path up to the first dot of the base name) into samples.
+ * Every size read from the file is checked against the file's size before it is used.
+ */
+#include "internal.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define BLOCK 512
+#define WINDOW (256u << 10)
+#define NAME_MAX_LEN 4096
+
+typedef struct reader {
+  int fd;
+  uint64_t size;
+  uint8_t *win;
+  uint64_t win_off;
+  size_t win_len;
+} reader;
+
+/* Returns a pointer to LEN bytes at OFF, or NULL past the end of the file or on a read error. */
+static const uint8_t *read_at(reader *r, uint64_t off, size_t len) {
+  if (off + len > r->size || len > WINDOW)
+    return NULL;
+  if (off >= r->win_off && off + len <= r->win_off + r->win_len)
+    return r->win + (off - r->win_off);
+  size_t want = (size_t)(r->size - off < WINDOW ? r->size - off : WINDOW);
+  size_t got = 0;
+  while (got < want) {
+    ssize_t n = pread(r->fd, r->win + got, want - got, (off_t)(off + got));
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0)
+      break;
+    got += (size_t)n;
+  }
+  r->win_off = off;
+  r->win_len = got;
+  return got >= len ? r->win : NULL;
+}
+
+static bool is_zero_block(const uint8_t *h) {
+  for (int i = 0; i < BLOCK; i++)
+    if (h[i])
+      return false;
+  return true;
+}
+
+static bool checksum_ok(const uint8_t *h) {
+  uint64_t stored = 0;
+  int i = 148, digits = 0;
+  while (i < 156 && h[i] == ' ')
+    i++;
+  for (; i < 156 && h[i] >= '0' && h[i] <= '7'; i++, digits++)
+    stored = stored * 8 + (uint64_t)(h[i] - '0');
+  if (!digits)
+    return false;
+  int64_t usum = 0, ssum = 0;
+  for (i = 0; i < BLOCK; i++) {
+    uint8_t c = (i >= 148 && i < 156) ? ' ' : h[i];
+    usum += c;
+    ssum += (int8_t)c;
+  }
+  return (int64_t)stored == usum || (int64_t)stored == ssum;
+}
+
+/* Octal (NUL/space padded) or GNU base-256 numeric field; -1 when malformed. */
+static int64_t parse_number(const uint8_t *f, int len) {
+  if (f[0] & 0x80) {
+    if (f[0] != 0x80)
+      return -1; /* negative base-256 */
+    uint64_t v = 0;
+    for (int i = 1; i < len; i++) {
+      if (v >> 55)
+        return -1;
+      v = (v << 8) | f[i];
+    }
+    return (int64_t)v;
+  }
+  int i = 0;
+  while (i < len && f[i] == ' ')
+    i++;
+  uint64_t v = 0;
+  int digits = 0;
+  for (; i < len && f[i] >= '0' && f[i] <= '7'; i++, digits++) {
+    if (v >> 60)
+      return -1;
+    v = v * 8 + (uint64_t)(f[i] - '0');
+  }
+  for (; i < len; i++)
+    if (f[i] != ' ' && f[i] != 0)
+      return -1;
+  return digits ? (int64_t)v : 0;
+}
+
+/* Applies the "path" and "size" records of a pax extended header. */
+static int parse_pax(const uint8_t *p, size_t n, char *path, size_t path_cap, int64_t *size) {
+  size_t i = 0;
+  while (i < n) {
+    size_t len = 0, j = i;
+    while (j < n && isdigit(p[j])) {
+      len = len * 10 + (size_t)(p[j] - '0');
+      if (len > n)
+        return -1;
+      j++;
+    }
+    if (j == i || j >= n || p[j] != ' ' || len < (j - i) + 2 || i + len > n || p[i + len - 1] != '\n')
+      return -1;
+    const uint8_t *kv = p + j + 1, *end = p + i + len - 1;
+    const uint8_t *eq = memchr(kv, '=', (size_t)(end - kv));
+    if (!eq)
+      return -1;
+    size_t klen = (size_t)(eq - kv), vlen = (size_t)(end - eq - 1);
+    if (klen == 4 && !memcmp(kv, "path", 4)) {
+      if (vlen == 0 || vlen >= path_cap)
+        return -1;
+      memcpy(path, eq + 1, vlen);
+      path[vlen] = 0;
+    } else if (klen == 4 && !memcmp(kv, "size", 4)) {
+      int64_t v = 0;
+      for (size_t k = 0; k < vlen; k++) {
+        if (!isdigit(eq[1 + k]) || v > INT64_MAX / 10 - 10)
+          return -1;
+        v = v * 10 + (eq[1 + k] - '0');
+      }
+      *size = v;
+    }
+    i += len;
+  }
+  return 0;
+}
+
+static int ext_codec(const char *ext) {
+  const char *last = strrchr(ext, '.');
+  last = last ? last + 1 : ext;
+  if (!strcasecmp(last, "jpg") || !strcasecmp(last, "jpeg"))
+    return DL__CODEC_JPEG;
+  if (!strcasecmp(last, "png"))
+    return DL__CODEC_PNG;
+  return DL__CODEC_NONE;
+}
+
+typedef struct group {
+  char key[NAME_MAX_LEN];
+  size_t key_len;
+  bool open;
+  bool exact_image; /* image came from an extension that is exactly jpg/jpeg/png */
+  dl__sample s;
+  char image_name[NAME_MAX_LEN];
+} group;
+
+static int flush(dl__dataset *ds, group *g) {
+  if (!g->open)
+    return 0;
+  g->open = false;
+  const char *name = g->s.codec != DL__CODEC_NONE ? g->image_name : g->key;
+  uint32_t at = dl__dataset_intern(ds, name, strlen(name));
+  if (at == UINT32_MAX)
+    return -ENOMEM;
+  g->s.name = at;
+  g->s.key = dl__dataset_intern(ds, g->key, g->key_len);
+  if (g->s.key == UINT32_MAX)
+    return -ENOMEM;
+  return dl__dataset_push(ds, &g->s);
+}
+
+static int64_t parse_label(const uint8_t *p, size_t n, bool *ok) {
+  size_t i = 0;
+  while (i < n && isspace(p[i]))
+    i++;
+  bool neg = i < n && p[i] == '-';
+  if (neg)
+    i++;
+  int64_t v = 0;
+  size_t digits = 0;
+  for (; i < n && isdigit(p[i]); i++, digits++) {
+    if (v > INT64_MAX / 10 - 10) {
+      *ok = false;
+      return -1;
+    }
+    v = v * 10 + (p[i] - '0');
+  }
+  while (i < n && isspace(p[i]))
+    i++;
+  *ok = digits > 0 && i == n;
+  return *ok ? (neg ? -v : v) : -1;
+}
+
+/* Adds a regular member to the current group or starts a new sample. */
+static int add_member(dl__dataset *ds, group *g, uint32_t file, const char *name, uint64_t off,
+                      uint64_t size, reader *r) {
+  const char *base = strrchr(name, '/');
+  base = base ? base + 1 : name;
+  const char *dot = strchr(base, '.');
+  if (!dot || base[0] == 0)
+    return 0; /* no extension: not a field of any sample */
+  size_t key_len = (size_t)(dot - name);
+  const char *ext = dot + 1;
+  if (!g->open || key_len != g->key_len || memcmp(name, g->key, key_len)) {
+    int rc = flush(ds, g);
+    if (rc)
+      return rc;
+    memcpy(g->key, name, key_len);
+    g->key[key_len] = 0;
+    g->key_len = key_len;
+    g->open = true;
+    g->exact_image = false;
+    memset(&g->s, 0, sizeof g->s);
+    g->s.file = file;
+    g->s.label = -1;
+  }
+  int codec = ext_codec(ext);
+  bool exact = strchr(ext, '.') == NULL;
+  if (codec != DL__CODEC_NONE && (g->s.codec == DL__CODEC_NONE || (exact && !g->exact_image))) {
+    g->s.codec = (uint8_t)codec;
+    g->s.offset = off;
+    g->s.size = size;
+    g->exact_image = exact;
+    snprintf(g->image_name, sizeof g->image_name, "%s", name);
+  } else if (!strcasecmp(ext, "cls") && size <= 64) {
+    const uint8_t *p = read_at(r, off, (size_t)size);
+    bool ok = false;
+    if (p)
+      g->s.label = parse_label(p, (size_t)size, &ok);
+    if (!ok) {
+      g->s.label = -1;
+      dl__log(DL__LOG_WARN, "shard %s member %s: label is not an integer; using -1",
+              ds->files[file], name);
+    }
+  }
+  return 0;
+}
+
+int dl__tar_scan(dl__dataset *ds, uint32_t file, int fd, uint64_t file_size, int on_error) {
+  const char *shard = ds->files[file];
+  reader r = {.fd = fd, .size = file_size, .win = malloc(WINDOW)};
+  group *g = calloc(1, sizeof *g);
+  char *long_name = malloc(NAME_MAX_LEN), *name = malloc(NAME_MAX_LEN);
+  int rc = 0;
+  if (!r.win || !g || !long_name || !name) {
+    rc = dl__fail(-ENOMEM, "out of memory scanning %s", shard);
+    goto done;
+  }
+  long_name[0] = 0;
+  char pax_path[NAME_MAX_LEN] = "";
+  int64_t pax_size = -1;
+  uint64_t off = 0;
+  const char *damage = NULL;
+  while (off + BLOCK <= file_size) {
+    const uint8_t *h = read_at(&r, off, BLOCK);
+    if (!h) {
+      damage = "read error";
+      break;
+    }
+    if (is_zero_block(h))
+      break;
+    if (!checksum_ok(h)) {
+      damage = "bad header checksum";
+      break;
+    }
+    int64_t size = parse_number(h + 124, 12);
+    if (pax_size >= 0)
+      size = pax_size;
+    if (size < 0) {
+      damage = "bad size field";
+      break;
+    }
+    uint64_t data = off + BLOCK;
+    uint64_t next = data + (((uint64_t)size + BLOCK - 1) / BLOCK) * BLOCK;
+    char type = (char)h[156];
+    if (type == 'L' || type == 'x') {
+      if ((uint64_t)size > NAME_MAX_LEN * 4 || data + (uint64_t)size > file_size) {
+        damage = "extended header runs past the end";
+        break;
+      }
+      const uint8_t *p = read_at(&r, data, (size_t)size);
+      if (!p) {
+        damage = "extended header unreadable";
+        break;
+      }
+      if (type == 'L') {
+        size_t n = strnlen((const char *)p, (size_t)size);
+        if (n == 0 || n >= NAME_MAX_LEN) {
+          damage = "bad GNU long name";
+          break;
+        }
+        memcpy(long_name, p, n);
+        long_name[n] = 0;
+      } else if (parse_pax(p, (size_t)size, pax_path, sizeof pax_path, &pax_size)) {
+        damage = "bad pax header";
+        break;
+      }
+      off = next;
+      continue;
+    }
+    if (pax_path[0])
+      snprintf(name, NAME_MAX_LEN, "%s", pax_path);
+    else if (long_name[0])
+      snprintf(name, NAME_MAX_LEN, "%s", long_name);
+    else if (!memcmp(h + 257, "ustar\0", 6) && h[345])
+      snprintf(name, NAME_MAX_LEN, "%.155s/%.100s", (const char *)h + 345, (const char *)h);
+    else
+      snprintf(name, NAME_MAX_LEN, "%.100s", (const char *)h);
+    long_name[0] = 0;
+    pax_path[0] = 0;
+    pax_size = -1;
+    if (type == '0' || type == '\0' || type == '7') {
+      const char *member = name[0] == '.' && name[1] == '/' ? name + 2 : name;
+      rc = add_member(ds, g, file, member, data, (uint64_t)size, &r);
+      if (rc) {
+        rc = dl__fail(rc, "out of memory scanning %s", shard);
+        goto done;
+      }
+      if (data + (uint64_t)size > file_size) {
+        /* Keep the member: its read fails later with a per-sample error naming it. */
+        damage = "member data runs past the end of the file";
+        break;
+      }
+    }
+    off = next;
+  }
+  if (!damage && off + BLOCK > file_size && off < file_size)
+    damage = "trailing partial block";
+  rc = flush(ds, g);
+  if (rc) {
+    rc = dl__fail(rc, "out of memory scanning %s", shard);
+    goto done;
+  }
+  if (damage) {
+    if (on_error == DL__ON_ERROR_FAIL) {
+      rc = dl__fail(DL_ECORRUPT, "shard %s: %s at offset %llu (truncated or corrupt tar)", shard,
+                    damage, (unsigned long long)off);
+      goto done;
+    }
+    dl__log(DL__LOG_WARN, "shard %s: %s at offset %llu; keeping the members before it", shard,
+            damage, (unsigned long long)off);
+    rc = 1; /* usable, but not worth caching */
+  }
+done:
+  free(r.win);
+  free(g);
+  free(long_name);
+  free(name);
+  return rc;
+}
+
+int dl__tar_load(dl__dataset *ds, const char *path, int on_error) {
+  uint32_t file;
+  int rc = dl__dataset_add_file(ds, path, &file);
+  if (rc)
+    return rc;
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return dl__fail(-errno, "shard %s: %s", path, strerror(errno));
+  struct stat st;
+  if (fstat(fd, &st)) {
+    rc = dl__fail(-errno, "shard %s: %s", path, strerror(errno));
+    close(fd);
+    return rc;
+  }
+  ds->fds[file] = fd;
+  int64_t mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
+  if (dl__index_cache_read(ds, file, path, (uint64_t)st.st_size, mtime_ns) == 0)
+    return 0;
+  size_t first = ds->n;
+  rc = dl__tar_scan(ds, file, fd, (uint64_t)st.st_size, on_error);
+  if (rc < 0)
+    return rc;
+  if (rc == 0)
+    dl__index_cache_write(ds, first, path, (uint64_t)st.st_size, mtime_ns);
+  return 0;
+}

@@ -1,0 +1,260 @@
+/*
+ * A worker: its own I/O ring, decoder contexts and scratch buffers, all living as long as the
+ * loader, so the steady state allocates nothing. It keeps up to io_depth reads in flight and
+ * decodes each sample as its read completes, straight into the sample's place in the batch slot.
+ */
+#include "internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef struct inflight {
+  dl__claim c;
+  const dl__sample *s;
+  dl__buf buf;
+  int own_fd; /* opened for this read (ImageFolder), else -1 */
+  bool busy;
+} inflight;
+
+struct dl__worker {
+  dl_loader *l;
+  pthread_t thread;
+  int id;
+  dl__io io;
+  void *jpeg, *png;
+  inflight *slots;
+  int depth;
+  dl__buf scratch;
+  dl__resize_scratch rs;
+};
+
+static int64_t ns_since(const struct timespec *t0) {
+  struct timespec t1;
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  return (int64_t)(t1.tv_sec - t0->tv_sec) * 1000000000 + (t1.tv_nsec - t0->tv_nsec);
+}
+
+typedef struct plan_arg {
+  dl_loader *l;
+  uint64_t key;
+} plan_arg;
+
+static int plan(dl__decode_job *job, int w, int h, dl__err *e) {
+  plan_arg *a = job->plan_arg;
+  return dl__crop_rect(a->l->o.crop, w, h, job->out_w, job->out_h, a->key, &job->rect, e);
+}
+
+/* The shared end of every sample: label, key, error report, and the ring's count. */
+static void complete(struct dl__worker *w, inflight *f, dl__err *e) {
+  dl_loader *l = w->l;
+  const dl__sample *s = f->s;
+  dl__claim *c = &f->c;
+  dl_batch *b = c->slot;
+  b->label[c->i] = s->label;
+  b->key[c->i] = l->ds.pool + s->key;
+  b->sample_err[c->i] = e->code;
+  atomic_fetch_add_explicit(&l->st.samples, 1, memory_order_relaxed);
+  if (e->code) {
+    memset(b->image + (size_t)c->i * l->sample_bytes, 0, l->sample_bytes);
+    atomic_fetch_add_explicit(&l->st.errors, 1, memory_order_relaxed);
+    char msg[DL__MSG_MAX];
+    snprintf(msg, sizeof msg, "shard %s member %s offset %llu: %s", l->ds.files[s->file],
+             dl__sample_name(&l->ds, s), (unsigned long long)s->offset, e->msg);
+    memcpy(e->msg, msg, sizeof e->msg);
+    if (l->o.on_error == DL__ON_ERROR_SKIP)
+      dl__log(DL__LOG_WARN, "%s (sample replaced by zeros)", e->msg);
+    else
+      dl__log(DL__LOG_ERROR, "%s", e->msg);
+  }
+  if (f->own_fd >= 0)
+    close(f->own_fd);
+  f->own_fd = -1;
+  f->busy = false;
+  dl__ring_done(l, c, e);
+}
+
+static void decode(struct dl__worker *w, inflight *f, dl__err *e) {
+  dl_loader *l = w->l;
+  const dl__claim *c = &f->c;
+  struct timespec t0;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  uint64_t key = dl__hash3(l->o.seed, (uint64_t)c->epoch, (uint64_t)c->index);
+  plan_arg pa = {l, key};
+  dl__decode_job job = {.src = f->buf.p,
+                        .len = f->s->size,
+                        .channels = l->o.channels,
+                        .out_w = l->o.width,
+                        .out_h = l->o.height,
+                        .max_pixels = l->o.max_pixels,
+                        .plan = plan,
+                        .plan_arg = &pa,
+                        .scratch = &w->scratch};
+  int codec = dl__sniff_codec(f->buf.p, f->s->size);
+  int r;
+  if (codec == DL__CODEC_JPEG)
+    r = dl__jpeg_ops.decode(w->jpeg, &job, e);
+  else if (codec == DL__CODEC_PNG)
+    r = dl__png_ops.decode(w->png, &job, e);
+  else
+    r = dl__err_set(e, DL_EUNSUPPORTED, "not a JPEG or PNG (unrecognised leading bytes)");
+  if (r == 0) {
+    bool flip = l->o.flip && dl__uniform(key, 1000) < 0.5;
+    uint8_t *dst = c->slot->image + (size_t)c->i * l->sample_bytes;
+    if (dl__resize(job.pixels, job.width, job.height, job.stride, l->o.channels, job.mapped, dst,
+                   l->o.width, l->o.height, l->o.layout == DL__LAYOUT_NCHW, flip, &w->rs))
+      dl__err_set(e, -ENOMEM, "out of memory resizing");
+  }
+  atomic_fetch_add_explicit(&l->st.decode_ns, ns_since(&t0), memory_order_relaxed);
+}
+
+static void finish(struct dl__worker *w, inflight *f, int64_t res) {
+  dl__err e = {0};
+  if (res < 0)
+    dl__err_set(&e, (int)res, "read failed: %s", strerror((int)-res));
+  else if ((uint64_t)res < f->s->size)
+    dl__err_set(&e, DL_ECORRUPT, "file ends after %lld of the member's %llu bytes (truncated)",
+                (long long)res, (unsigned long long)f->s->size);
+  else
+    decode(w, f, &e);
+  if (res > 0)
+    atomic_fetch_add_explicit(&w->l->st.bytes_read, res, memory_order_relaxed);
+  complete(w, f, &e);
+}
+
+/* Starts the read for claim C; returns false when the sample was finished at once (an error). */
+static bool start(struct dl__worker *w, const dl__claim *c) {
+  dl_loader *l = w->l;
+  int tag = 0;
+  while (w->slots[tag].busy)
+    tag++; /* the caller keeps fewer than depth reads in flight */
+  inflight *f = &w->slots[tag];
+  f->busy = true;
+  f->c = *c;
+  f->s = &l->ds.samples[c->index];
+  f->own_fd = -1;
+  const dl__sample *s = f->s;
+  dl__err e = {0};
+  if (s->codec == DL__CODEC_NONE) {
+    dl__err_set(&e, DL_ENOFIELD, "sample has no image member (.jpg, .jpeg or .png)");
+  } else if ((int64_t)s->size > l->o.max_member_bytes) {
+    dl__err_set(&e, DL_ELIMIT, "member is %llu bytes, above max_member_bytes=%lld",
+                (unsigned long long)s->size, (long long)l->o.max_member_bytes);
+  } else if (dl__buf_reserve(&f->buf, s->size ? s->size : 1)) {
+    dl__err_set(&e, -ENOMEM, "out of memory for a %llu-byte read", (unsigned long long)s->size);
+  } else {
+    int fd = l->ds.fds[s->file];
+    if (fd < 0)
+      fd = f->own_fd = open(l->ds.files[s->file], O_RDONLY | O_CLOEXEC);
+    int r = fd < 0 ? -errno : w->io.ops->submit(&w->io, fd, f->buf.p, s->size, s->offset, (uint64_t)tag);
+    if (r == 0)
+      return true;
+    dl__err_set(&e, r, "read failed: %s", strerror(-r));
+  }
+  complete(w, f, &e);
+  return false;
+}
+
+static void *run(void *arg) {
+  struct dl__worker *w = arg;
+  dl_loader *l = w->l;
+  int inflight_n = 0;
+  bool draining = false;
+  for (;;) {
+    while (!draining && inflight_n < w->depth) {
+      dl__claim c;
+      int r = dl__ring_claim(l, &c, inflight_n == 0);
+      if (r < 0)
+        draining = true;
+      if (r <= 0)
+        break;
+      if (start(w, &c))
+        inflight_n++;
+    }
+    if (inflight_n == 0) {
+      if (draining)
+        break;
+      continue;
+    }
+    uint64_t tag;
+    int64_t res;
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int r = w->io.ops->wait(&w->io, &tag, &res);
+    atomic_fetch_add_explicit(&l->st.read_wait_ns, ns_since(&t0), memory_order_relaxed);
+    if (r < 0 || tag >= (uint64_t)w->depth) {
+      dl__log(DL__LOG_ERROR, "worker %d: I/O wait failed: %s", w->id, strerror(-r));
+      break;
+    }
+    inflight_n--;
+    finish(w, &w->slots[tag], res);
+  }
+  return NULL;
+}
+
+static void worker_free(struct dl__worker *w) {
+  if (w->io.ops)
+    w->io.ops->fini(&w->io);
+  dl__jpeg_ops.destroy(w->jpeg);
+  dl__png_ops.destroy(w->png);
+  for (int i = 0; w->slots && i < w->depth; i++)
+    dl__buf_free(&w->slots[i].buf);
+  free(w->slots);
+  dl__buf_free(&w->scratch);
+  dl__buf_free(&w->rs.tmp);
+  dl__buf_free(&w->rs.coef);
+}
+
+int dl__workers_start(dl_loader *l) {
+  l->workers = calloc((size_t)l->o.workers, sizeof *l->workers);
+  if (!l->workers)
+    return dl__fail(-ENOMEM, "out of memory starting workers");
+  for (int i = 0; i < l->o.workers; i++) {
+    struct dl__worker *w = &l->workers[i];
+    w->l = l;
+    w->id = i;
+    w->depth = l->o.io_depth;
+    w->slots = calloc((size_t)w->depth, sizeof *w->slots);
+    if (!w->slots || dl__jpeg_ops.create(&w->jpeg) || dl__png_ops.create(&w->png))
+      return dl__fail(-ENOMEM, "out of memory starting worker %d", i);
+    w->io.ops = l->io_ops;
+    int r = l->io_ops->init(&w->io, (unsigned)w->depth);
+    if (r) {
+      w->io.ops = NULL;
+      return dl__fail(r, "worker %d: %s setup failed: %s", i, l->io_ops->name, strerror(-r));
+    }
+  }
+  for (int i = 0; i < l->o.workers; i++) {
+    int r = pthread_create(&l->workers[i].thread, NULL, run, &l->workers[i]);
+    if (r) {
+      pthread_mutex_lock(&l->mu);
+      l->stop = 1;
+      pthread_cond_broadcast(&l->work_cv);
+      pthread_mutex_unlock(&l->mu);
+      for (int j = 0; j < i; j++)
+        pthread_join(l->workers[j].thread, NULL);
+      l->nworkers = 0;
+      return dl__fail(-r, "could not start worker %d: %s", i, strerror(r));
+    }
+    l->nworkers = i + 1;
+  }
+  return 0;
+}
+
+void dl__workers_stop(dl_loader *l) {
+  pthread_mutex_lock(&l->mu);
+  l->stop = 1;
+  pthread_cond_broadcast(&l->work_cv);
+  pthread_mutex_unlock(&l->mu);
+  for (int i = 0; i < l->nworkers; i++)
+    pthread_join(l->workers[i].thread, NULL);
+  l->nworkers = 0;
+  for (int i = 0; l->workers && i < l->o.workers; i++)
+    worker_free(&l->workers[i]);
+  free(l->workers);
+  l->workers = NULL;
+}

@@ -1,0 +1,110 @@
+#!/bin/sh
+# Builds the test shards from the third-party files in TESTDATA, with GNU tar and with Python's
+# tarfile, into OUT. Usage: make_shards.sh TESTDATA OUT
+set -eu
+td=$1
+out=$2
+py=/usr/bin/python3
+[ -x "$py" ] || py=python3
+if [ ! -f "$td/MANIFEST.tsv" ]; then
+  echo "make_shards: no test data at $td" >&2
+  exit 77
+fi
+rm -rf "$out"
+mkdir -p "$out/stage" "$out/pixels/gnu" "$out/pixels/py"
+
+# Writes OUT_TAR from the files of folder DIR with Python's tarfile (format: pax or gnu).
+pytar() {
+  "$py" - "$1" "$2" "$3" <<'PY'
+import os, sys, tarfile
+out, folder, fmt = sys.argv[1:]
+form = {"pax": tarfile.PAX_FORMAT, "gnu": tarfile.GNU_FORMAT, "ustar": tarfile.USTAR_FORMAT}[fmt]
+with tarfile.open(out, "w", format=form) as t:
+    for name in sorted(os.listdir(folder)):
+        t.add(os.path.join(folder, name), arcname=name)
+PY
+}
+
+# --- reference pixels: one shard per image, each as "<id>.jpg" with a .cls label ---
+: > "$out/pixels.tsv"
+n=0
+add_ref() { # kind image reference
+  n=$((n + 1))
+  id=$(printf 'ref%04d' "$n")
+  d="$out/stage/$id"
+  mkdir -p "$d"
+  cp "$2" "$d/$id.jpg"
+  echo "$n" > "$d/$id.cls"
+  tar --format=gnu --sort=name -C "$d" -cf "$out/pixels/gnu/$id.tar" .
+  pytar "$out/pixels/py/$id.tar" "$d" pax
+  printf '%s\t%s\t%s\t%s\n' "$id" "$1" "$3" "$2" >> "$out/pixels.tsv"
+}
+lt=$td/libjpeg-turbo
+add_ref close "$lt/testimages/testorig.jpg" "$lt/testimages/testorig.ppm"
+add_ref close "$lt/testimages/testimgint.jpg" "$lt/testimages/testorig.ppm"
+# The same coefficients coded arithmetically and progressively: identical pixels to ref0002.
+add_ref same "$lt/testimages/testimgari.jpg" ref0002
+add_ref same "$lt/testimages-historical/testimgp.jpg" ref0002
+add_ref unsupported "$lt/testimages/monkey12.jpg" -
+add_ref unsupported "$lt/testimages-historical/testorig12.jpg" -
+rt=$td/jpeg-decoder/tests/reftest/images
+for img in "$rt"/*.jpg "$rt"/mozilla/*.jpg; do
+  rel=${img#"$rt"/}
+  grep -qx "$rel" "$rt/disabled.list" && continue
+  ref=${img%.jpg}.png
+  kind=close
+  # Files whose data ends early: another decoder shows what it has; here that is an error.
+  case "$rel" in partial_progressive.jpg) kind=corrupt ;; esac
+  [ -f "$ref" ] && add_ref $kind "$img" "$ref"
+done
+for img in "$rt"/lossless/*/*.jpg; do
+  [ -f "$img" ] && add_ref unsupported "$img" -
+done
+
+# --- every third-party file as a member of one shard, by its manifest row ---
+s="$out/stage/sweep"
+mkdir -p "$s"
+: > "$out/sweep.tsv"
+i=0
+tail -n +2 "$td/MANIFEST.tsv" | while IFS="$(printf '\t')" read -r path bytes sha kind attrs check; do
+  i=$((i + 1))
+  key=$(printf '%06d' "$i")
+  ext=jpg
+  [ "$kind" = png ] && ext=png
+  cp "$td/$path" "$s/$key.$ext"
+  echo "$i" > "$s/$key.cls"
+  printf '%s\t%s\t%s\t%s\t%s\n' "$key.$ext" "$path" "$kind" "$attrs" "$check" >> "$out/sweep.tsv"
+done
+tar --format=gnu --sort=name -C "$s" -cf "$out/sweep-gnu.tar" .
+pytar "$out/sweep-py.tar" "$s" pax
+
+# --- tar dialects: long names through GNU 'L' headers, pax 'path' records and the ustar prefix ---
+f="$out/stage/formats"
+mkdir -p "$f"
+long=$(printf 'a%.0s' $(seq 1 120))
+cp "$lt/testimages/testorig.jpg" "$f/${long}.jpg"
+echo 7 > "$f/${long}.cls"
+cp "$lt/testimages/testimgint.jpg" "$f/short.jpg"
+echo 8 > "$f/short.cls"
+for fmt in gnu pax ustar; do
+  if [ "$fmt" = ustar ]; then
+    # ustar cannot hold a 124-byte base name: nested folders fill its prefix field instead.
+    u="$out/stage/ustar/$(printf 'd%.0s' $(seq 1 60))/$(printf 'e%.0s' $(seq 1 60))"
+    mkdir -p "$u"
+    cp "$lt/testimages/testorig.jpg" "$u/x.jpg"
+    echo 7 > "$u/x.cls"
+    tar --format=ustar --sort=name -C "$out/stage/ustar" -cf "$out/format-tar-ustar.tar" .
+    continue
+  fi
+  tar --format=$fmt --sort=name -C "$f" -cf "$out/format-tar-$fmt.tar" .
+  pytar "$out/format-py-$fmt.tar" "$f" $fmt
+done
+
+# --- an ImageFolder tree and the same images as a shard ---
+for c in cat dog; do mkdir -p "$out/folder/$c"; done
+cp "$lt/testimages/testorig.jpg" "$out/folder/cat/b.jpg"
+cp "$lt/testimages/testimgint.jpg" "$out/folder/cat/a.JPG"
+cp "$td/pngsuite/basn2c08.png" "$out/folder/dog/z.png"
+echo "not an image" > "$out/folder/dog/notes.txt"
+rm -rf "$out/stage"
+echo "make_shards: $(wc -l < "$out/pixels.tsv") reference images, $(wc -l < "$out/sweep.tsv") files swept"

@@ -1,0 +1,71 @@
+/* Test helpers: every failed comparison prints both values and where; exit 77 means skipped. */
+#ifndef RINGFEED_TEST_H
+#define RINGFEED_TEST_H
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TEST_SKIP 77
+
+#define FAIL_AT(...)                                                                               \
+  do {                                                                                             \
+    fprintf(stderr, "%s:%d: ", __FILE__, __LINE__);                                                \
+    fprintf(stderr, __VA_ARGS__);                                                                  \
+    fprintf(stderr, "\n");                                                                         \
+    exit(1);                                                                                       \
+  } while (0)
+
+#define ASSERT(cond)                                                                               \
+  do {                                                                                             \
+    if (!(cond))                                                                                   \
+      FAIL_AT("assertion failed: %s", #cond);                                                      \
+  } while (0)
+
+#define ASSERT_CMP(a, op, b)                                                                       \
+  do {                                                                                             \
+    int64_t a_ = (int64_t)(a), b_ = (int64_t)(b);                                                  \
+    if (!(a_ op b_))                                                                               \
+      FAIL_AT("%s %s %s: %" PRId64 " vs %" PRId64, #a, #op, #b, a_, b_);                          \
+  } while (0)
+#define ASSERT_EQ(a, b) ASSERT_CMP(a, ==, b)
+#define ASSERT_NE(a, b) ASSERT_CMP(a, !=, b)
+#define ASSERT_LT(a, b) ASSERT_CMP(a, <, b)
+#define ASSERT_LE(a, b) ASSERT_CMP(a, <=, b)
+#define ASSERT_GT(a, b) ASSERT_CMP(a, >, b)
+#define ASSERT_GE(a, b) ASSERT_CMP(a, >=, b)
+
+#define ASSERT_STR_EQ(a, b)                                                                        \
+  do {                                                                                             \
+    const char *a_ = (a), *b_ = (b);                                                               \
+    if (!a_ || !b_ || strcmp(a_, b_))                                                              \
+      FAIL_AT("%s == %s: \"%s\" vs \"%s\"", #a, #b, a_ ? a_ : "(null)", b_ ? b_ : "(null)");      \
+  } while (0)
+
+#define ASSERT_CONTAINS(hay, needle)                                                               \
+  do {                                                                                             \
+    const char *h_ = (hay), *n_ = (needle);                                                        \
+    if (!h_ || !strstr(h_, n_))                                                                    \
+      FAIL_AT("\"%s\" does not contain \"%s\"", h_ ? h_ : "(null)", n_);                           \
+  } while (0)
+
+/* Opens a loader or fails the test with the library's message. */
+#define OPEN_OK(l, src, opts)                                                                      \
+  do {                                                                                             \
+    int r_ = dl_open(&(l), (src), (opts));                                                         \
+    if (r_)                                                                                        \
+      FAIL_AT("dl_open(%s, \"%s\"): %s: %s", (src), (opts), dl_errname(r_), dl_last_error());      \
+  } while (0)
+
+/* The folder that make_shards.sh filled, or skip when the test data is not there. */
+static inline const char *test_shards(void) {
+  const char *d = getenv("DL_TEST_SHARDS");
+  if (!d || !*d) {
+    fprintf(stderr, "skipped: DL_TEST_SHARDS is not set\n");
+    exit(TEST_SKIP);
+  }
+  return d;
+}
+
+#endif

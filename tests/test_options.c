@@ -1,0 +1,72 @@
+/* Bad options fail dl_open with DL_EOPTION and a message naming the key and value. */
+#include "internal.h"
+#include "test.h"
+
+static void expect_bad(const char *opts, const char *mention) {
+  dl__options o;
+  int r = dl__options_parse(&o, opts);
+  if (r != DL_EOPTION)
+    FAIL_AT("options \"%s\": expected DL_EOPTION, got %d", opts, r);
+  ASSERT_CONTAINS(dl_last_error(), mention);
+}
+
+int main(void) {
+  dl__options o;
+  ASSERT_EQ(dl__options_parse(&o, NULL), 0);
+  ASSERT_EQ(o.batch_size, 256);
+  ASSERT_EQ(o.height, 224);
+  ASSERT_EQ(o.crop, DL__CROP_RANDOM_RESIZED);
+  ASSERT_EQ(dl__options_parse(&o, "  batch_size=32 image_size=160x128 crop=center flip=1 seed=42 "
+                                  "epochs=0 rank=1 world_size=4 io=pread layout=NCHW channels=1  "),
+            0);
+  ASSERT_EQ(o.batch_size, 32);
+  ASSERT_EQ(o.height, 160);
+  ASSERT_EQ(o.width, 128);
+  ASSERT_EQ(o.crop, DL__CROP_CENTER);
+  ASSERT_EQ(o.flip, 1);
+  ASSERT_EQ(o.seed, 42);
+  ASSERT_EQ(o.epochs, 0);
+  ASSERT_EQ(o.rank, 1);
+  ASSERT_EQ(o.world_size, 4);
+  ASSERT_EQ(o.io, DL__IO_PREAD);
+  ASSERT_EQ(o.layout, DL__LAYOUT_NCHW);
+  ASSERT_EQ(o.channels, 1);
+  ASSERT_EQ(dl__options_parse(&o, "device=cuda:0,2,3 dtype=bfloat16 mean=0.5,0.5,0.5 std=1,2,3"), 0);
+  ASSERT_EQ(o.ndevices, 3);
+  ASSERT_EQ(o.device_ids[2], 3);
+  ASSERT_EQ(o.dtype, DL__DTYPE_BFLOAT16);
+
+  expect_bad("bogus=1", "unknown option 'bogus'");
+  expect_bad("batch_size=0", "batch_size=0");
+  expect_bad("batch_size=12x", "batch_size=12x");
+  expect_bad("workers=-3", "workers=-3");
+  expect_bad("crop=random", "crop=random: expected one of random_resized center resize none");
+  expect_bad("image_size=0x5", "image_size=0x5");
+  expect_bad("image_size=abc", "image_size=abc");
+  expect_bad("flip=maybe", "flip=maybe");
+  expect_bad("channels=2", "channels=2");
+  expect_bad("device=gpu", "device=gpu");
+  expect_bad("device=cuda:0,0", "listed twice");
+  expect_bad("mean=1,2", "mean=1,2");
+  expect_bad("std=1,0,1", "std must not be zero");
+  expect_bad("rank=4 world_size=4", "rank=4");
+  expect_bad("batch_size", "not key=value");
+  expect_bad("=3", "not key=value");
+  expect_bad("dtype=float32", "device=cuda");
+  expect_bad("on_error=ignore", "on_error=ignore");
+  expect_bad("io=aio", "io=aio");
+
+  /* Through the public entry point too: the code, and no loader. */
+  dl_loader *l = (dl_loader *)0x1;
+  ASSERT_EQ(dl_open(&l, "/nonexistent.tar", "prefetch=x"), DL_EOPTION);
+  ASSERT(l == NULL);
+  ASSERT_CONTAINS(dl_last_error(), "prefetch=x");
+  ASSERT_STR_EQ(dl_errname(DL_EOPTION), "DL_EOPTION");
+  ASSERT_STR_EQ(dl_errname(-2), "ENOENT");
+  ASSERT_STR_EQ(dl_strerror(DL_ECORRUPT), "corrupt input");
+  ASSERT_STR_EQ(dl_errname(DL_EOF), "DL_EOF");
+  ASSERT_EQ(dl_open(&l, "/nonexistent.tar", ""), -2);
+  ASSERT_CONTAINS(dl_last_error(), "/nonexistent.tar");
+  printf("options: ok\n");
+  return 0;
+}

@@ -1,0 +1,143 @@
+/* Epoch permutations, rank splits and resume tokens, at any world size. */
+#include "internal.h"
+#include "test.h"
+
+static void check_permutation(int64_t n, uint64_t seed, int64_t epoch) {
+  char *seen = calloc((size_t)n, 1);
+  for (int64_t i = 0; i < n; i++) {
+    int64_t v = dl__permute(seed, epoch, n, i);
+    ASSERT(v >= 0 && v < n);
+    ASSERT_EQ(seen[v], 0);
+    seen[v] = 1;
+  }
+  free(seen);
+}
+
+/* Samples of a whole run for one rank, in order, and the run's batch count. */
+static int64_t run(dl__sampler *s, int64_t *out, int64_t cap) {
+  int64_t n = 0;
+  for (int64_t k = 0; s->total < 0 || k < s->total; k++) {
+    int len = dl__sampler_batch_len(s, k);
+    for (int i = 0; i < len; i++) {
+      int64_t epoch;
+      ASSERT_LT(n, cap);
+      out[n++] = dl__sampler_sample(s, k, i, &epoch);
+    }
+  }
+  return n;
+}
+
+int main(void) {
+  for (int64_t n = 1; n < 300; n += 37)
+    check_permutation(n, 5, 1);
+  check_permutation(100003, 9, 0);
+  /* Different epochs and seeds give different orders. */
+  int same = 0;
+  for (int i = 0; i < 100; i++)
+    same += dl__permute(1, 0, 1000, i) == dl__permute(1, 1, 1000, i);
+  ASSERT_LT(same, 10);
+
+  /* Ranks: disjoint, equal batch counts, together all but n % W samples. */
+  enum { N = 1003, B = 10 };
+  for (int W = 1; W <= 8; W++) {
+    char *seen = calloc(N, 1);
+    int64_t total = -1, buf[N];
+    for (int r = 0; r < W; r++) {
+      dl__sampler s;
+      ASSERT_EQ(dl__sampler_init(&s, N, W, r, B, 0, 1, 7, 1, NULL), 0);
+      if (total < 0)
+        total = s.total;
+      ASSERT_EQ(s.total, total);
+      int64_t got = run(&s, buf, N);
+      ASSERT_EQ(got, N / W);
+      for (int64_t i = 0; i < got; i++) {
+        ASSERT_EQ(seen[buf[i]], 0);
+        seen[buf[i]] = 1;
+      }
+    }
+    free(seen);
+  }
+
+  /* Resume at the same and at other world sizes: the rest of the epoch, nothing lost or repeated. */
+  for (int W = 1; W <= 4; W++)
+    for (int W2 = 1; W2 <= 4; W2++) {
+      dl__sampler s;
+      ASSERT_EQ(dl__sampler_init(&s, N, W, 0, B, 0, 1, 3, 2, NULL), 0);
+      int64_t c = 7; /* batches every rank consumed */
+      char tok[128];
+      ASSERT_GT(dl__sampler_token(&s, c, tok, sizeof tok), 0);
+      char *seen = calloc(N, 1);
+      int64_t before = 0;
+      for (int r = 0; r < W; r++) {
+        dl__sampler sr;
+        dl__sampler_init(&sr, N, W, r, B, 0, 1, 3, 2, NULL);
+        for (int64_t k = 0; k < c; k++)
+          for (int i = 0; i < dl__sampler_batch_len(&sr, k); i++) {
+            int64_t e, v = dl__sampler_sample(&sr, k, i, &e);
+            ASSERT_EQ(seen[v], 0);
+            seen[v] = 1;
+            before++;
+          }
+      }
+      int64_t after = 0;
+      for (int r = 0; r < W2; r++) {
+        dl__sampler s2;
+        ASSERT_EQ(dl__sampler_init(&s2, N, W2, r, B, 0, 1, 3, 2, tok), 0);
+        ASSERT_EQ(s2.start_epoch, 0);
+        for (int64_t k = 0; k < s2.nb_first; k++)
+          for (int i = 0; i < dl__sampler_batch_len(&s2, k); i++) {
+            int64_t e, v = dl__sampler_sample(&s2, k, i, &e);
+            ASSERT_EQ(e, 0);
+            ASSERT_EQ(seen[v], 0);
+            seen[v] = 1;
+            after++;
+          }
+      }
+      /* Only the remainder that cannot be split evenly over W2 ranks is left out. */
+      ASSERT_EQ(before + after, N - (N - before) % W2);
+      free(seen);
+      if (W == W2) {
+        /* At the same world size the resumed stream is exactly the rest of the original. */
+        dl__sampler a, b;
+        dl__sampler_init(&a, N, W, W - 1, B, 0, 1, 3, 2, NULL);
+        dl__sampler_init(&b, N, W, W - 1, B, 0, 1, 3, 2, tok);
+        ASSERT_EQ(b.total, a.total - c);
+        for (int64_t k = 0; k < b.total; k++) {
+          ASSERT_EQ(dl__sampler_batch_len(&b, k), dl__sampler_batch_len(&a, k + c));
+          for (int i = 0; i < dl__sampler_batch_len(&b, k); i++) {
+            int64_t e1, e2;
+            ASSERT_EQ(dl__sampler_sample(&b, k, i, &e1), dl__sampler_sample(&a, k + c, i, &e2));
+            ASSERT_EQ(e1, e2);
+          }
+        }
+      }
+    }
+
+  /* A token at an epoch's end moves to the next epoch; bad tokens are refused with reasons. */
+  dl__sampler s;
+  ASSERT_EQ(dl__sampler_init(&s, 100, 1, 0, 10, 0, 0, 0, 3, NULL), 0);
+  char tok[128];
+  dl__sampler_token(&s, 10, tok, sizeof tok);
+  ASSERT_STR_EQ(tok, "rf1.0.1.0.100");
+  dl__sampler_token(&s, 3, tok, sizeof tok);
+  ASSERT_STR_EQ(tok, "rf1.0.0.30.100");
+  ASSERT_EQ(dl__sampler_init(&s, 100, 1, 0, 10, 0, 0, 0, 3, "rf1.0.0.30.99"), DL_ESTATE);
+  ASSERT_CONTAINS(dl_last_error(), "99 samples");
+  ASSERT_EQ(dl__sampler_init(&s, 100, 1, 0, 10, 0, 0, 5, 3, "rf1.0.0.30.100"), DL_ESTATE);
+  ASSERT_CONTAINS(dl_last_error(), "seed=0");
+  ASSERT_EQ(dl__sampler_init(&s, 100, 1, 0, 10, 0, 0, 0, 3, "garbage"), DL_ESTATE);
+  ASSERT_EQ(dl__sampler_init(&s, 100, 1, 0, 10, 0, 0, 0, 3, "rf1.0.0.30.100x"), DL_ESTATE);
+  /* shuffle=0 keeps index order; epochs=0 runs forever; drop_last drops the partial batch. */
+  ASSERT_EQ(dl__sampler_init(&s, 95, 1, 0, 10, 0, 0, 0, 0, NULL), 0);
+  ASSERT_EQ(s.total, -1);
+  int64_t e;
+  ASSERT_EQ(dl__sampler_sample(&s, 3, 4, &e), 34);
+  ASSERT_EQ(dl__sampler_sample(&s, 12, 0, &e), 20);
+  ASSERT_EQ(e, 1);
+  ASSERT_EQ(dl__sampler_batch_len(&s, 9), 5);
+  ASSERT_EQ(dl__sampler_init(&s, 95, 1, 0, 10, 1, 0, 0, 1, NULL), 0);
+  ASSERT_EQ(s.total, 9);
+  ASSERT_EQ(dl__sampler_init(&s, 5, 1, 0, 10, 1, 0, 0, 1, NULL), DL_ENOSAMPLES);
+  printf("sampler: ok\n");
+  return 0;
+}

@@ -1,0 +1,285 @@
+/*
+ * dlbench: runs the loader over a source (or the built-in synthetic set) and reports its rate.
+ * --digest prints a hash of each delivered batch's bytes, in order, and of the whole stream, so
+ * two runs (other worker counts, a resumed run) can be compared line by line.
+ */
+#include "ringfeed.h"
+#include "synthetic.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#ifdef DL_WITH_CUDA
+#include "gpu_step.h"
+#endif
+
+static double now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: dlbench [SOURCE] [options]\n"
+          "  SOURCE            tar shards (list with ::, globs, {000..009} ranges) or an ImageFolder;\n"
+          "                    none: the built-in synthetic set\n"
+          "  --workers N       worker threads (default: all CPUs)\n"
+          "  --batch B         batch size (256)\n"
+          "  --size S          output size, N or HxW (224)\n"
+          "  --crop MODE       random_resized | center | resize | none (random_resized)\n"
+          "  --flip            random horizontal flips\n"
+          "  --prefetch P      batch slots (4)\n"
+          "  --epochs E        epochs, 0 = forever (1)\n"
+          "  --seed S          seed (0)\n"
+          "  --io MODE         auto | uring | pread (auto)\n"
+          "  --on-error MODE   skip | fail (skip)\n"
+          "  --rank R --world-size W   this rank's share of each epoch\n"
+          "  --device D        cpu | cuda | cuda:N (cpu)\n"
+          "  --dtype T         uint8 | float32 | float16 | bfloat16 (uint8; floats need a GPU)\n"
+          "  --step-ms T       GPU consumer: keep the GPU busy T ms per batch, report its idle time\n"
+          "  --resume TOKEN    continue after a saved state\n"
+          "  --stop-after K    stop after K batches and print the resume token\n"
+          "  --option K=V      any other loader option (repeatable)\n"
+          "  --synthetic N     samples in the synthetic set (10000)\n"
+          "  --json            print one JSON object\n"
+          "  --digest          print a hash of every batch's bytes, then of the whole stream\n"
+          "  --keys            print each batch's sample keys\n");
+}
+
+int main(int argc, char **argv) {
+  enum { O_BATCH = 256, O_SIZE, O_CROP, O_PREFETCH, O_EPOCHS, O_SEED, O_IO, O_ONERR, O_RANK, O_WORLD,
+         O_DEVICE, O_DTYPE, O_STEP, O_RESUME, O_STOP, O_OPTION, O_SYNTH, O_JSON, O_DIGEST, O_KEYS,
+         O_FLIP, O_WORKERS, O_HELP };
+  static const struct option longopts[] = {
+      {"workers", 1, 0, O_WORKERS}, {"batch", 1, 0, O_BATCH},      {"size", 1, 0, O_SIZE},
+      {"crop", 1, 0, O_CROP},       {"prefetch", 1, 0, O_PREFETCH}, {"epochs", 1, 0, O_EPOCHS},
+      {"seed", 1, 0, O_SEED},       {"io", 1, 0, O_IO},            {"on-error", 1, 0, O_ONERR},
+      {"rank", 1, 0, O_RANK},       {"world-size", 1, 0, O_WORLD}, {"device", 1, 0, O_DEVICE},
+      {"dtype", 1, 0, O_DTYPE},     {"step-ms", 1, 0, O_STEP},     {"resume", 1, 0, O_RESUME},
+      {"stop-after", 1, 0, O_STOP}, {"option", 1, 0, O_OPTION},    {"synthetic", 1, 0, O_SYNTH},
+      {"json", 0, 0, O_JSON},       {"digest", 0, 0, O_DIGEST},    {"keys", 0, 0, O_KEYS},
+      {"flip", 0, 0, O_FLIP},       {"help", 0, 0, O_HELP},        {0, 0, 0, 0}};
+  char opts[4096] = "";
+  size_t olen = 0;
+#define ADD(...) olen += (size_t)snprintf(opts + olen, sizeof opts - olen, __VA_ARGS__)
+  int json = 0, digest = 0, keys = 0, workers = 0;
+  long synthetic = 10000, stop_after = -1;
+  double step_ms = 0;
+  const char *device = "cpu";
+  int c;
+  while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+    switch (c) {
+    case O_WORKERS: workers = atoi(optarg); ADD(" workers=%s", optarg); break;
+    case O_BATCH: ADD(" batch_size=%s", optarg); break;
+    case O_SIZE: ADD(" image_size=%s", optarg); break;
+    case O_CROP: ADD(" crop=%s", optarg); break;
+    case O_PREFETCH: ADD(" prefetch=%s", optarg); break;
+    case O_EPOCHS: ADD(" epochs=%s", optarg); break;
+    case O_SEED: ADD(" seed=%s", optarg); break;
+    case O_IO: ADD(" io=%s", optarg); break;
+    case O_ONERR: ADD(" on_error=%s", optarg); break;
+    case O_RANK: ADD(" rank=%s", optarg); break;
+    case O_WORLD: ADD(" world_size=%s", optarg); break;
+    case O_DEVICE: device = optarg; ADD(" device=%s", optarg); break;
+    case O_DTYPE: ADD(" dtype=%s", optarg); break;
+    case O_RESUME: ADD(" resume=%s", optarg); break;
+    case O_OPTION: ADD(" %s", optarg); break;
+    case O_FLIP: ADD(" flip=1"); break;
+    case O_STEP: step_ms = atof(optarg); break;
+    case O_STOP: stop_after = atol(optarg); break;
+    case O_SYNTH: synthetic = atol(optarg); break;
+    case O_JSON: json = 1; break;
+    case O_DIGEST: digest = 1; break;
+    case O_KEYS: keys = 1; break;
+    case O_HELP: case 'h': usage(stdout); return 0;
+    default: usage(stderr); return 2;
+    }
+  }
+  if (olen >= sizeof opts) {
+    fprintf(stderr, "dlbench: options too long\n");
+    return 2;
+  }
+  if (optind < argc - 1) {
+    usage(stderr);
+    return 2;
+  }
+  char source[PATH_MAX * 2];
+  if (optind == argc - 1) {
+    snprintf(source, sizeof source, "%s", argv[optind]);
+  } else {
+    if (synthetic < 1) {
+      fprintf(stderr, "dlbench: --synthetic needs at least 1 sample\n");
+      return 2;
+    }
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    if (synthetic_dataset(synthetic, (int)(cpus > 0 ? cpus : 1), source, sizeof source))
+      return 1;
+  }
+  double t0 = now();
+  dl_loader *l;
+  int r = dl_open(&l, source, opts);
+  if (r) {
+    fprintf(stderr, "dlbench: %s: %s\n", dl_errname(r), dl_last_error());
+    return 1;
+  }
+#ifdef DL_WITH_CUDA
+  gpu_step *gs = NULL;
+  if (step_ms > 0 || digest) {
+    if (strncmp(device, "cuda", 4) == 0 && (r = gpu_step_open(&gs, device, step_ms))) {
+      fprintf(stderr, "dlbench: GPU consumer: %s\n", gpu_step_error());
+      dl_close(l);
+      return 1;
+    }
+  }
+#else
+  if (step_ms > 0) {
+    fprintf(stderr, "dlbench: --step-ms needs a build with CUDA\n");
+    dl_close(l);
+    return 2;
+  }
+#endif
+  XXH3_state_t *all = XXH3_createState(), *one = XXH3_createState();
+  XXH3_64bits_reset(all);
+  int tty = isatty(2) && !json;
+  int64_t samples = 0, batches = 0, bytes = 0;
+  double last_print = t0, first_ms = -1;
+  int rc = 0;
+  void *host_copy = NULL;
+  size_t host_cap = 0;
+  (void)host_cap;
+  for (;;) {
+    if (stop_after >= 0 && batches >= stop_after)
+      break;
+    dl_batch *b;
+    r = dl_next_batch(l, &b);
+    if (r == DL_EOF)
+      break;
+    if (r < 0) {
+      fprintf(stderr, "dlbench: %s: %s\n", dl_errname(r), dl_last_error());
+      rc = 1;
+      break;
+    }
+    if (first_ms < 0)
+      first_ms = (now() - t0) * 1000;
+    DLTensor img, lab;
+    dl_batch_field(b, "image", &img);
+    dl_batch_field(b, "label", &lab);
+    size_t nbytes = (size_t)(img.dtype.bits / 8);
+    for (int d = 0; d < img.ndim; d++)
+      nbytes *= (size_t)img.shape[d];
+    int n = dl_batch_size(b);
+#ifdef DL_WITH_CUDA
+    if (gs && (r = gpu_step_consume(gs, b, &img))) {
+      fprintf(stderr, "dlbench: GPU consumer: %s\n", gpu_step_error());
+      rc = 1;
+      dl_batch_release(b, NULL);
+      break;
+    }
+#endif
+    if (digest) {
+      const void *pix = img.data, *lbl = lab.data;
+      if (img.device.device_type == kDLCUDA) {
+#ifdef DL_WITH_CUDA
+        if (host_cap < nbytes + (size_t)n * 8) {
+          free(host_copy);
+          host_cap = nbytes + (size_t)n * 8;
+          host_copy = malloc(host_cap);
+        }
+        gpu_step_fetch(gs, b, &img, &lab, host_copy);
+        pix = host_copy;
+        lbl = (char *)host_copy + nbytes;
+#endif
+      }
+      XXH3_64bits_reset(one);
+      XXH3_64bits_update(one, pix, nbytes);
+      XXH3_64bits_update(one, lbl, (size_t)n * 8);
+      XXH3_64bits_update(all, pix, nbytes);
+      XXH3_64bits_update(all, lbl, (size_t)n * 8);
+      int64_t ep, ix;
+      dl_batch_position(b, &ep, &ix);
+      printf("batch %" PRId64 ":%" PRId64 " %016llx\n", ep, ix, (unsigned long long)XXH3_64bits_digest(one));
+    }
+    if (keys) {
+      int64_t ep, ix;
+      dl_batch_position(b, &ep, &ix);
+      printf("keys %" PRId64 ":%" PRId64, ep, ix);
+      for (int i = 0; i < n; i++)
+        printf(" %s", dl_batch_key(b, i));
+      printf("\n");
+    }
+    samples += n;
+    bytes += (int64_t)nbytes;
+    batches++;
+    dl_batch_release(b, NULL);
+    double t = now();
+    if (tty && t - last_print > 0.25) {
+      fprintf(stderr, "\r%8" PRId64 " samples  %8.0f samples/s  %6" PRId64 " batches", samples,
+              samples / (t - t0), batches);
+      last_print = t;
+    }
+  }
+  double wall = now() - t0;
+  if (tty)
+    fprintf(stderr, "\r%60s\r", "");
+  char stats[4096] = "{}";
+  dl_stats_json(l, stats, sizeof stats);
+  char token[256] = "";
+  dl_state_save(l, token, sizeof token);
+  double idle = -1, h2d = -1;
+#ifdef DL_WITH_CUDA
+  if (gs)
+    gpu_step_close(gs, &idle, &h2d);
+#endif
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  double rss_mb = ru.ru_maxrss / 1024.0;
+  /* Pull the loader's own figures out of its stats object for the summary. */
+  long long errors = 0;
+  char io[32] = "?";
+  const char *p = strstr(stats, "\"errors\":");
+  if (p)
+    errors = atoll(p + 9);
+  p = strstr(stats, "\"io_backend\":\"");
+  if (p)
+    sscanf(p + 14, "%31[^\"]", io);
+  p = strstr(stats, "\"consumer_wait_s\":");
+  double wait = p ? atof(p + 18) : 0;
+  if (digest)
+    printf("digest %016llx\n", (unsigned long long)XXH3_64bits_digest(all));
+  if (stop_after >= 0)
+    printf("state %s\n", token);
+  if (json) {
+    printf("{\"samples\":%" PRId64 ",\"batches\":%" PRId64 ",\"wall_s\":%.6f,\"samples_per_s\":%.3f"
+           ",\"bytes_per_s\":%.1f,\"first_batch_ms\":%.3f,\"consumer_wait_s\":%.6f,\"errors\":%lld"
+           ",\"workers\":%d,\"io_backend\":\"%s\",\"device\":\"%s\",\"peak_rss_mb\":%.1f",
+           samples, batches, wall, samples / wall, bytes / wall, first_ms, wait, errors,
+           workers ? workers : (int)sysconf(_SC_NPROCESSORS_ONLN), io, device, rss_mb);
+    if (idle >= 0)
+      printf(",\"gpu_idle_frac\":%.6f,\"h2d_gb_s\":%.3f,\"step_ms\":%.3f", idle, h2d, step_ms);
+    printf(",\"state\":\"%s\",\"loader\":%s}\n", token, stats);
+  } else {
+    printf("%" PRId64 " samples in %" PRId64 " batches, %.2f s: %.1f samples/s, %.1f MB/s delivered\n",
+           samples, batches, wall, samples / wall, bytes / wall / 1e6);
+    printf("first batch %.1f ms, consumer waited %.3f s, %lld errors, io %s, device %s, peak RSS %.0f MB\n",
+           first_ms, wait, errors, io, device, rss_mb);
+    if (idle >= 0)
+      printf("GPU idle %.4f of the time between steps, host-to-device %.2f GB/s\n", idle, h2d);
+  }
+  free(host_copy);
+  XXH3_freeState(all);
+  XXH3_freeState(one);
+  dl_close(l);
+  return rc;
+}
