@@ -48,10 +48,10 @@ test-python: build
 	cd build && RINGFEED_LIBRARY=$(CURDIR)/build/libringfeed.so DL_TEST_SHARDS=$(CURDIR)/build/tests/shards \
 	  $(PYTHON) -m pytest -q $(CURDIR)/bindings/python/tests
 
-# Portable binaries for a machine without the -dev packages (the GPU machine): dependencies linked
-# statically, CUDA runtime static, into build-device/.
+# Portable binaries for a machine without the -dev packages (the GPU machine): the shared
+# libraries ringfeed needs copied into build-device/deps, the CUDA runtime linked statically.
 device: deps
-	@cmake -S . -B build-device -DDL_STATIC_DEPS=ON -DDL_WITH_CUDA=ON -DDL_BUILD_TESTS=ON >/dev/null
+	@cmake -S . -B build-device -DDL_BUNDLE_DEPS=ON -DDL_WITH_CUDA=ON -DDL_BUILD_TESTS=ON >/dev/null
 	@cmake --build build-device -j $(JOBS)
 
 clean:

@@ -21,7 +21,8 @@ double dl__now(void) {
 }
 
 static void free_loader(dl_loader *l) {
-  dl__cuda_close(l);
+  if (l->cuda)
+    dl__cuda_stop(l);
   for (int s = 0; s < l->nstreams; s++) {
     dl_batch *slots = l->streams[s].slots;
     for (int i = 0; slots && i < l->o.prefetch; i++) {
@@ -33,6 +34,7 @@ static void free_loader(dl_loader *l) {
   }
   if (l->host_mem)
     dl__host_free(l, l->host_mem);
+  dl__cuda_close(l);
   dl__dataset_free(&l->ds);
   pthread_mutex_destroy(&l->mu);
   pthread_cond_destroy(&l->work_cv);

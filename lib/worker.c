@@ -105,8 +105,10 @@ static void decode(struct dl__worker *w, inflight *f, dl__err *e) {
   if (r == 0) {
     bool flip = l->o.flip && dl__uniform(key, 1000) < 0.5;
     uint8_t *dst = c->slot->image + (size_t)c->i * l->sample_bytes;
+    /* Float output is converted on the GPU from NHWC uint8, whatever layout it ends in. */
+    bool planar = l->o.layout == DL__LAYOUT_NCHW && l->o.dtype == DL__DTYPE_UINT8;
     if (dl__resize(job.pixels, job.width, job.height, job.stride, l->o.channels, job.mapped, dst,
-                   l->o.width, l->o.height, l->o.layout == DL__LAYOUT_NCHW, flip, &w->rs))
+                   l->o.width, l->o.height, planar, flip, &w->rs))
       dl__err_set(e, -ENOMEM, "out of memory resizing");
   }
   atomic_fetch_add_explicit(&l->st.decode_ns, ns_since(&t0), memory_order_relaxed);

@@ -180,14 +180,6 @@ int main(int argc, char **argv) {
     for (int d = 0; d < img.ndim; d++)
       nbytes *= (size_t)img.shape[d];
     int n = dl_batch_size(b);
-#ifdef DL_WITH_CUDA
-    if (gs && (r = gpu_step_consume(gs, b, &img))) {
-      fprintf(stderr, "dlbench: GPU consumer: %s\n", gpu_step_error());
-      rc = 1;
-      dl_batch_release(b, NULL);
-      break;
-    }
-#endif
     if (digest) {
       const void *pix = img.data, *lbl = lab.data;
       if (img.device.device_type == kDLCUDA) {
@@ -222,7 +214,17 @@ int main(int argc, char **argv) {
     samples += n;
     bytes += (int64_t)nbytes;
     batches++;
-    dl_batch_release(b, NULL);
+#ifdef DL_WITH_CUDA
+    if (gs) { /* the step kernel reads the batch, then the batch is released on its stream */
+      if ((r = gpu_step_consume(gs, b, &img))) {
+        fprintf(stderr, "dlbench: GPU consumer: %s\n", gpu_step_error());
+        rc = 1;
+        dl_batch_release(b, NULL);
+        break;
+      }
+    } else
+#endif
+      dl_batch_release(b, NULL);
     double t = now();
     if (tty && t - last_print > 0.25) {
       fprintf(stderr, "\r%8" PRId64 " samples  %8.0f samples/s  %6" PRId64 " batches", samples,
@@ -238,9 +240,14 @@ int main(int argc, char **argv) {
   char token[256] = "";
   dl_state_save(l, token, sizeof token);
   double idle = -1, h2d = -1;
+  const char *h2d_at = strstr(stats, "\"h2d_gb_s\":");
+  if (h2d_at)
+    h2d = atof(h2d_at + 11);
 #ifdef DL_WITH_CUDA
-  if (gs)
-    gpu_step_close(gs, &idle, &h2d);
+  if (gs) {
+    double unused;
+    gpu_step_close(gs, &idle, &unused);
+  }
 #endif
   struct rusage ru;
   getrusage(RUSAGE_SELF, &ru);
@@ -267,7 +274,9 @@ int main(int argc, char **argv) {
            samples, batches, wall, samples / wall, bytes / wall, first_ms, wait, errors,
            workers ? workers : (int)sysconf(_SC_NPROCESSORS_ONLN), io, device, rss_mb);
     if (idle >= 0)
-      printf(",\"gpu_idle_frac\":%.6f,\"h2d_gb_s\":%.3f,\"step_ms\":%.3f", idle, h2d, step_ms);
+      printf(",\"gpu_idle_frac\":%.6f,\"step_ms\":%.3f", idle, step_ms);
+    if (h2d >= 0)
+      printf(",\"h2d_gb_s\":%.3f", h2d);
     printf(",\"state\":\"%s\",\"loader\":%s}\n", token, stats);
   } else {
     printf("%" PRId64 " samples in %" PRId64 " batches, %.2f s: %.1f samples/s, %.1f MB/s delivered\n",
@@ -275,7 +284,9 @@ int main(int argc, char **argv) {
     printf("first batch %.1f ms, consumer waited %.3f s, %lld errors, io %s, device %s, peak RSS %.0f MB\n",
            first_ms, wait, errors, io, device, rss_mb);
     if (idle >= 0)
-      printf("GPU idle %.4f of the time between steps, host-to-device %.2f GB/s\n", idle, h2d);
+      printf("GPU idle %.4f of the time between steps of %.2f ms\n", idle, step_ms);
+    if (h2d >= 0)
+      printf("host-to-device copies %.2f GB/s\n", h2d);
   }
   free(host_copy);
   XXH3_freeState(all);

@@ -1,0 +1,34 @@
+#!/bin/sh
+# ringfeed on the CPU against the physical limit of its work, in one run on one machine:
+#   dlbench --workers T on the synthetic set (random_resized 224 + flip, batches of 256)
+#   bare libjpeg-turbo full decodes of the same JPEGs on T threads, from memory.
+# Usage: bench/cpu_vs_decode.sh [BUILD_DIR] [THREADS] [SAMPLES]; prints a table, writes JSON to $OUT
+# (or the build folder).
+set -eu
+build=${1:-build}
+threads=${2:-2}
+samples=${3:-10000}
+out=${OUT:-$build}
+dlbench=$build/dlbench
+ceiling=$build/bench/decode_ceiling
+# First run: generates (once) and warms the page cache.
+$dlbench --synthetic "$samples" --workers "$threads" --json > "$out/dlbench-warm.json"
+if [ -n "${DL_SYNTHETIC_DIR:-}" ]; then dir=$DL_SYNTHETIC_DIR; else dir=${XDG_CACHE_HOME:-$HOME/.cache}/ringfeed; fi
+shards=$(ls "$dir"/synthetic-v1-"$samples"/synth-*.tar)
+$dlbench --synthetic "$samples" --workers "$threads" --flip --json > "$out/dlbench.json"
+$ceiling --threads "$threads" --seconds 8 $shards > "$out/decode_ceiling.json"
+num() { sed -n "s/.*\"$2\":\([0-9.e+-]*\).*/\1/p" "$1" | head -1; }
+rf=$(num "$out/dlbench.json" samples_per_s)
+bare=$(num "$out/decode_ceiling.json" images_per_s)
+first=$(num "$out/dlbench.json" first_batch_ms)
+rss=$(num "$out/dlbench.json" peak_rss_mb)
+io=$(sed -n 's/.*"io_backend":"\([a-z_]*\)".*/\1/p' "$out/dlbench.json" | head -1)
+ratio=$(awk -v a="$rf" -v b="$bare" 'BEGIN { printf "%.3f", a / b }')
+echo
+echo "| what ($threads threads, $samples synthetic JPEGs) | images/s |"
+echo "|---|---|"
+echo "| ringfeed dlbench (random_resized 224 + flip, batch 256, io $io) | $rf |"
+echo "| bare libjpeg-turbo full decode, from memory | $bare |"
+echo "| ratio | $ratio |"
+echo "| first batch | $first ms |"
+echo "| peak RSS | $rss MB |"

@@ -1,0 +1,137 @@
+/*
+ * The physical limit of the loader's work on this machine: bare libjpeg-turbo decoding every JPEG
+ * member of the given tar shards, full size to RGB (the decoder's defaults: ISLOW IDCT, fancy
+ * upsampling), on T threads, from memory. No I/O, no crop, no resize, no batching.
+ * Usage: decode_ceiling [--threads T] [--seconds S] SHARD...
+ * Prints one JSON object: images, seconds, images_per_s, threads.
+ */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <jpeglib.h>
+
+typedef struct blob {
+  unsigned char *p;
+  size_t n;
+} blob;
+
+static blob *blobs;
+static size_t nblobs, cap;
+static double seconds = 5;
+
+static double now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static void load_tar(const char *path) {
+  FILE *f = fopen(path, "rb");
+  if (!f) {
+    perror(path);
+    exit(1);
+  }
+  unsigned char h[512];
+  while (fread(h, 1, 512, f) == 512 && h[0]) {
+    size_t size = strtoull((char *)h + 124, NULL, 8);
+    size_t pad = (512 - size % 512) % 512;
+    const char *dot = strrchr((char *)h, '.');
+    if (dot && (!strcmp(dot, ".jpg") || !strcmp(dot, ".jpeg"))) {
+      if (nblobs == cap) {
+        cap = cap ? cap * 2 : 1024;
+        blobs = realloc(blobs, cap * sizeof *blobs);
+      }
+      blob *b = &blobs[nblobs++];
+      b->p = malloc(size);
+      b->n = size;
+      if (fread(b->p, 1, size, f) != size) {
+        fprintf(stderr, "%s: truncated\n", path);
+        exit(1);
+      }
+      fseek(f, (long)pad, SEEK_CUR);
+    } else {
+      fseek(f, (long)(size + pad), SEEK_CUR);
+    }
+  }
+  fclose(f);
+}
+
+typedef struct worker {
+  pthread_t t;
+  int id, threads;
+  long images;
+  double start;
+} worker;
+
+static void *run(void *arg) {
+  worker *w = arg;
+  struct jpeg_decompress_struct d;
+  struct jpeg_error_mgr err;
+  d.err = jpeg_std_error(&err);
+  jpeg_create_decompress(&d);
+  unsigned char *out = NULL;
+  size_t out_cap = 0;
+  size_t i = (size_t)w->id;
+  while (now() - w->start < seconds) {
+    blob *b = &blobs[i % nblobs];
+    i += (size_t)w->threads;
+    jpeg_mem_src(&d, b->p, (unsigned long)b->n);
+    jpeg_read_header(&d, TRUE);
+    d.out_color_space = JCS_RGB;
+    jpeg_start_decompress(&d);
+    size_t stride = (size_t)d.output_width * 3;
+    if (stride * d.output_height > out_cap) {
+      out_cap = stride * d.output_height;
+      out = realloc(out, out_cap);
+    }
+    while (d.output_scanline < d.output_height) {
+      JSAMPROW row = out + stride * d.output_scanline;
+      jpeg_read_scanlines(&d, &row, 1);
+    }
+    jpeg_finish_decompress(&d);
+    w->images++;
+  }
+  jpeg_destroy_decompress(&d);
+  free(out);
+  return NULL;
+}
+
+int main(int argc, char **argv) {
+  int threads = 1;
+  int i = 1;
+  for (; i < argc && argv[i][0] == '-'; i++) {
+    if (!strcmp(argv[i], "--threads") && i + 1 < argc)
+      threads = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--seconds") && i + 1 < argc)
+      seconds = atof(argv[++i]);
+    else {
+      fprintf(stderr, "usage: decode_ceiling [--threads T] [--seconds S] SHARD...\n");
+      return 2;
+    }
+  }
+  for (; i < argc; i++)
+    load_tar(argv[i]);
+  if (!nblobs || threads < 1) {
+    fprintf(stderr, "decode_ceiling: no JPEG members found\n");
+    return 1;
+  }
+  worker *w = calloc((size_t)threads, sizeof *w);
+  double t0 = now();
+  for (int t = 0; t < threads; t++) {
+    w[t] = (worker){.id = t, .threads = threads, .start = t0};
+    pthread_create(&w[t].t, NULL, run, &w[t]);
+  }
+  long images = 0;
+  for (int t = 0; t < threads; t++) {
+    pthread_join(w[t].t, NULL);
+    images += w[t].images;
+  }
+  double dt = now() - t0;
+  printf("{\"images\":%ld,\"seconds\":%.3f,\"images_per_s\":%.1f,\"threads\":%d,\"distinct_images\":%zu}\n",
+         images, dt, images / dt, threads, nblobs);
+  return 0;
+}

@@ -1,0 +1,63 @@
+#!/bin/sh
+# Every GPU check and benchmark, in one run on the GPU machine, over binaries built elsewhere
+# (`make device`; this script builds nothing). Writes logs and JSON to $OUT (or out/) and prints
+# a short table last. Usage: bench/gpu_run.sh [BUILD_DIR]
+set -u
+build=${1:-build-device}
+out=${OUT:-out}
+mkdir -p "$out"
+export XDG_CACHE_HOME=${XDG_CACHE_HOME:-/tmp/rf-cache}
+export DL_LOG_LEVEL=${DL_LOG_LEVEL:-1}
+workers=$(nproc)
+table="$out/table.md"
+: > "$table"
+row() { echo "| $1 | $2 |" >> "$table"; }
+num() { sed -n "s/.*\"$2\":\([0-9.e+-]*\).*/\1/p" "$1" | head -1; }
+
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/gpu.txt" 2>&1
+row "GPU" "$(cat "$out/gpu.txt")"
+
+# 1. GPU tests, plain and under compute-sanitizer.
+# (ctest files name this machine's build paths, so the test programs run directly.)
+for t in test_cuda test_options test_sampler test_loader; do
+  timeout 300 "$build/tests/$t" > "$out/$t.log" 2>&1
+  row "$t" "exit $? ($(tail -1 "$out/$t.log"))"
+done
+if command -v compute-sanitizer >/dev/null; then
+  for tool in memcheck racecheck; do
+    compute-sanitizer --tool $tool --error-exitcode 9 "$build/tests/test_cuda" > "$out/sanitizer-$tool.log" 2>&1
+    row "compute-sanitizer $tool test_cuda" "exit $? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitizer-$tool.log" | tail -1))"
+  done
+fi
+
+# 2. The card's copy rate against the loader's copy stage.
+"$build/bench/h2d_baseline" 256 > "$out/h2d_baseline.json"
+pinned=$(num "$out/h2d_baseline.json" pinned_gb_s)
+row "plain cudaMemcpyAsync, pinned, 256x224x224x3 uint8" "$pinned GB/s (pageable $(num "$out/h2d_baseline.json" pageable_gb_s))"
+
+# 3. dlbench: CPU and GPU delivery, then a GPU consumer at 1.2x the loader's batch time.
+bench="$build/dlbench --workers $workers --batch 256 --size 224 --flip"
+$bench --epochs 1 --json > "$out/warm.json" 2> "$out/warm.err"
+$bench --device cpu --epochs 2 --json > "$out/cpu.json" 2> "$out/cpu.err"
+$bench --device cuda:0 --epochs 2 --json > "$out/cuda.json" 2> "$out/cuda.err"
+cpu=$(num "$out/cpu.json" samples_per_s)
+gpu=$(num "$out/cuda.json" samples_per_s)
+h2d=$(num "$out/cuda.json" h2d_gb_s)
+row "dlbench --device cpu --workers $workers" "$cpu images/s"
+row "dlbench --device cuda:0 --workers $workers" "$gpu images/s"
+row "ringfeed copy stage (event-timed copies of its batches)" "$h2d GB/s = $(awk -v a="$h2d" -v b="$pinned" 'BEGIN{printf "%.3f", a/b}') of plain pinned"
+batch_ms=$(awk -v s="$gpu" 'BEGIN{printf "%.3f", 256 / s * 1000}')
+step=$(awk -v b="$batch_ms" 'BEGIN{printf "%.3f", 1.2 * b}')
+$bench --device cuda:0 --epochs 2 --step-ms "$step" --json > "$out/step.json" 2> "$out/step.err"
+row "dlbench --step-ms $step (1.2 x $batch_ms ms)" "gpu_idle_frac $(num "$out/step.json" gpu_idle_frac), $(num "$out/step.json" samples_per_s) images/s"
+$bench --device cuda:0 --epochs 1 --dtype bfloat16 --option layout=NCHW --json > "$out/bf16.json" 2> "$out/bf16.err"
+row "dlbench --device cuda:0 --dtype bfloat16 NCHW" "$(num "$out/bf16.json" samples_per_s) images/s"
+
+# 4. The Python binding with PyTorch on the GPU.
+if python3 -c "import torch; assert torch.cuda.is_available()" 2> /dev/null; then
+  RINGFEED_LIBRARY="$PWD/$build/libringfeed.so" python3 -m pytest -q bindings/python/tests > "$out/pytest.log" 2>&1
+  row "pytest bindings/python/tests (torch $(python3 -c 'import torch; print(torch.__version__)'))" "$(tail -1 "$out/pytest.log")"
+fi
+
+echo
+cat "$table"

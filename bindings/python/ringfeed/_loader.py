@@ -1,0 +1,199 @@
+"""The Loader: options in, batches of framework tensors out, state_dict for resume."""
+
+import ctypes
+import json
+import os
+
+from . import _dlpack
+from ._lib import DLManagedTensor, K_DL_CUDA, lib
+
+_DL_EOF = 1
+_DL_EBUSY = -1007
+
+
+class Error(RuntimeError):
+    """A ringfeed failure: .code (negative), .name ("DL_ECORRUPT", "ENOENT", ...), .message."""
+
+    def __init__(self, code, message):
+        self.code = code
+        self.name = lib.dl_errname(code).decode()
+        self.message = message
+        super().__init__(f"{self.name}: {message}")
+
+
+def _check(rc):
+    if rc < 0:
+        raise Error(rc, (lib.dl_last_error() or b"").decode(errors="replace"))
+    return rc
+
+
+def version():
+    return lib.dl_version().decode()
+
+
+def _format(key, value):
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if key == "image_size" and isinstance(value, (tuple, list)):
+        return f"{value[0]}x{value[1]}"
+    if isinstance(value, (tuple, list)):
+        return ",".join(str(v) for v in value)
+    text = str(value)
+    if not text or any(c.isspace() for c in text):
+        raise ValueError(f"ringfeed: option {key}={text!r} may not be empty or contain spaces")
+    return text
+
+
+def _framework(name):
+    if name is None:
+        try:
+            import torch  # noqa: F401
+            return "torch"
+        except ImportError:
+            pass
+        try:
+            import numpy  # noqa: F401
+            return "numpy"
+        except ImportError:
+            return "dlpack"
+    if name not in ("torch", "numpy", "dlpack"):
+        raise ValueError(f"ringfeed: framework={name!r}: expected torch, numpy or dlpack")
+    return name
+
+
+class Loader:
+    """Iterates batches of SOURCE: tar shards (a path, a list, globs, brace ranges) or an
+    ImageFolder. Keywords are the C options (batch_size, workers, prefetch, image_size, crop, flip,
+    channels, layout, seed, shuffle, epochs, drop_last, rank, world_size, device, dtype, mean, std,
+    on_error, io, ...); rank and world_size default to torchrun's RANK and WORLD_SIZE, and
+    device="cuda" to cuda:$LOCAL_RANK. state= resumes from a state_dict(). framework= picks
+    "torch", "numpy" or "dlpack" (default: torch if importable, else numpy, else dlpack)."""
+
+    def __init__(self, source, *, state=None, framework=None, **options):
+        self._handle = ctypes.c_void_p()
+        self._framework = _framework(framework)
+        if isinstance(source, (list, tuple)):
+            source = "::".join(str(s) for s in source)
+        source = os.fspath(source)
+        if "rank" not in options and "RANK" in os.environ:
+            options["rank"] = int(os.environ["RANK"])
+        if "world_size" not in options and "WORLD_SIZE" in os.environ:
+            options["world_size"] = int(os.environ["WORLD_SIZE"])
+        if state is not None:
+            options["resume"] = state["token"] if isinstance(state, dict) else state
+        self._options = dict(options)
+        self._source = source
+        text = " ".join(f"{k}={_format(k, v)}" for k, v in options.items() if v is not None)
+        _check(lib.dl_open(ctypes.byref(self._handle), source.encode(), text.encode()))
+        self._device = str(options.get("device", "cpu"))
+        self._torch = None
+        if self._framework == "torch":
+            import torch
+            self._torch = torch
+        elif self._framework == "numpy":
+            import numpy
+            self._numpy = numpy
+
+    # -- iteration -------------------------------------------------------------------------
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        batch = self.next_batch()
+        if batch is None:
+            raise StopIteration
+        return batch
+
+    def next_batch(self, device_index=0):
+        """The next batch as a dict, or None at the end of the last epoch."""
+        if not self._handle:
+            raise Error(-9, "the loader is closed")
+        b = ctypes.c_void_p()
+        rc = lib.dl_next_batch_on(self._handle, device_index, ctypes.byref(b))
+        if rc == _DL_EBUSY:
+            raise Error(rc, (lib.dl_last_error() or b"").decode() + "; batches are zero-copy views "
+                        "of the loader's slots: drop earlier batches, or keep copies (.clone(), .copy())")
+        _check(rc)
+        if rc == _DL_EOF:
+            return None
+        try:
+            stream = self._consumer_stream(b)
+            if stream is not None:
+                _check(lib.dl_batch_wait(b, stream))
+            n = lib.dl_batch_size(b)
+            out = {
+                "image": self._export(b, b"image"),
+                "label": self._export(b, b"label"),
+                "key": [lib.dl_batch_key(b, i).decode(errors="replace") for i in range(n)],
+            }
+            errors = [lib.dl_batch_sample_error(b, i) for i in range(n)]
+            if any(errors):
+                out["error"] = errors
+        finally:
+            # The tensors hold the batch; releasing here only ends the loader-side hold. On CUDA
+            # the release is recorded on the consumer's stream, so queued work still sees the data.
+            lib.dl_batch_release(b, stream if "stream" in locals() else None)
+        return out
+
+    def _consumer_stream(self, b):
+        if self._torch is None:
+            return None
+        t = _dlpack._api  # noqa: F841 - keeps ctypes.pythonapi initialised
+        from ._lib import DLTensor
+        desc = DLTensor()
+        _check(lib.dl_batch_field(b, b"image", ctypes.byref(desc)))
+        if desc.device.device_type != K_DL_CUDA:
+            return None
+        torch = self._torch
+        return ctypes.c_void_p(torch.cuda.current_stream(desc.device.device_id).cuda_stream)
+
+    def _export(self, b, field):
+        managed = ctypes.POINTER(DLManagedTensor)()
+        _check(lib.dl_batch_export(b, field, ctypes.byref(managed)))
+        tensor = _dlpack.DLPackTensor(managed)
+        if self._framework == "torch":
+            return self._torch.utils.dlpack.from_dlpack(tensor.__dlpack__())
+        if self._framework == "numpy":
+            return self._numpy.from_dlpack(tensor)
+        return tensor
+
+    # -- state, stats, lifetime --------------------------------------------------------------
+
+    def __len__(self):
+        if not self._handle:
+            raise Error(-9, "the loader is closed")
+        return int(lib.dl_batches_per_epoch(self._handle))
+
+    def state_dict(self):
+        """Where the stream stands: pass it back as Loader(..., state=...) to continue after the
+        last batch handed out (also at another world size)."""
+        buf = ctypes.create_string_buffer(512)
+        _check(lib.dl_state_save(self._handle, buf, len(buf)))
+        return {"token": buf.value.decode()}
+
+    def load_state_dict(self, state):
+        """Reopens the loader at STATE (as returned by state_dict())."""
+        self.close()
+        self.__init__(self._source, state=state, framework=self._framework, **{
+            k: v for k, v in self._options.items() if k != "resume"})
+
+    def stats(self):
+        buf = ctypes.create_string_buffer(8192)
+        _check(lib.dl_stats_json(self._handle, buf, len(buf)))
+        return json.loads(buf.value.decode())
+
+    def close(self):
+        if self._handle:
+            lib.dl_close(self._handle)
+            self._handle = ctypes.c_void_p()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        if getattr(self, "_handle", None):
+            self.close()

@@ -1,0 +1,213 @@
+"""The ctypes binding: tensors through DLPack, state_dict resume, errors, lifetimes, pixels."""
+
+import io
+import os
+import resource
+import tarfile
+
+import pytest
+
+import ringfeed
+from conftest import TESTDATA
+
+np = pytest.importorskip("numpy")
+
+WDS = os.path.join(TESTDATA, "webdataset", "WebDataset.jl-test-sample.tar")
+needs_testdata = pytest.mark.skipif(not os.path.exists(WDS), reason="third-party test data absent")
+
+
+def wds_labels():
+    labels = {}
+    with tarfile.open(WDS) as t:
+        for m in t.getmembers():
+            if m.name.endswith(".cls"):
+                key = m.name.split("/")[-1].split(".")[0]
+                prefix = m.name.rsplit("/", 1)[0] + "/" if "/" in m.name else ""
+                labels[prefix + key] = int(t.extractfile(m).read().strip())
+    return labels
+
+
+@needs_testdata
+def test_numpy_batches_from_a_real_shard():
+    labels = wds_labels()
+    with ringfeed.Loader(WDS, batch_size=16, image_size=32, crop="resize", shuffle=False,
+                         workers=2, framework="numpy") as loader:
+        assert len(loader) == 6
+        # Batches are zero-copy views of the loader's slots: keep copies, not the views.
+        batches = [{k: (v.copy() if hasattr(v, "copy") else v) for k, v in b.items()} for b in loader]
+    assert len(batches) == 6
+    b = batches[0]
+    assert b["image"].shape == (16, 32, 32, 3) and b["image"].dtype == np.uint8
+    assert b["label"].shape == (16,) and b["label"].dtype == np.int64
+    assert batches[-1]["image"].shape[0] == 90 - 5 * 16
+    keys = [k for b in batches for k in b["key"]]
+    assert len(keys) == 90 and len(set(keys)) == 90
+    got = {k: int(lab) for b in batches for k, lab in zip(b["key"], b["label"])}
+    assert got == labels
+    assert b["image"].std() > 5  # real pixels, not a substitute
+
+
+@needs_testdata
+def test_torch_tensors_equal_numpy_arrays():
+    torch = pytest.importorskip("torch")
+    kw = dict(batch_size=32, image_size=24, seed=3, flip=True, workers=2)
+    a = [{k: (v.copy() if hasattr(v, "copy") else v) for k, v in x.items()}
+         for x in ringfeed.Loader(WDS, framework="numpy", **kw)]
+    b = [{k: (v.clone() if hasattr(v, "clone") else v) for k, v in x.items()}
+         for x in ringfeed.Loader(WDS, framework="torch", **kw)]
+    assert len(a) == len(b) == 3
+    for x, y in zip(a, b):
+        assert isinstance(y["image"], torch.Tensor) and y["image"].dtype == torch.uint8
+        assert y["label"].dtype == torch.int64
+        assert np.array_equal(x["image"], y["image"].numpy())
+        assert np.array_equal(x["label"], y["label"].numpy())
+        assert x["key"] == y["key"]
+
+
+@needs_testdata
+def test_dlpack_objects_without_a_framework():
+    loader = ringfeed.Loader(WDS, batch_size=8, image_size=16, framework="dlpack", workers=1)
+    b = next(loader)
+    img = b["image"]
+    assert img.shape == (8, 16, 16, 3) and img.__dlpack_device__() == (1, 0)
+    arr = np.from_dlpack(img)
+    assert arr.shape == (8, 16, 16, 3)
+    with pytest.raises(BufferError):
+        img.__dlpack__()
+    loader.close()
+    assert int(arr.sum()) > 0  # still valid after close: the array holds the batch
+
+
+@needs_testdata
+def test_resume_through_state_dict_equals_the_uninterrupted_stream():
+    kw = dict(batch_size=8, image_size=20, seed=7, epochs=2, flip=True, workers=2, framework="numpy")
+    full = [b["image"].copy() for b in ringfeed.Loader(WDS, **kw)]
+    loader = ringfeed.Loader(WDS, **kw)
+    head = [next(loader)["image"].copy() for _ in range(5)]
+    state = loader.state_dict()
+    loader.close()
+    rest = [b["image"].copy() for b in ringfeed.Loader(WDS, state=state, **kw)]
+    assert len(head) + len(rest) == len(full)
+    for x, y in zip(head + rest, full):
+        assert np.array_equal(x, y)
+    again = ringfeed.Loader(WDS, **kw)
+    next(again)
+    again.load_state_dict(state)
+    assert np.array_equal(next(again)["image"], full[5])
+
+
+def test_errors_are_exceptions_with_code_names(tmp_path):
+    with pytest.raises(ringfeed.Error) as e:
+        ringfeed.Loader(str(tmp_path / "missing.tar"))
+    assert e.value.name == "ENOENT" and "missing.tar" in e.value.message
+    with pytest.raises(ringfeed.Error) as e:
+        ringfeed.Loader(str(tmp_path), crop="sideways")
+    assert e.value.name == "DL_EOPTION" and "crop=sideways" in str(e.value)
+    with pytest.raises(ValueError):
+        ringfeed.Loader(str(tmp_path), seed="1 2")
+
+
+def _tar(path, members):
+    with tarfile.open(path, "w") as t:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            t.addfile(info, io.BytesIO(data))
+
+
+@needs_testdata
+def test_bad_sample_fails_or_is_replaced(tmp_path):
+    good = open(os.path.join(TESTDATA, "libjpeg-turbo", "testimages", "testorig.jpg"), "rb").read()
+    shard = tmp_path / "bad.tar"
+    _tar(shard, [("a.jpg", good), ("a.cls", b"1"), ("b.jpg", good[: len(good) // 2]), ("b.cls", b"2")])
+    with pytest.raises(ringfeed.Error) as e:
+        list(ringfeed.Loader(str(shard), batch_size=2, shuffle=False, on_error="fail", log="quiet"))
+    assert e.value.name == "DL_ECORRUPT" and "b.jpg" in e.value.message and "bad.tar" in e.value.message
+    loader = ringfeed.Loader(str(shard), batch_size=2, shuffle=False, image_size=16, log="quiet",
+                             framework="numpy")
+    b = next(loader)
+    assert b["error"][0] == 0 and b["error"][1] != 0
+    assert b["image"][1].max() == 0 and b["label"].tolist() == [1, 2]
+    assert loader.stats()["errors"] == 1
+
+
+@needs_testdata
+def test_tensors_outlive_the_loader_and_holding_every_slot_is_an_error():
+    loader = ringfeed.Loader(WDS, batch_size=4, image_size=16, prefetch=3, epochs=0, workers=2,
+                             framework="numpy")
+    held = [next(loader) for _ in range(3)]
+    with pytest.raises(ringfeed.Error) as e:
+        next(loader)
+    assert e.value.name == "DL_EBUSY"
+    copy = held[1]["image"].copy()
+    del held[0]  # the oldest batch's slot is the one the next batch needs
+    assert next(loader)["image"].shape == (4, 16, 16, 3)
+    loader.close()
+    assert np.array_equal(held[0]["image"], copy)
+    del held
+
+
+def _rss_mb():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize() / 2**20
+
+
+@needs_testdata
+def test_no_growth_over_many_epochs():
+    loader = ringfeed.Loader(WDS, batch_size=16, image_size=32, epochs=40, workers=2, framework="numpy")
+    for i, b in enumerate(loader):
+        if i == 6 * 5:
+            start = _rss_mb()
+    assert i + 1 == 40 * 6
+    assert _rss_mb() - start < 16
+    assert loader.stats()["samples"] == 40 * 90
+
+
+def test_torchrun_environment_sets_rank_and_world_size(monkeypatch):
+    if not os.path.exists(WDS):
+        pytest.skip("third-party test data absent")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    keys = set()
+    for r in range(3):
+        kw = {} if r == 1 else {"rank": r}
+        loader = ringfeed.Loader(WDS, batch_size=10, image_size=8, framework="numpy", **kw)
+        assert len(loader) == 3
+        keys |= {k for b in loader for k in b["key"]}
+    assert len(keys) == 90
+
+
+PNGSUITE = os.path.join(TESTDATA, "pngsuite")
+
+
+def _pil_reference(path):
+    Image = pytest.importorskip("PIL.Image")
+    im = Image.open(path)
+    if im.mode in ("I", "I;16", "I;16B"):
+        a = (np.asarray(im).astype(np.uint32) >> 8).astype(np.uint8)
+        return np.stack([a] * 3, axis=-1)
+    if im.mode == "LA" or im.mode == "L" or im.mode == "1" or im.mode == "P" or im.mode.startswith("RGB"):
+        return np.asarray(im.convert("RGB"))
+    raise AssertionError(f"unexpected PIL mode {im.mode} for {path}")
+
+
+@pytest.mark.skipif(not os.path.isdir(PNGSUITE), reason="third-party test data absent")
+def test_pngsuite_pixels_against_pil(tmp_path):
+    names = sorted(n for n in os.listdir(PNGSUITE) if n.endswith(".png") and not n.startswith("x"))
+    by_size = {}
+    for n in names:
+        ref = _pil_reference(os.path.join(PNGSUITE, n))
+        by_size.setdefault(ref.shape[:2], []).append((n, ref))
+    checked = 0
+    for (h, w), items in by_size.items():
+        shard = tmp_path / f"png-{h}x{w}.tar"
+        _tar(shard, [(f"{i:04d}.png", open(os.path.join(PNGSUITE, n), "rb").read())
+                     for i, (n, _) in enumerate(items)])
+        loader = ringfeed.Loader(str(shard), batch_size=len(items), crop="none", image_size=(h, w),
+                                 shuffle=False, workers=2, framework="numpy")
+        b = next(loader)
+        assert "error" not in b, [items[i][0] for i, e in enumerate(b["error"]) if e]
+        for i, (n, ref) in enumerate(items):
+            assert np.array_equal(b["image"][i], ref), n
+            checked += 1
+    assert checked > 100

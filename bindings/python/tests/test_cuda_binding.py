@@ -1,0 +1,75 @@
+"""The binding on a GPU with PyTorch: tensors on cuda:N equal the CPU batches, float conversion,
+and the consumer's stream ordering. Skipped where torch has no CUDA device."""
+
+import io
+import os
+import tarfile
+
+import pytest
+
+import ringfeed
+
+torch = pytest.importorskip("torch")
+np = pytest.importorskip("numpy")
+Image = pytest.importorskip("PIL.Image")
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+
+
+@pytest.fixture(scope="module")
+def shard(tmp_path_factory):
+    path = tmp_path_factory.mktemp("gpu") / "s.tar"
+    rng = np.random.default_rng(0)
+    with tarfile.open(path, "w") as t:
+        for i in range(70):
+            h, w = 120 + i % 50, 160 + i % 70
+            base = rng.integers(0, 255, (h // 8 + 1, w // 8 + 1, 3), dtype=np.uint8)
+            img = Image.fromarray(base).resize((w, h), Image.BILINEAR)
+            buf = io.BytesIO()
+            img.save(buf, format="JPEG", quality=90)
+            for name, data in ((f"{i:04d}.jpg", buf.getvalue()), (f"{i:04d}.cls", str(i % 7).encode())):
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                t.addfile(info, io.BytesIO(data))
+    return str(path)
+
+
+def test_cuda_tensors_equal_cpu_batches(shard):
+    kw = dict(batch_size=16, image_size=64, seed=1, flip=True, workers=4)
+    cpu = [{k: (v.clone() if hasattr(v, "clone") else v) for k, v in b.items()}
+           for b in ringfeed.Loader(shard, device="cpu", **kw)]
+    n = 0
+    for b, ref in zip(ringfeed.Loader(shard, device="cuda:0", **kw), cpu):
+        assert b["image"].device.type == "cuda" and b["label"].device.type == "cuda"
+        assert torch.equal(b["image"].cpu(), ref["image"])
+        assert torch.equal(b["label"].cpu(), ref["label"])
+        assert b["key"] == ref["key"]
+        n += 1
+    assert n == len(cpu) == 5
+
+
+def test_cuda_normalized_bfloat16_nchw(shard):
+    kw = dict(batch_size=32, image_size=32, seed=2, workers=4)
+    ref = next(ringfeed.Loader(shard, device="cpu", **kw))["image"].double()
+    b = next(ringfeed.Loader(shard, device="cuda", dtype="bfloat16", layout="NCHW", **kw))
+    img = b["image"]
+    assert img.dtype == torch.bfloat16 and img.shape == (32, 3, 32, 32)
+    mean = torch.tensor([0.485, 0.456, 0.406], dtype=torch.float64)
+    std = torch.tensor([0.229, 0.224, 0.225], dtype=torch.float64)
+    want = ((ref / 255 - mean) / std).permute(0, 3, 1, 2)
+    got = img.double().cpu()
+    rel = (got - want).norm() / want.norm()
+    assert rel < 8e-3
+
+
+def test_consumer_stream_work_sees_each_batch(shard):
+    s = torch.cuda.Stream()
+    sums, want = [], []
+    kw = dict(batch_size=8, image_size=48, seed=3, workers=4, epochs=2)
+    for b in ringfeed.Loader(shard, device="cpu", **kw):
+        want.append(int(b["image"].long().sum()))
+    with torch.cuda.stream(s):
+        for b in ringfeed.Loader(shard, device="cuda:0", device_slots=2, **kw):
+            torch.cuda._sleep(2_000_000)  # a long step queued before the sum
+            sums.append(b["image"].long().sum())
+    torch.cuda.synchronize()
+    assert [int(x) for x in sums] == want

@@ -1,0 +1,138 @@
+// The GPU side of dlbench --step-ms: each batch gets a kernel that reads all of it and then spins
+// until T ms have passed on the GPU's clock. Events around each step give the idle gaps: the time
+// from one step's end to the next one's start is time the GPU had nothing to do.
+#include "gpu_step.h"
+
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define RING 128
+
+struct gpu_step {
+  int device;
+  double step_ms;
+  cudaStream_t stream;
+  cudaEvent_t start[RING], end[RING];
+  long steps;
+  double busy_ms, idle_ms;
+  unsigned long long *sink;
+};
+
+static char err_msg[256];
+
+static int fail(cudaError_t e, const char *what) {
+  snprintf(err_msg, sizeof err_msg, "%s: %s", what, cudaGetErrorString(e));
+  return -1;
+}
+
+extern "C" const char *gpu_step_error(void) { return err_msg; }
+
+__device__ unsigned long long globaltimer() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__global__ void step(const uint8_t *data, size_t bytes, unsigned long long ns, unsigned long long *sink) {
+  unsigned long long t0 = globaltimer();
+  unsigned long long acc = 0;
+  size_t words = bytes / 16;
+  const uint4 *v = (const uint4 *)data;
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < words; i += (size_t)gridDim.x * blockDim.x) {
+    uint4 x = v[i];
+    acc += x.x ^ x.y ^ x.z ^ x.w;
+  }
+  while (globaltimer() - t0 < ns)
+    acc += 1;
+  if (acc == 42)
+    *sink = acc; // keeps the reads alive
+}
+
+extern "C" int gpu_step_open(gpu_step **out, const char *device, double step_ms) {
+  gpu_step *g = (gpu_step *)calloc(1, sizeof *g);
+  g->device = 0;
+  const char *colon = strchr(device, ':');
+  if (colon)
+    g->device = atoi(colon + 1);
+  g->step_ms = step_ms;
+  cudaError_t e = cudaSetDevice(g->device);
+  if (!e)
+    e = cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking);
+  for (int i = 0; !e && i < RING; i++) {
+    e = cudaEventCreate(&g->start[i]);
+    if (!e)
+      e = cudaEventCreate(&g->end[i]);
+  }
+  if (!e)
+    e = cudaMalloc(&g->sink, sizeof *g->sink);
+  if (e) {
+    free(g);
+    return fail(e, "setting up the GPU consumer");
+  }
+  *out = g;
+  return 0;
+}
+
+// Folds step I's timing into the totals (its events have completed).
+static void account(gpu_step *g, long i) {
+  float busy = 0, gap = 0;
+  cudaEventSynchronize(g->end[i % RING]);
+  cudaEventElapsedTime(&busy, g->start[i % RING], g->end[i % RING]);
+  g->busy_ms += busy;
+  if (i > 0) {
+    cudaEventElapsedTime(&gap, g->end[(i - 1) % RING], g->start[i % RING]);
+    g->idle_ms += gap > 0 ? gap : 0;
+  }
+}
+
+extern "C" int gpu_step_consume(gpu_step *g, dl_batch *b, const DLTensor *image) {
+  long i = g->steps;
+  if (i >= RING - 1)
+    account(g, i - (RING - 1)); // before its start event is reused two slots later
+  int r = dl_batch_wait(b, g->stream);
+  if (r)
+    return r;
+  size_t bytes = (size_t)(image->dtype.bits / 8);
+  for (int d = 0; d < image->ndim; d++)
+    bytes *= (size_t)image->shape[d];
+  cudaEventRecord(g->start[i % RING], g->stream);
+  step<<<264, 256, 0, g->stream>>>((const uint8_t *)image->data, bytes,
+                                   (unsigned long long)(g->step_ms * 1e6), g->sink);
+  cudaEventRecord(g->end[i % RING], g->stream);
+  cudaError_t e = cudaGetLastError();
+  if (e)
+    return fail(e, "launching the step kernel");
+  g->steps++;
+  dl_batch_release(b, g->stream);
+  return 0;
+}
+
+extern "C" int gpu_step_fetch(gpu_step *g, dl_batch *b, const DLTensor *image, const DLTensor *label, void *host) {
+  size_t bytes = (size_t)(image->dtype.bits / 8);
+  for (int d = 0; d < image->ndim; d++)
+    bytes *= (size_t)image->shape[d];
+  dl_batch_wait(b, g->stream);
+  cudaMemcpyAsync(host, image->data, bytes, cudaMemcpyDeviceToHost, g->stream);
+  cudaMemcpyAsync((char *)host + bytes, label->data, (size_t)label->shape[0] * 8, cudaMemcpyDeviceToHost, g->stream);
+  cudaError_t e = cudaStreamSynchronize(g->stream);
+  return e ? fail(e, "copying the batch back") : 0;
+}
+
+extern "C" void gpu_step_close(gpu_step *g, double *idle_frac, double *h2d_unused) {
+  cudaStreamSynchronize(g->stream);
+  long first = g->steps > RING - 1 ? g->steps - (RING - 1) : 0;
+  for (long i = first; i < g->steps; i++)
+    account(g, i);
+  double span = g->busy_ms + g->idle_ms;
+  *idle_frac = g->steps > 1 && span > 0 ? g->idle_ms / span : (g->steps ? 0 : -1);
+  (void)h2d_unused;
+  for (int i = 0; i < RING; i++) {
+    cudaEventDestroy(g->start[i]);
+    cudaEventDestroy(g->end[i]);
+  }
+  cudaFree(g->sink);
+  cudaStreamDestroy(g->stream);
+  free(g);
+}
