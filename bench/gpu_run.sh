@@ -4,7 +4,7 @@
 # a short table last. Usage: bench/gpu_run.sh [BUILD_DIR]
 set -u
 build=${1:-build-device}
-out=${OUT:-out}
+out=${OUT:-out}/run
 mkdir -p "$out"
 export XDG_CACHE_HOME=${XDG_CACHE_HOME:-/tmp/rf-cache}
 export DL_LOG_LEVEL=${DL_LOG_LEVEL:-1}
@@ -59,5 +59,7 @@ if python3 -c "import torch; assert torch.cuda.is_available()" 2> /dev/null; the
   row "pytest bindings/python/tests (torch $(python3 -c 'import torch; print(torch.__version__)'))" "$(tail -1 "$out/pytest.log")"
 fi
 
+# Only a few files come back from the machine: pack the logs and JSON into one archive.
+tar -czf "$out.tar.gz" -C "$(dirname "$out")" "$(basename "$out")" && mv "$out.tar.gz" "$out/all.tar.gz"
 echo
 cat "$table"

@@ -281,7 +281,8 @@ int dl__cuda_start(dl_loader *l) {
         return cuda_fail(e, "allocating device batch memory");
       b->image = gs->image;
       b->label = gs->label;
-      if ((e = cudaEventCreateWithFlags(&gs->copied, cudaEventDisableTiming)) ||
+      /* The copy thread sleeps on 'copied' rather than spinning a core the workers need. */
+      if ((e = cudaEventCreateWithFlags(&gs->copied, cudaEventDisableTiming | cudaEventBlockingSync)) ||
           (e = cudaEventCreateWithFlags(&gs->released, cudaEventDisableTiming)) ||
           (e = cudaEventCreate(&gs->t0)) || (e = cudaEventCreate(&gs->t1)))
         return cuda_fail(e, "creating events");

@@ -25,6 +25,7 @@ typedef struct jpeg_ctx {
   int code;
   char msg[JMSG_LENGTH_MAX + 64];
   JSAMPROW rows[16];
+  bool used; /* has decoded (or tried to decode) an image since it was created */
 } jpeg_ctx;
 
 static void on_error(j_common_ptr c) {
@@ -116,9 +117,56 @@ static void cmyk_to_out(uint8_t *row, int width, bool inverted, int channels) {
 /*
  * libjpeg keeps Huffman and quantization tables across images on purpose (abbreviated streams),
  * so an image that lacks a table, as Motion-JPEG frames do, would silently decode with the previous
- * image's. Each image starts from a fresh decompressor instead: a few small allocations, against
- * milliseconds of decoding.
+ * image's. An image that defines, before its first scan, every table its frame and that scan use
+ * (the common baseline JPEG) overwrites whatever was there, so the decompressor is reused; any
+ * other image gets a fresh decompressor.
  */
+static bool self_contained(const uint8_t *p, size_t n) {
+  unsigned dqt = 0, dht = 0, need_q = 0, need_h = 0;
+  bool baseline = false;
+  size_t i = 2;
+  while (i + 4 <= n) {
+    if (p[i] != 0xFF)
+      return false;
+    uint8_t m = p[i + 1];
+    if (m == 0xFF) {
+      i++;
+      continue;
+    }
+    size_t len = ((size_t)p[i + 2] << 8) | p[i + 3];
+    if (len < 2 || i + 2 + len > n)
+      return false;
+    const uint8_t *seg = p + i + 4;
+    size_t sl = len - 2;
+    if (m == 0xDB) { /* DQT: one or more tables */
+      for (size_t j = 0; j < sl;) {
+        dqt |= 1u << (seg[j] & 3);
+        j += 1 + ((seg[j] >> 4) ? 128 : 64);
+      }
+    } else if (m == 0xC4) { /* DHT */
+      for (size_t j = 0; j + 17 <= sl;) {
+        dht |= 1u << (((seg[j] >> 4) & 1) * 4 + (seg[j] & 3));
+        size_t count = 0;
+        for (int k = 1; k <= 16; k++)
+          count += seg[j + k];
+        j += 17 + count;
+      }
+    } else if (m == 0xC0 || m == 0xC1) { /* baseline or extended Huffman frame */
+      baseline = true;
+      for (size_t c = 0; sl >= 6 && c < seg[5] && 6 + 3 * c + 2 < sl; c++)
+        need_q |= 1u << (seg[6 + 3 * c + 2] & 3);
+    } else if (m >= 0xC2 && m <= 0xCF && m != 0xC4 && m != 0xC8 && m != 0xCC) {
+      return false; /* progressive, lossless or arithmetic: not worth checking */
+    } else if (m == 0xDA) { /* first scan: its tables must all be defined by now */
+      for (size_t c = 0; sl >= 1 && c < seg[0] && 1 + 2 * c + 1 < sl; c++)
+        need_h |= (1u << (seg[1 + 2 * c + 1] >> 4 & 3)) | (1u << (4 + (seg[1 + 2 * c + 1] & 3)));
+      return baseline && (need_q & ~dqt) == 0 && (need_h & ~dht) == 0;
+    }
+    i += 2 + len;
+  }
+  return false;
+}
+
 static int renew(jpeg_ctx *x) {
   if (setjmp(x->jump))
     return -1;
@@ -133,12 +181,13 @@ static int renew(jpeg_ctx *x) {
 static int jpeg_decode(void *p, dl__decode_job *job, dl__err *e) {
   jpeg_ctx *x = p;
   struct jpeg_decompress_struct *d = &x->d;
-  if (renew(x))
+  if (x->used && !self_contained(job->src, job->len) && renew(x))
     return dl__err_set(e, -12, "out of memory starting a JPEG decode");
   if (setjmp(x->jump)) {
     jpeg_abort_decompress(d);
     return dl__err_set(e, x->code, "%s", x->msg);
   }
+  x->used = true;
   jpeg_mem_src(d, job->src, (unsigned long)job->len);
   jpeg_read_header(d, TRUE);
   int w = (int)d->image_width, h = (int)d->image_height;

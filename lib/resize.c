@@ -72,16 +72,29 @@ static void coefficients(double start, double len, int limit, int out_len, axis 
     }
     for (int i = 0; i < n; i++)
       w[i] = (float)(w[i] / sum);
+    /* Zero weights up to the table's width: every output pixel then runs the same number of taps,
+     * which lets the compiler unroll the loop. Reads past the last real tap stay inside the
+     * padded rows (first + taps <= limit is kept by moving first back when needed). */
+    for (int i = n; i < a->taps; i++)
+      w[i] = 0;
     a->first[o] = lo;
     a->count[o] = n;
   }
 }
+
+typedef float v4f __attribute__((vector_size(16)));
+typedef int v4i __attribute__((vector_size(16)));
 
 static uint8_t clamp_u8(float v) {
   v += 0.5f;
   return v <= 0 ? 0 : v >= 255 ? 255 : (uint8_t)v;
 }
 
+/* Built twice, for AVX2 and for any x86-64 (or plain on other machines); the loader picks one at
+ * start-up, so one binary is fast everywhere. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("avx2", "default")))
+#endif
 int dl__resize(const uint8_t *src, int w, int h, size_t stride, int ch, dl__rect rect, uint8_t *out,
                int ow, int oh, int planar, int flip, dl__resize_scratch *s) {
   size_t plane = (size_t)ow * oh;
@@ -115,57 +128,77 @@ int dl__resize(const uint8_t *src, int w, int h, size_t stride, int ch, dl__rect
   ay.count = ay.first + oh;
   coefficients(rect.x, rect.w, w, ow, &ax);
   coefficients(rect.y, rect.h, h, oh, &ay);
-  int y_lo = ay.first[0], y_hi = ay.first[oh - 1] + ay.count[oh - 1];
-  for (int o = 0; o < oh; o++) {
-    if (ay.first[o] < y_lo)
-      y_lo = ay.first[o];
-    if (ay.first[o] + ay.count[o] > y_hi)
-      y_hi = ay.first[o] + ay.count[o];
+  /* Only the source columns some output pixel reads. */
+  int x_lo = ax.first[0], x_hi = 0;
+  for (int o = 0; o < ow; o++) {
+    if (ax.first[o] < x_lo)
+      x_lo = ax.first[o];
+    if (ax.first[o] + ax.count[o] > x_hi)
+      x_hi = ax.first[o] + ax.count[o];
   }
-  int rows = y_hi - y_lo;
-  size_t tmp_row = (size_t)ow * ch;
-  if (dl__buf_reserve(&s->tmp, (size_t)rows * tmp_row * sizeof(float)))
+  size_t span = (size_t)(x_hi - x_lo) * ch;
+  /* One float row, padded so that 4-wide loads of the last pixel stay inside it. */
+  if (dl__buf_reserve(&s->tmp, (span + 4) * sizeof(float)))
     return -ENOMEM;
-  float *tmp = (float *)s->tmp.p;
-  for (int y = 0; y < rows; y++) {
-    const uint8_t *row = src + (size_t)(y + y_lo) * stride;
-    float *t = tmp + (size_t)y * tmp_row;
+  float *acc = (float *)s->tmp.p;
+  memset(acc + span, 0, 4 * sizeof(float));
+  for (int y = 0; y < oh; y++) {
+    /* Vertical first, over contiguous bytes: the compiler vectorises this loop. */
+    const float *wy = ay.w + (size_t)y * ay.taps;
+    const uint8_t *base = src + (size_t)ay.first[y] * stride + (size_t)x_lo * ch;
+    int n = ay.count[y];
+    for (size_t j = 0; j < span; j++)
+      acc[j] = wy[0] * base[j];
+    for (int i = 1; i < n; i++) {
+      const uint8_t *row = base + (size_t)i * stride;
+      float wi = wy[i];
+      for (size_t j = 0; j < span; j++)
+        acc[j] += wi * row[j];
+    }
+    /* Then horizontal: a pixel's channels as one 4-wide vector per tap. */
     for (int x = 0; x < ow; x++) {
       const float *wx = ax.w + (size_t)x * ax.taps;
-      const uint8_t *px = row + (size_t)ax.first[x] * ch;
-      int n = ax.count[x];
+      const float *px = acc + (size_t)(ax.first[x] - x_lo) * ch;
+      int taps = ax.count[x];
+      int dx = flip ? ow - 1 - x : x;
       if (ch == 3) {
-        float r = 0, g = 0, b = 0;
-        for (int i = 0; i < n; i++) {
-          r += wx[i] * px[3 * i];
-          g += wx[i] * px[3 * i + 1];
-          b += wx[i] * px[3 * i + 2];
+        v4f sum = {0, 0, 0, 0};
+        int i = 0;
+        for (; i + 2 <= taps; i += 2) {
+          v4f p0, p1;
+          memcpy(&p0, px + 3 * i, sizeof p0);
+          memcpy(&p1, px + 3 * i + 3, sizeof p1);
+          sum += wx[i] * p0 + wx[i + 1] * p1;
         }
-        t[3 * x] = r, t[3 * x + 1] = g, t[3 * x + 2] = b;
+        if (i < taps) {
+          v4f p0;
+          memcpy(&p0, px + 3 * i, sizeof p0);
+          sum += wx[i] * p0;
+        }
+        v4i q = __builtin_convertvector(sum + 0.5f, v4i);
+        q &= ~(q < 0);
+        v4i over = q > 255;
+        q = (q & ~over) | (over & 255);
+        if (planar) {
+          out[(size_t)y * ow + dx] = (uint8_t)q[0];
+          out[plane + (size_t)y * ow + dx] = (uint8_t)q[1];
+          out[2 * plane + (size_t)y * ow + dx] = (uint8_t)q[2];
+        } else {
+          uint8_t *o = out + ((size_t)y * ow + dx) * 3;
+          o[0] = (uint8_t)q[0];
+          o[1] = (uint8_t)q[1];
+          o[2] = (uint8_t)q[2];
+        }
       } else {
         for (int c = 0; c < ch; c++) {
           float v = 0;
-          for (int i = 0; i < n; i++)
+          for (int i = 0; i < taps; i++)
             v += wx[i] * px[ch * i + c];
-          t[(size_t)x * ch + c] = v;
+          if (planar)
+            out[c * plane + (size_t)y * ow + dx] = clamp_u8(v);
+          else
+            out[((size_t)y * ow + dx) * ch + c] = clamp_u8(v);
         }
-      }
-    }
-  }
-  for (int y = 0; y < oh; y++) {
-    const float *wy = ay.w + (size_t)y * ay.taps;
-    const float *base = tmp + (size_t)(ay.first[y] - y_lo) * tmp_row;
-    int n = ay.count[y];
-    for (int x = 0; x < ow; x++) {
-      int dx = flip ? ow - 1 - x : x;
-      for (int c = 0; c < ch; c++) {
-        float v = 0;
-        for (int i = 0; i < n; i++)
-          v += wy[i] * base[(size_t)i * tmp_row + (size_t)x * ch + c];
-        if (planar)
-          out[c * plane + (size_t)y * ow + dx] = clamp_u8(v);
-        else
-          out[((size_t)y * ow + dx) * ch + c] = clamp_u8(v);
       }
     }
   }

@@ -61,6 +61,14 @@ for img in "$rt"/lossless/*/*.jpg; do
   [ -f "$img" ] && add_ref unsupported "$img" -
 done
 
+# --- a Motion-JPEG frame (no Huffman tables of its own) right after an ordinary JPEG ---
+st="$out/stage/stale"
+mkdir -p "$st"
+cp "$lt/testimages-historical/testimgp.jpg" "$st/a.jpg"  # progressive: its own optimised tables
+cp "$td/jpeg-decoder/tests/reftest/images/mjpeg.jpg" "$st/b.jpg"
+tar --format=gnu -C "$st" -cf "$out/stale-tables.tar" a.jpg b.jpg
+tar --format=gnu -C "$st" -cf "$out/mjpeg-alone.tar" b.jpg
+
 # --- every third-party file as a member of one shard, by its manifest row ---
 s="$out/stage/sweep"
 mkdir -p "$s"

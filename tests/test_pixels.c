@@ -78,8 +78,35 @@ static int load(const char *shard, const char *crop, int w, int h, unsigned char
   return err;
 }
 
+/* Regression: a decoder context reused after an ordinary JPEG must not lend its Huffman tables to
+ * a Motion-JPEG frame that relies on the standard ones. */
+static void regression_stale_jpeg_tables(const char *dir) {
+  char both[4096], alone[4096];
+  snprintf(both, sizeof both, "%s/stale-tables.tar", dir);
+  snprintf(alone, sizeof alone, "%s/mjpeg-alone.tar", dir);
+  const char *opts = "batch_size=2 workers=1 shuffle=0 crop=resize image_size=60x80";
+  dl_loader *a, *b;
+  OPEN_OK(a, both, opts);
+  OPEN_OK(b, alone, opts);
+  dl_batch *x, *y;
+  ASSERT_EQ(dl_next_batch(a, &x), 0);
+  ASSERT_EQ(dl_next_batch(b, &y), 0);
+  ASSERT_EQ(dl_batch_size(x), 2);
+  ASSERT_EQ(dl_batch_sample_error(x, 1), 0);
+  DLTensor tx, ty;
+  dl_batch_field(x, "image", &tx);
+  dl_batch_field(y, "image", &ty);
+  ASSERT_EQ(memcmp((uint8_t *)tx.data + 60 * 80 * 3, ty.data, 60 * 80 * 3), 0);
+  dl_batch_release(x, NULL);
+  dl_batch_release(y, NULL);
+  dl_close(a);
+  dl_close(b);
+  printf("regression: a Motion-JPEG frame after another JPEG decodes as it does alone\n");
+}
+
 int main(void) {
   const char *dir = test_shards();
+  regression_stale_jpeg_tables(dir);
   char path[4096];
   snprintf(path, sizeof path, "%s/pixels.tsv", dir);
   FILE *list = fopen(path, "r");
