@@ -4,8 +4,9 @@
 # a short table last. Usage: bench/gpu_run.sh [BUILD_DIR]
 set -u
 build=${1:-build-device}
-out=${OUT:-out}/run
-mkdir -p "$out"
+dest=${OUT:-out}
+out=$(mktemp -d /tmp/rf-gpu-run.XXXXXX)
+mkdir -p "$dest"
 export XDG_CACHE_HOME=${XDG_CACHE_HOME:-/tmp/rf-cache}
 export DL_LOG_LEVEL=${DL_LOG_LEVEL:-1}
 workers=$(nproc)
@@ -59,7 +60,21 @@ if python3 -c "import torch; assert torch.cuda.is_available()" 2> /dev/null; the
   row "pytest bindings/python/tests (torch $(python3 -c 'import torch; print(torch.__version__)'))" "$(tail -1 "$out/pytest.log")"
 fi
 
-# Only a few files come back from the machine: pack the logs and JSON into one archive.
-tar -czf "$out.tar.gz" -C "$(dirname "$out")" "$(basename "$out")" && mv "$out.tar.gz" "$out/all.tar.gz"
+# 5. Side by side with the PyTorch DataLoader, and the training example for a few hundred steps.
+if python3 -c "import torch, torchvision; assert torch.cuda.is_available()" 2> /dev/null; then
+  python3 bench/compare_torch.py --dlbench "$build/dlbench" --workers "$workers" --batch 256 --epochs 1 \
+    --device cuda:0 --json "$out/compare_torch.json" > "$out/compare_torch.log" 2>&1
+  grep -E '^\| (ringfeed|torch)' "$out/compare_torch.log" | sed 's/^/compare_torch /' | while read -r line; do
+    echo "$line" >> "$table"
+  done
+  src=$("$build/dlbench" --make-synthetic)
+  timeout 400 python3 examples/train_imagenet.py --data "$src" --steps 300 --epochs 0 \
+    > "$out/train.log" 2>&1
+  row "examples/train_imagenet.py, ResNet-50 bf16, 300 steps" "exit $? $(tail -1 "$out/train.log")"
+fi
+
+# Only a few files come back from the machine: the table, and the logs and JSON in one archive.
+cp "$table" "$dest/table.md"
+tar -czf "$dest/all.tar.gz" -C "$out" .
 echo
 cat "$table"

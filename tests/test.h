@@ -9,6 +9,9 @@
 
 #define TEST_SKIP 77
 
+/* Unbuffered, so a failure's message and the progress before it stay in order in the log. */
+__attribute__((constructor)) static void test_unbuffered_stdout(void) { setvbuf(stdout, NULL, _IONBF, 0); }
+
 #define FAIL_AT(...)                                                                               \
   do {                                                                                             \
     fprintf(stderr, "%s:%d: ", __FILE__, __LINE__);                                                \

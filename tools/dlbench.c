@@ -53,6 +53,7 @@ static void usage(FILE *f) {
           "  --stop-after K    stop after K batches and print the resume token\n"
           "  --option K=V      any other loader option (repeatable)\n"
           "  --synthetic N     samples in the synthetic set (10000)\n"
+          "  --make-synthetic  only make (once) the synthetic set and print its source pattern\n"
           "  --json            print one JSON object\n"
           "  --digest          print a hash of every batch's bytes, then of the whole stream\n"
           "  --keys            print each batch's sample keys\n");
@@ -61,7 +62,7 @@ static void usage(FILE *f) {
 int main(int argc, char **argv) {
   enum { O_BATCH = 256, O_SIZE, O_CROP, O_PREFETCH, O_EPOCHS, O_SEED, O_IO, O_ONERR, O_RANK, O_WORLD,
          O_DEVICE, O_DTYPE, O_STEP, O_RESUME, O_STOP, O_OPTION, O_SYNTH, O_JSON, O_DIGEST, O_KEYS,
-         O_FLIP, O_WORKERS, O_HELP };
+         O_FLIP, O_WORKERS, O_HELP, O_MAKE };
   static const struct option longopts[] = {
       {"workers", 1, 0, O_WORKERS}, {"batch", 1, 0, O_BATCH},      {"size", 1, 0, O_SIZE},
       {"crop", 1, 0, O_CROP},       {"prefetch", 1, 0, O_PREFETCH}, {"epochs", 1, 0, O_EPOCHS},
@@ -70,11 +71,12 @@ int main(int argc, char **argv) {
       {"dtype", 1, 0, O_DTYPE},     {"step-ms", 1, 0, O_STEP},     {"resume", 1, 0, O_RESUME},
       {"stop-after", 1, 0, O_STOP}, {"option", 1, 0, O_OPTION},    {"synthetic", 1, 0, O_SYNTH},
       {"json", 0, 0, O_JSON},       {"digest", 0, 0, O_DIGEST},    {"keys", 0, 0, O_KEYS},
-      {"flip", 0, 0, O_FLIP},       {"help", 0, 0, O_HELP},        {0, 0, 0, 0}};
+      {"flip", 0, 0, O_FLIP},       {"help", 0, 0, O_HELP},        {"make-synthetic", 0, 0, O_MAKE},
+      {0, 0, 0, 0}};
   char opts[4096] = "";
   size_t olen = 0;
 #define ADD(...) olen += (size_t)snprintf(opts + olen, sizeof opts - olen, __VA_ARGS__)
-  int json = 0, digest = 0, keys = 0, workers = 0;
+  int json = 0, digest = 0, keys = 0, workers = 0, make_only = 0;
   long synthetic = 10000, stop_after = -1;
   double step_ms = 0;
   const char *device = "cpu";
@@ -103,6 +105,7 @@ int main(int argc, char **argv) {
     case O_JSON: json = 1; break;
     case O_DIGEST: digest = 1; break;
     case O_KEYS: keys = 1; break;
+    case O_MAKE: make_only = 1; break;
     case O_HELP: case 'h': usage(stdout); return 0;
     default: usage(stderr); return 2;
     }
@@ -126,6 +129,10 @@ int main(int argc, char **argv) {
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     if (synthetic_dataset(synthetic, (int)(cpus > 0 ? cpus : 1), source, sizeof source))
       return 1;
+  }
+  if (make_only) {
+    printf("%s\n", source);
+    return 0;
   }
   double t0 = now();
   dl_loader *l;

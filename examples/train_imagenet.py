@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""Train a torchvision ResNet-50 on WebDataset shards fed by ringfeed: mixed precision, DDP under
+torchrun, batches decoded straight to the GPU as normalised bfloat16.
+
+    torchrun --nproc_per_node=8 examples/train_imagenet.py --data 'train-{000000..000146}.tar'
+    python3 examples/train_imagenet.py --data "$(build/dlbench --make-synthetic)" --steps 300
+
+Each rank gets its own disjoint share of every epoch (RANK/WORLD_SIZE from torchrun) and the
+same number of batches; --resume continues from a saved loader state.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bindings", "python"))
+import ringfeed  # noqa: E402
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--data", required=True, help="shards: a path, a glob or a brace pattern")
+    p.add_argument("--batch-size", type=int, default=256, help="per GPU")
+    p.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))))
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--steps", type=int, default=0, help="stop after this many steps (0: all epochs)")
+    p.add_argument("--lr", type=float, default=0.1)
+    p.add_argument("--classes", type=int, default=1000)
+    p.add_argument("--resume", help="a loader state file written by --save-state")
+    p.add_argument("--save-state", help="write the loader state here at the end")
+    p.add_argument("--keys-out", help="write every key this rank saw (one per line)")
+    args = p.parse_args()
+
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    rank = int(os.environ.get("RANK", 0))
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    torch.cuda.set_device(local)
+    if world > 1:
+        dist.init_process_group("nccl")
+    import torchvision
+    model = torchvision.models.resnet50(num_classes=args.classes).cuda().to(memory_format=torch.channels_last)
+    if world > 1:
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local])
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=5e-5)
+    state = json.load(open(args.resume)) if args.resume else None
+    loader = ringfeed.Loader(args.data, batch_size=args.batch_size, workers=args.workers, image_size=224,
+                             crop="random_resized", flip=True, epochs=args.epochs, device="cuda",
+                             dtype="bfloat16", layout="NCHW", seed=0, state=state)
+    keys = open(args.keys_out, "w") if args.keys_out else None
+    step, seen, t0 = 0, 0, time.perf_counter()
+    for batch in loader:
+        images = batch["image"].contiguous(memory_format=torch.channels_last)
+        labels = batch["label"].clamp_(0, args.classes - 1)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = F.cross_entropy(model(images), labels)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if keys:
+            keys.write("\n".join(batch["key"]) + "\n")
+        step += 1
+        seen += images.shape[0]
+        if step % 50 == 0 and rank == 0:
+            torch.cuda.synchronize()
+            dt = time.perf_counter() - t0
+            print(f"step {step} loss {loss.item():.3f} {seen * world / dt:.0f} images/s", flush=True)
+        if args.steps and step >= args.steps:
+            break
+    torch.cuda.synchronize()
+    dt = time.perf_counter() - t0
+    result = {"rank": rank, "world": world, "steps": step, "images": seen, "seconds": dt,
+              "images_per_s_per_gpu": seen / dt, "final_loss": float(loss.item())}
+    print(json.dumps(result), flush=True)
+    if args.save_state and rank == 0:
+        json.dump(loader.state_dict(), open(args.save_state, "w"))
+    if keys:
+        keys.close()
+    loader.close()
+    if world > 1:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
