@@ -44,8 +44,8 @@ $bench --device cuda:0 --epochs 2 --json > "$out/cuda.json" 2> "$out/cuda.err"
 cpu=$(num "$out/cpu.json" samples_per_s)
 gpu=$(num "$out/cuda.json" samples_per_s)
 h2d=$(num "$out/cuda.json" h2d_gb_s)
-row "dlbench --device cpu --workers $workers" "$cpu images/s"
-row "dlbench --device cuda:0 --workers $workers" "$gpu images/s"
+row "dlbench --device cpu --workers $workers" "$cpu images/s ($(num "$out/cpu.json" steady_samples_per_s) after the first batch)"
+row "dlbench --device cuda:0 --workers $workers" "$gpu images/s ($(num "$out/cuda.json" steady_samples_per_s) after the first batch, first batch $(num "$out/cuda.json" first_batch_ms) ms)"
 row "ringfeed copy stage (event-timed copies of its batches)" "$h2d GB/s = $(awk -v a="$h2d" -v b="$pinned" 'BEGIN{printf "%.3f", a/b}') of plain pinned"
 batch_ms=$(awk -v s="$gpu" 'BEGIN{printf "%.3f", 256 / s * 1000}')
 step=$(awk -v b="$batch_ms" 'BEGIN{printf "%.3f", 1.2 * b}')
@@ -62,7 +62,7 @@ fi
 
 # 5. Side by side with the PyTorch DataLoader, and the training example for a few hundred steps.
 if python3 -c "import torch, torchvision; assert torch.cuda.is_available()" 2> /dev/null; then
-  python3 bench/compare_torch.py --dlbench "$build/dlbench" --workers "$workers" --batch 256 --epochs 1 \
+  python3 bench/compare_torch.py --dlbench "$build/dlbench" --workers "$workers" --batch 256 --epochs 2 \
     --device cuda:0 --json "$out/compare_torch.json" > "$out/compare_torch.log" 2>&1
   grep -E '^\| (ringfeed|torch)' "$out/compare_torch.log" | sed 's/^/compare_torch /' | while read -r line; do
     echo "$line" >> "$table"

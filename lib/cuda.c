@@ -141,13 +141,14 @@ static int enqueue(gpu *g, dl_batch *host, dl_batch *dev) {
   gs->release_pending = false;
   bool convert = l->o.dtype != DL__DTYPE_UINT8;
   if (!e)
+    e = cudaMemcpyAsync(gs->label, host->label, (size_t)host->len * sizeof(int64_t),
+                        cudaMemcpyHostToDevice, g->copy);
+  /* The timing events bracket the image copy alone: the rate comparable with a plain copy. */
+  if (!e)
     e = cudaEventRecord(gs->t0, g->copy);
   if (!e)
     e = cudaMemcpyAsync(convert ? g->staging : gs->image, host->image, in_bytes, cudaMemcpyHostToDevice,
                         g->copy);
-  if (!e)
-    e = cudaMemcpyAsync(gs->label, host->label, (size_t)host->len * sizeof(int64_t),
-                        cudaMemcpyHostToDevice, g->copy);
   if (!e)
     e = cudaEventRecord(gs->t1, g->copy);
   if (!e && convert)

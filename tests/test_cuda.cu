@@ -228,6 +228,8 @@ static void slow_consumer(void) {
   }
   ASSERT_EQ(k, ref.batches);
   unsigned long long got[16];
+  // s does not synchronise with the legacy default stream: wait for its kernels explicitly.
+  CHECK_CUDA(cudaStreamSynchronize(s));
   CHECK_CUDA(cudaMemcpy(got, sums, sizeof got, cudaMemcpyDeviceToHost));
   for (int i = 0; i < k; i++) {
     unsigned long long want = 0;

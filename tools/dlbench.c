@@ -162,6 +162,7 @@ int main(int argc, char **argv) {
   int tty = isatty(2) && !json;
   int64_t samples = 0, batches = 0, bytes = 0;
   double last_print = t0, first_ms = -1;
+  int64_t first_samples = 0;
   int rc = 0;
   void *host_copy = NULL;
   size_t host_cap = 0;
@@ -178,8 +179,10 @@ int main(int argc, char **argv) {
       rc = 1;
       break;
     }
-    if (first_ms < 0)
+    if (first_ms < 0) {
       first_ms = (now() - t0) * 1000;
+      first_samples = dl_batch_size(b);
+    }
     DLTensor img, lab;
     dl_batch_field(b, "image", &img);
     dl_batch_field(b, "label", &lab);
@@ -270,6 +273,8 @@ int main(int argc, char **argv) {
     sscanf(p + 14, "%31[^\"]", io);
   p = strstr(stats, "\"consumer_wait_s\":");
   double wait = p ? atof(p + 18) : 0;
+  /* The rate after the first batch: start-up (CUDA's included) left out. */
+  double steady = wall - first_ms / 1000 > 0 ? (samples - first_samples) / (wall - first_ms / 1000) : 0;
   if (digest)
     printf("digest %016llx\n", (unsigned long long)XXH3_64bits_digest(all));
   if (stop_after >= 0)
@@ -277,17 +282,19 @@ int main(int argc, char **argv) {
   if (json) {
     printf("{\"samples\":%" PRId64 ",\"batches\":%" PRId64 ",\"wall_s\":%.6f,\"samples_per_s\":%.3f"
            ",\"bytes_per_s\":%.1f,\"first_batch_ms\":%.3f,\"consumer_wait_s\":%.6f,\"errors\":%lld"
-           ",\"workers\":%d,\"io_backend\":\"%s\",\"device\":\"%s\",\"peak_rss_mb\":%.1f",
+           ",\"workers\":%d,\"io_backend\":\"%s\",\"device\":\"%s\",\"peak_rss_mb\":%.1f"
+           ",\"steady_samples_per_s\":%.3f",
            samples, batches, wall, samples / wall, bytes / wall, first_ms, wait, errors,
-           workers ? workers : (int)sysconf(_SC_NPROCESSORS_ONLN), io, device, rss_mb);
+           workers ? workers : (int)sysconf(_SC_NPROCESSORS_ONLN), io, device, rss_mb, steady);
     if (idle >= 0)
       printf(",\"gpu_idle_frac\":%.6f,\"step_ms\":%.3f", idle, step_ms);
     if (h2d >= 0)
       printf(",\"h2d_gb_s\":%.3f", h2d);
     printf(",\"state\":\"%s\",\"loader\":%s}\n", token, stats);
   } else {
-    printf("%" PRId64 " samples in %" PRId64 " batches, %.2f s: %.1f samples/s, %.1f MB/s delivered\n",
-           samples, batches, wall, samples / wall, bytes / wall / 1e6);
+    printf("%" PRId64 " samples in %" PRId64 " batches, %.2f s: %.1f samples/s (%.1f after the first batch), "
+           "%.1f MB/s delivered\n",
+           samples, batches, wall, samples / wall, steady, bytes / wall / 1e6);
     printf("first batch %.1f ms, consumer waited %.3f s, %lld errors, io %s, device %s, peak RSS %.0f MB\n",
            first_ms, wait, errors, io, device, rss_mb);
     if (idle >= 0)
