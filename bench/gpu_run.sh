@@ -5,9 +5,9 @@
 set -u
 build=${1:-build-device}
 dest=${OUT:-out}
-out=$(mktemp -d /tmp/rf-gpu-run.XXXXXX)
+out=$(mktemp -d /tmp/ringfeed-gpu-run.XXXXXX)
 mkdir -p "$dest"
-export XDG_CACHE_HOME=${XDG_CACHE_HOME:-/tmp/rf-cache}
+export XDG_CACHE_HOME=${XDG_CACHE_HOME:-/tmp/ringfeed-cache}
 export DL_LOG_LEVEL=${DL_LOG_LEVEL:-1}
 workers=$(nproc)
 table="$out/table.md"

@@ -301,7 +301,7 @@ int main(void) {
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
     dl_loader *l;
     ASSERT_EQ(dl_open(&l, "/nonexistent", "device=cuda"), -2); // the source is checked first
-    char dir[] = "/tmp/rf-nogpu-XXXXXX";
+    char dir[] = "/tmp/ringfeed-test-nogpu-XXXXXX";
     ASSERT(mkdtemp(dir));
     snprintf(source, sizeof source, "%s/g-0.tar", dir);
     write_shards(dir);
@@ -313,7 +313,7 @@ int main(void) {
     printf("skipped: no CUDA device here (device=cuda fails cleanly with DL_ENODEVICE)\n");
     return TEST_SKIP;
   }
-  char dir[] = "/tmp/rf-cuda-XXXXXX";
+  char dir[] = "/tmp/ringfeed-test-cuda-XXXXXX";
   ASSERT(mkdtemp(dir));
   write_shards(dir);
   snprintf(source, sizeof source, "%s/g-{0..2}.tar", dir);

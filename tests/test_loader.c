@@ -422,7 +422,7 @@ static void slots_and_lifetimes(void) {
 
 int main(void) {
   const char *tmp = getenv("TMPDIR");
-  snprintf(dir, sizeof dir, "%s/rf-loader-XXXXXX", tmp ? tmp : "/tmp");
+  snprintf(dir, sizeof dir, "%s/ringfeed-test-loader-XXXXXX", tmp ? tmp : "/tmp");
   ASSERT(mkdtemp(dir));
   char folder[300];
   snprintf(folder, sizeof folder, "%s/folder", dir);
