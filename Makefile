@@ -9,7 +9,7 @@ export ASAN_OPTIONS = detect_leaks=1:abort_on_error=1
 export UBSAN_OPTIONS = print_stacktrace=1:halt_on_error=1
 export TSAN_OPTIONS = halt_on_error=1:second_deadlock_stack=1
 
-.PHONY: all deps test-deps build run test test-release test-asan test-tsan test-python device clean
+.PHONY: all deps test-deps build run test test-release test-asan test-tsan test-python device fuzz clean
 
 all: build
 
@@ -54,5 +54,19 @@ device: deps
 	@cmake -S . -B build-device -DDL_BUNDLE_DEPS=ON -DDL_WITH_CUDA=ON -DDL_BUILD_TESTS=ON >/dev/null
 	@cmake --build build-device -j $(JOBS)
 
+# Coverage-guided fuzzing of the tar scanner and the decoders (clang's libFuzzer), FUZZ_SECONDS each,
+# starting from the third-party corpora. Not part of `make test`, which replays those inputs.
+FUZZ_SECONDS ?= 60
+TESTDATA ?= $(CURDIR)/../shared/testdata
+fuzz: test-deps
+	@cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DDL_WITH_CUDA=OFF -DDL_FUZZ=ON -DCMAKE_BUILD_TYPE=Debug \
+	  -DCMAKE_C_FLAGS="-fsanitize=fuzzer-no-link,address,undefined" >/dev/null
+	@cmake --build build-fuzz -j $(JOBS) --target fuzz_tar fuzz_decode
+	mkdir -p build-fuzz/corpus-tar build-fuzz/corpus-decode
+	DL_LOG_LEVEL=0 ./build-fuzz/tests/fuzz_tar -max_total_time=$(FUZZ_SECONDS) -max_len=1048576 \
+	  build-fuzz/corpus-tar $(TESTDATA)/webdataset
+	DL_LOG_LEVEL=0 ./build-fuzz/tests/fuzz_decode -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=4096 \
+	  build-fuzz/corpus-decode $(TESTDATA)/jpeg-decoder $(TESTDATA)/pngsuite $(TESTDATA)/libspng-crashers
+
 clean:
-	rm -rf build build-asan build-tsan build-device
+	rm -rf build build-asan build-tsan build-device build-fuzz

@@ -1,8 +1,8 @@
 /*
  * PNG through libpng: every colour type and bit depth, interlaced or not, expanded to 8-bit
  * RGB (or grey) with 16-bit samples reduced to their high byte and alpha dropped, as PIL's
- * convert("RGB") does. Text, ICC and EXIF chunks are never inflated, so a decompression bomb in
- * metadata costs nothing.
+ * convert("RGB") does. Metadata chunks are skipped unread, so a decompression bomb or a huge
+ * declared length in metadata costs nothing.
  */
 #include "internal.h"
 
@@ -74,8 +74,10 @@ static int png_decode(void *p, dl__decode_job *job, dl__err *e) {
     return dl__err_set(e, code, "%s", x->msg[0] ? x->msg : "corrupt PNG");
   }
   png_set_read_fn(png, x, on_read);
-  static const png_byte skip[] = "tEXt\0zTXt\0iTXt\0iCCP\0eXIf\0sPLT\0";
-  png_set_keep_unknown_chunks(png, PNG_HANDLE_CHUNK_NEVER, skip, 6);
+  /* Ancillary chunks that do not change the pixels we deliver are never read into memory. */
+  static const png_byte skip[] = "bKGD\0cHRM\0eXIf\0gAMA\0hIST\0iCCP\0iTXt\0oFFs\0pCAL\0pHYs\0"
+                                 "sBIT\0sCAL\0sPLT\0sRGB\0tEXt\0tIME\0zTXt\0";
+  png_set_keep_unknown_chunks(png, PNG_HANDLE_CHUNK_NEVER, skip, 17);
   png_set_user_limits(png, 1u << 24, 1u << 24);
   png_set_chunk_malloc_max(png, 8u << 20);
   png_read_info(png, info);

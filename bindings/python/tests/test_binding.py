@@ -211,3 +211,25 @@ def test_pngsuite_pixels_against_pil(tmp_path):
             assert np.array_equal(b["image"][i], ref), n
             checked += 1
     assert checked > 100
+
+
+@needs_testdata
+def test_works_without_numpy_or_torch():
+    """The binding needs neither: it then hands out DLPack objects any framework can take."""
+    import subprocess
+    import sys
+    code = (
+        "import sys\n"
+        "sys.modules['numpy'] = None\n"
+        "sys.modules['torch'] = None\n"
+        f"sys.path.insert(0, {os.path.abspath(os.path.join(os.path.dirname(__file__), '..'))!r})\n"
+        "import ringfeed\n"
+        f"loader = ringfeed.Loader({WDS!r}, batch_size=10, image_size=16, workers=1)\n"
+        "b = next(loader)\n"
+        "assert type(b['image']).__name__ == 'DLPackTensor', type(b['image'])\n"
+        "assert b['image'].shape == (10, 16, 16, 3) and len(b['key']) == 10\n"
+        "print(len(loader), loader.state_dict()['token'])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[0] == "9"
