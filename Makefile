@@ -61,8 +61,10 @@ TESTDATA ?= $(CURDIR)/../shared/testdata
 fuzz: test-deps
 	@cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DDL_WITH_CUDA=OFF -DDL_FUZZ=ON -DCMAKE_BUILD_TYPE=Debug \
 	  -DCMAKE_C_FLAGS="-fsanitize=fuzzer-no-link,address,undefined" >/dev/null
-	@cmake --build build-fuzz -j $(JOBS) --target fuzz_tar fuzz_decode
-	mkdir -p build-fuzz/corpus-tar build-fuzz/corpus-decode
+	@cmake --build build-fuzz -j $(JOBS) --target fuzz_tar fuzz_decode fuzz_rfs
+	mkdir -p build-fuzz/corpus-tar build-fuzz/corpus-decode build-fuzz/corpus-rfs
+	DL_LOG_LEVEL=0 ./build-fuzz/tests/fuzz_rfs -max_total_time=$(FUZZ_SECONDS) build-fuzz/corpus-rfs \
+	  $(wildcard build/tests/shards/rfs)
 	DL_LOG_LEVEL=0 ./build-fuzz/tests/fuzz_tar -max_total_time=$(FUZZ_SECONDS) -max_len=1048576 \
 	  build-fuzz/corpus-tar $(TESTDATA)/webdataset
 	DL_LOG_LEVEL=0 ./build-fuzz/tests/fuzz_decode -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=4096 \

@@ -76,14 +76,15 @@ DL_EXTERN const char *dl_errname(int err);
 DL_EXTERN const char *dl_last_error(void);
 
 /*
- * Opens a loader over SOURCE: a WebDataset tar shard, a list separated by "::", globs and brace
- * ranges ("train-{000000..000146}.tar"), or an ImageFolder directory (root/<class>/<image>).
+ * Opens a loader over SOURCE: WebDataset tar shards or ringfeed shards (.rfs), a list separated by
+ * "::", globs and brace ranges ("train-{000000..000146}.tar"), or an ImageFolder directory
+ * (root/<class>/<image>).
  * OPTIONS are "key=value" words separated by spaces (NULL or "" for defaults):
  *   batch_size workers prefetch image_size(N or HxW) crop(random_resized|center|resize|none)
  *   flip channels(1|3) layout(NHWC|NCHW) seed shuffle epochs(0 = forever) drop_last rank
  *   world_size device(cpu|cuda|cuda:N[,M...]) dtype(uint8|float32|float16|bfloat16) mean std
  *   device_slots on_error(skip|fail) io(auto|uring|pread) io_depth max_pixels max_member_bytes
- *   resume(TOKEN) log(quiet|error|warn|info|debug)
+ *   direct(0|1: O_DIRECT reads of ringfeed shards) resume(TOKEN) log(quiet|error|warn|info|debug)
  * An unknown key or bad value fails with DL_EOPTION and a message naming it.
  * On success *out owns worker threads and memory until dl_close(). Not thread-safe against other
  * calls on the same loader.
@@ -157,6 +158,35 @@ DL_EXTERN int dl_stats_json(dl_loader *l, char *buf, size_t cap);
 
 /* Stops the workers and frees everything; batches still held become invalid. NULL is a no-op. */
 DL_EXTERN void dl_close(dl_loader *l);
+
+/* ---- Writing ringfeed shards (.rfs; docs/format.md) ---- */
+
+typedef struct dl_writer dl_writer;
+
+/*
+ * Creates a ringfeed shard at PATH (replacing it when the writer closes successfully; the data
+ * goes to PATH.part until then). OPTIONS: "align=4096" (record alignment: 1 or a power of two up to
+ * 1 MiB; 4096 lets readers use O_DIRECT), "zstd_level=3". Not thread-safe; one writer per file.
+ */
+DL_EXTERN int dl_writer_open(dl_writer **out, const char *path, const char *options);
+
+/* Starts a record with KEY (no NUL inside, at most 4095 bytes) and LABEL (-1: none). */
+DL_EXTERN int dl_writer_begin(dl_writer *w, const char *key, int64_t label);
+
+/*
+ * Adds field NAME to the current record: CODEC "raw" or "jpeg"/"png" (bytes stored as given) or
+ * "zstd" (DATA is compressed here and decompresses back to exactly SIZE bytes).
+ */
+DL_EXTERN int dl_writer_field(dl_writer *w, const char *name, const char *codec, const void *data, size_t size);
+
+/* Writes the current record: its fields, padding to the alignment, and its checksum. */
+DL_EXTERN int dl_writer_end(dl_writer *w);
+
+/* Writes the index and trailer, renames PATH.part to PATH and frees W (also on failure). */
+DL_EXTERN int dl_writer_close(dl_writer *w);
+
+/* Abandons the shard: removes PATH.part and frees W. NULL is a no-op. */
+DL_EXTERN void dl_writer_abort(dl_writer *w);
 
 #ifdef __cplusplus
 }

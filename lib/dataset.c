@@ -24,8 +24,9 @@ int dl__dataset_add_file(dl__dataset *ds, const char *path, uint32_t *index) {
   size_t cap = ds->files_cap;
   if (grow((void **)&ds->files, &cap, ds->nfiles + 1u, sizeof *ds->files))
     return dl__fail(-ENOMEM, "out of memory adding %s", path);
-  size_t fcap = ds->files_cap;
-  if (grow((void **)&ds->fds, &fcap, ds->nfiles + 1u, sizeof *ds->fds))
+  size_t fcap = ds->files_cap, dcap = ds->files_cap;
+  if (grow((void **)&ds->fds, &fcap, ds->nfiles + 1u, sizeof *ds->fds) ||
+      grow((void **)&ds->direct, &dcap, ds->nfiles + 1u, sizeof *ds->direct))
     return dl__fail(-ENOMEM, "out of memory adding %s", path);
   ds->files_cap = (uint32_t)cap;
   char *copy = strdup(path);
@@ -33,6 +34,7 @@ int dl__dataset_add_file(dl__dataset *ds, const char *path, uint32_t *index) {
     return dl__fail(-ENOMEM, "out of memory adding %s", path);
   ds->files[ds->nfiles] = copy;
   ds->fds[ds->nfiles] = -1;
+  ds->direct[ds->nfiles] = 0;
   *index = ds->nfiles++;
   return 0;
 }
@@ -52,7 +54,10 @@ uint32_t dl__dataset_intern(dl__dataset *ds, const char *s, size_t len) {
 int dl__dataset_push(dl__dataset *ds, const dl__sample *s) {
   if (grow((void **)&ds->samples, &ds->cap, ds->n + 1, sizeof *s))
     return -ENOMEM;
-  ds->samples[ds->n++] = *s;
+  dl__sample *t = &ds->samples[ds->n++];
+  *t = *s;
+  if (!(t->flags & DL__SAMPLE_CHECKSUM) && t->image_len == 0) /* a plain member: all image */
+    t->image_len = (uint32_t)(t->size < UINT32_MAX ? t->size : UINT32_MAX);
   return 0;
 }
 
@@ -64,6 +69,7 @@ void dl__dataset_free(dl__dataset *ds) {
   }
   free(ds->files);
   free(ds->fds);
+  free(ds->direct);
   free(ds->samples);
   free(ds->pool);
   memset(ds, 0, sizeof *ds);

@@ -70,6 +70,7 @@ typedef struct dl__options {
   int64_t max_member_bytes;
   char resume[256];
   int log_level;
+  int direct;
 } dl__options;
 
 int dl__options_parse(dl__options *o, const char *text);
@@ -78,20 +79,26 @@ int dl__options_parse(dl__options *o, const char *text);
 
 enum { DL__CODEC_NONE, DL__CODEC_JPEG, DL__CODEC_PNG, DL__CODEC_OTHER };
 
+enum { DL__SAMPLE_CHECKSUM = 1 };
+
 typedef struct dl__sample {
-  uint64_t offset; /* of the image member's data in its file */
+  uint64_t offset; /* of the bytes a worker reads: a tar member's data, or a whole .rfs record */
   uint64_t size;
+  uint64_t checksum; /* XXH64 of those bytes, when flags has DL__SAMPLE_CHECKSUM */
+  uint32_t image_at, image_len; /* the image's bytes within them */
   int64_t label;   /* -1: no .cls member */
   uint32_t file;   /* index into dl__dataset.files */
   uint32_t name;   /* string pool offset: the image member's name (the key when there is none) */
   uint32_t key;    /* string pool offset: the sample's key */
   uint8_t codec;
+  uint8_t flags;
 } dl__sample;
 
 typedef struct dl__dataset {
   char **files;
   uint32_t nfiles, files_cap;
   int *fds;       /* per file, -1 when files are opened per read (ImageFolder) */
+  uint32_t *direct; /* per file: O_DIRECT alignment of fds[i], 0 for buffered reads */
   dl__sample *samples;
   size_t n, cap;
   char *pool;
@@ -111,8 +118,44 @@ int dl__tar_load(dl__dataset *ds, const char *path, int on_error);
 /* Scans a tar shard into DS (no cache); used by dl__tar_load and by tools. */
 int dl__tar_scan(dl__dataset *ds, uint32_t file, int fd, uint64_t file_size, int on_error);
 int dl__folder_load(dl__dataset *ds, const char *root);
+/* Reads a ringfeed shard's index into DS; DIRECT asks for O_DIRECT reads where the shard allows. */
+int dl__rfs_load(dl__dataset *ds, const char *path, int direct);
+
+/* A parsed .rfs index (rfs.c), for the loader, dlshard and the fuzz harness. */
+enum { DL__RFS_RAW, DL__RFS_ZSTD, DL__RFS_JPEG, DL__RFS_PNG };
+typedef struct dl__rfs_field {
+  uint16_t name;
+  uint8_t codec;
+  uint32_t offset, size;
+  uint64_t raw_size;
+} dl__rfs_field;
+typedef struct dl__rfs_record {
+  uint64_t offset;
+  uint32_t size, key;
+  int64_t label;
+  uint64_t checksum;
+  uint64_t first_field;
+  uint16_t nfields;
+} dl__rfs_record;
+typedef struct dl__rfs {
+  uint32_t align;
+  uint64_t nrecords, nfields_total;
+  dl__rfs_record *records;
+  dl__rfs_field *fields;
+  uint32_t nnames;
+  char **names;
+  char *keys;
+  uint64_t keys_len;
+} dl__rfs;
+/* Reads and checks the header, trailer and index of the shard open as FD; WHY gets the reason. */
+int dl__rfs_open(dl__rfs *r, int fd, uint64_t file_size, char *why, size_t cap);
+/* Parses index bytes (the part after the trailer checks); exposed for the fuzz harness. */
+int dl__rfs_parse_index(dl__rfs *r, const uint8_t *p, size_t n, uint64_t first, uint64_t index_offset,
+                        char *why, size_t cap);
+void dl__rfs_free(dl__rfs *r);
+extern const char *const dl__rfs_codec_names[4];
 /* Expands SOURCE ("::" lists, brace ranges, globs) and loads every part. */
-int dl__source_load(dl__dataset *ds, const char *source, int on_error);
+int dl__source_load(dl__dataset *ds, const char *source, const dl__options *o);
 int dl__expand_braces(const char *pattern, char ***out, size_t *count);
 
 /* Cached tar index beside the shard or in the cache folder (index_cache.c). */
@@ -195,6 +238,8 @@ typedef struct dl__buf {
 } dl__buf;
 /* Grows B to at least N bytes (grow-only, so steady state allocates nothing). */
 int dl__buf_reserve(dl__buf *b, size_t n);
+/* The same, for O_DIRECT: the memory is aligned to ALIGN (contents are not kept on growth). */
+int dl__buf_reserve_aligned(dl__buf *b, size_t n, size_t align);
 void dl__buf_free(dl__buf *b);
 
 typedef struct dl__rect {

@@ -100,7 +100,7 @@ int dl_open(dl_loader **out, const char *source, const char *options) {
     goto fail;
   dl__log_level = l->o.log_level;
   raise_fd_limit();
-  if ((r = dl__source_load(&l->ds, source, l->o.on_error)))
+  if ((r = dl__source_load(&l->ds, source, &l->o)))
     goto fail;
   l->nstreams = l->o.ndevices > 1 ? l->o.ndevices : 1;
   for (int s = 0; s < l->nstreams; s++) {

@@ -222,6 +222,8 @@ static int apply(dl__options *o, const char *key, const char *v) {
     return parse_bool(key, v, &o->shuffle);
   if (!strcmp(key, "drop_last"))
     return parse_bool(key, v, &o->drop_last);
+  if (!strcmp(key, "direct"))
+    return parse_bool(key, v, &o->direct);
   if (!strcmp(key, "mean"))
     return parse_floats3(key, v, o->mean);
   if (!strcmp(key, "std")) {

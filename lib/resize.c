@@ -24,6 +24,19 @@ int dl__buf_reserve(dl__buf *b, size_t n) {
   return 0;
 }
 
+int dl__buf_reserve_aligned(dl__buf *b, size_t n, size_t align) {
+  if (n <= b->cap && ((uintptr_t)b->p % align) == 0)
+    return 0;
+  size_t cap = (n + align - 1) / align * align;
+  void *p = aligned_alloc(align, cap);
+  if (!p)
+    return -ENOMEM;
+  free(b->p);
+  b->p = p;
+  b->cap = cap;
+  return 0;
+}
+
 void dl__buf_free(dl__buf *b) {
   free(b->p);
   b->p = NULL;
@@ -91,8 +104,10 @@ static uint8_t clamp_u8(float v) {
 }
 
 /* Built twice, for AVX2 and for any x86-64 (or plain on other machines); the loader picks one at
- * start-up, so one binary is fast everywhere. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+ * start-up, so one binary is fast everywhere. Not under sanitizers: their runtimes are not ready
+ * when the dynamic loader runs the selection (an ifunc resolver), and it crashes. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__) && \
+    !defined(__SANITIZE_ADDRESS__)
 __attribute__((target_clones("avx2", "default")))
 #endif
 int dl__resize(const uint8_t *src, int w, int h, size_t stride, int ch, dl__rect rect, uint8_t *out,

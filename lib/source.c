@@ -96,16 +96,27 @@ int dl__expand_braces(const char *pattern, char ***out, size_t *count) {
   return 0;
 }
 
-static int load_path(dl__dataset *ds, const char *path, int on_error) {
+static bool is_rfs(const char *path) {
+  char magic[8] = {0};
+  FILE *f = fopen(path, "rb");
+  size_t n = f ? fread(magic, 1, sizeof magic, f) : 0;
+  if (f)
+    fclose(f);
+  return n == 8 && !memcmp(magic, "RFSHARD1", 8);
+}
+
+static int load_path(dl__dataset *ds, const char *path, const dl__options *o) {
   struct stat st;
   if (stat(path, &st))
     return dl__fail(-errno, "source %s: %s", path, strerror(errno));
   if (S_ISDIR(st.st_mode))
     return dl__folder_load(ds, path);
-  return dl__tar_load(ds, path, on_error);
+  if (is_rfs(path))
+    return dl__rfs_load(ds, path, o->direct);
+  return dl__tar_load(ds, path, o->on_error);
 }
 
-static int load_part(dl__dataset *ds, const char *part, int on_error) {
+static int load_part(dl__dataset *ds, const char *part, const dl__options *o) {
   char **paths = NULL;
   size_t n = 0;
   int r = dl__expand_braces(part, &paths, &n);
@@ -120,11 +131,11 @@ static int load_part(dl__dataset *ds, const char *part, int on_error) {
       else if (gr)
         r = dl__fail(-EIO, "source %s: glob failed", paths[i]);
       for (size_t j = 0; !r && gr == 0 && j < g.gl_pathc; j++)
-        r = load_path(ds, g.gl_pathv[j], on_error);
+        r = load_path(ds, g.gl_pathv[j], o);
       if (gr == 0)
         globfree(&g);
     } else {
-      r = load_path(ds, paths[i], on_error);
+      r = load_path(ds, paths[i], o);
     }
   }
   for (size_t i = 0; i < n; i++)
@@ -133,7 +144,7 @@ static int load_part(dl__dataset *ds, const char *part, int on_error) {
   return r;
 }
 
-int dl__source_load(dl__dataset *ds, const char *source, int on_error) {
+int dl__source_load(dl__dataset *ds, const char *source, const dl__options *o) {
   if (!source || !*source)
     return dl__fail(DL_EOPTION, "no source given");
   const char *p = source;
@@ -143,7 +154,7 @@ int dl__source_load(dl__dataset *ds, const char *source, int on_error) {
     char *part = strndup(p, n);
     if (!part)
       return dl__fail(-ENOMEM, "out of memory");
-    int r = n ? load_part(ds, part, on_error) : 0;
+    int r = n ? load_part(ds, part, o) : 0;
     free(part);
     if (r)
       return r;

@@ -13,10 +13,14 @@
 #include <time.h>
 #include <unistd.h>
 
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
 typedef struct inflight {
   dl__claim c;
   const dl__sample *s;
   dl__buf buf;
+  size_t skip;  /* bytes before the sample's own in BUF (O_DIRECT reads start aligned) */
   int own_fd; /* opened for this read (ImageFolder), else -1 */
   bool busy;
 } inflight;
@@ -85,8 +89,9 @@ static void decode(struct dl__worker *w, inflight *f, dl__err *e) {
   clock_gettime(CLOCK_MONOTONIC, &t0);
   uint64_t key = dl__hash3(l->o.seed, (uint64_t)c->epoch, (uint64_t)c->index);
   plan_arg pa = {l, key};
-  dl__decode_job job = {.src = f->buf.p,
-                        .len = f->s->size,
+  const uint8_t *image = f->buf.p + f->skip + f->s->image_at;
+  dl__decode_job job = {.src = image,
+                        .len = f->s->image_len,
                         .channels = l->o.channels,
                         .out_w = l->o.width,
                         .out_h = l->o.height,
@@ -94,7 +99,7 @@ static void decode(struct dl__worker *w, inflight *f, dl__err *e) {
                         .plan = plan,
                         .plan_arg = &pa,
                         .scratch = &w->scratch};
-  int codec = dl__sniff_codec(f->buf.p, f->s->size);
+  int codec = dl__sniff_codec(image, f->s->image_len);
   int r;
   if (codec == DL__CODEC_JPEG)
     r = dl__jpeg_ops.decode(w->jpeg, &job, e);
@@ -116,11 +121,18 @@ static void decode(struct dl__worker *w, inflight *f, dl__err *e) {
 
 static void finish(struct dl__worker *w, inflight *f, int64_t res) {
   dl__err e = {0};
+  const dl__sample *s = f->s;
+  if (res >= 0)
+    res = res > (int64_t)f->skip ? res - (int64_t)f->skip : 0;
   if (res < 0)
     dl__err_set(&e, (int)res, "read failed: %s", strerror((int)-res));
-  else if ((uint64_t)res < f->s->size)
+  else if ((uint64_t)res < s->size)
     dl__err_set(&e, DL_ECORRUPT, "file ends after %lld of the member's %llu bytes (truncated)",
-                (long long)res, (unsigned long long)f->s->size);
+                (long long)res, (unsigned long long)s->size);
+  else if ((s->flags & DL__SAMPLE_CHECKSUM) && XXH64(f->buf.p + f->skip, s->size, 0) != s->checksum)
+    dl__err_set(&e, DL_ECORRUPT, "record checksum mismatch (damaged record)");
+  else if ((uint64_t)s->image_at + s->image_len > s->size)
+    dl__err_set(&e, DL_ECORRUPT, "image field lies outside its record");
   else
     decode(w, f, &e);
   if (res > 0)
@@ -146,13 +158,20 @@ static bool start(struct dl__worker *w, const dl__claim *c) {
   } else if ((int64_t)s->size > l->o.max_member_bytes) {
     dl__err_set(&e, DL_ELIMIT, "member is %llu bytes, above max_member_bytes=%lld",
                 (unsigned long long)s->size, (long long)l->o.max_member_bytes);
-  } else if (dl__buf_reserve(&f->buf, s->size ? s->size : 1)) {
-    dl__err_set(&e, -ENOMEM, "out of memory for a %llu-byte read", (unsigned long long)s->size);
   } else {
+    /* O_DIRECT reads start and end on the alignment; the sample's bytes sit F->skip in. */
+    uint32_t align = l->ds.direct[s->file];
+    uint64_t off = align ? s->offset / align * align : s->offset;
+    f->skip = (size_t)(s->offset - off);
+    size_t len = (size_t)s->size + f->skip;
+    if (align)
+      len = (len + align - 1) / align * align;
+    int r = align ? dl__buf_reserve_aligned(&f->buf, len, align) : dl__buf_reserve(&f->buf, len ? len : 1);
     int fd = l->ds.fds[s->file];
-    if (fd < 0)
+    if (!r && fd < 0)
       fd = f->own_fd = open(l->ds.files[s->file], O_RDONLY | O_CLOEXEC);
-    int r = fd < 0 ? -errno : w->io.ops->submit(&w->io, fd, f->buf.p, s->size, s->offset, (uint64_t)tag);
+    if (!r)
+      r = fd < 0 ? -errno : w->io.ops->submit(&w->io, fd, f->buf.p, len, off, (uint64_t)tag);
     if (r == 0)
       return true;
     dl__err_set(&e, r, "read failed: %s", strerror(-r));

@@ -1,6 +1,7 @@
 #!/bin/sh
 # Builds the test shards from the third-party files in TESTDATA, with GNU tar and with Python's
-# tarfile, into OUT. Usage: make_shards.sh TESTDATA OUT
+# tarfile, into OUT; with DLSHARD, also ringfeed shards (seeds for the shard reader's fuzz replay).
+# Usage: make_shards.sh TESTDATA OUT [DLSHARD]
 set -eu
 td=$1
 out=$2
@@ -114,5 +115,11 @@ cp "$lt/testimages/testorig.jpg" "$out/folder/cat/b.jpg"
 cp "$lt/testimages/testimgint.jpg" "$out/folder/cat/a.JPG"
 cp "$td/pngsuite/basn2c08.png" "$out/folder/dog/z.png"
 echo "not an image" > "$out/folder/dog/notes.txt"
+if [ -n "${3:-}" ]; then
+  mkdir -p "$out/rfs"
+  "$3" create "$out/rfs/formats" "$out/format-tar-gnu.tar" --samples-per-shard 1 > /dev/null
+  "$3" create "$out/rfs/packed" "$out/sweep-gnu.tar" --samples-per-shard 200 --align 1 > /dev/null
+  "$3" create "$out/rfs/folder" "$out/folder" > /dev/null
+fi
 rm -rf "$out/stage"
 echo "make_shards: $(wc -l < "$out/pixels.tsv") reference images, $(wc -l < "$out/sweep.tsv") files swept"

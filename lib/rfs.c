@@ -1,0 +1,245 @@
+/*
+ * Reading ringfeed shards (docs/format.md): the trailer, then the index, every count and offset
+ * checked against the file before use. Records become samples whose image is the "image" field
+ * (or the first JPEG/PNG field); workers check each record's XXH64 when they read it.
+ */
+#include "internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+const char *const dl__rfs_codec_names[4] = {"raw", "zstd", "jpeg", "png"};
+
+#define TRAILER 32
+#define HEADER 64
+#define RECORD_ENTRY 34
+#define FIELD_ENTRY 20
+
+static uint64_t get64(const uint8_t *p) {
+  uint64_t v;
+  memcpy(&v, p, 8);
+  return v;
+}
+static uint32_t get32(const uint8_t *p) {
+  uint32_t v;
+  memcpy(&v, p, 4);
+  return v;
+}
+static uint16_t get16(const uint8_t *p) {
+  uint16_t v;
+  memcpy(&v, p, 2);
+  return v;
+}
+
+void dl__rfs_free(dl__rfs *r) {
+  for (uint32_t i = 0; r->names && i < r->nnames; i++)
+    free(r->names[i]);
+  free(r->names);
+  free(r->records);
+  free(r->fields);
+  free(r->keys);
+  memset(r, 0, sizeof *r);
+}
+
+#define BAD(...)                                                                                   \
+  do {                                                                                             \
+    snprintf(why, cap, __VA_ARGS__);                                                               \
+    return DL_ECORRUPT;                                                                            \
+  } while (0)
+
+int dl__rfs_parse_index(dl__rfs *r, const uint8_t *p, size_t n, uint64_t first, uint64_t index_offset,
+                        char *why, size_t cap) {
+  size_t at = 0;
+  if (n < 28 || memcmp(p, "RFINDEX1", 8))
+    BAD("index magic missing");
+  uint64_t nrec = get64(p + 8);
+  uint32_t nnames = get32(p + 16);
+  at = 20;
+  if (nnames > 65535 || nnames > n)
+    BAD("index names %u more than the index holds", nnames);
+  r->names = calloc(nnames ? nnames : 1, sizeof *r->names);
+  if (!r->names)
+    return -ENOMEM;
+  r->nnames = nnames;
+  for (uint32_t i = 0; i < nnames; i++) {
+    if (at + 2 > n)
+      BAD("index ends inside the field names");
+    uint16_t len = get16(p + at);
+    at += 2;
+    if (len == 0 || at + len > n)
+      BAD("field name %u has a bad length", i);
+    if (!(r->names[i] = strndup((const char *)p + at, len)))
+      return -ENOMEM;
+    at += len;
+  }
+  if (at + 8 > n)
+    BAD("index ends before the keys");
+  uint64_t klen = get64(p + at);
+  at += 8;
+  if (klen > n - at)
+    BAD("key blob of %llu bytes runs past the index", (unsigned long long)klen);
+  if (klen && p[at + klen - 1] != 0)
+    BAD("key blob is not terminated");
+  r->keys = malloc(klen ? klen : 1);
+  if (!r->keys)
+    return -ENOMEM;
+  memcpy(r->keys, p + at, klen);
+  r->keys_len = klen;
+  at += klen;
+  if (nrec > (n - at) / RECORD_ENTRY)
+    BAD("%llu records claimed, the index holds fewer", (unsigned long long)nrec);
+  r->nrecords = nrec;
+  r->records = calloc(nrec ? nrec : 1, sizeof *r->records);
+  size_t fcap = 16;
+  r->fields = malloc(fcap * sizeof *r->fields);
+  if (!r->records || !r->fields)
+    return -ENOMEM;
+  for (uint64_t i = 0; i < nrec; i++) {
+    if (at + RECORD_ENTRY > n)
+      BAD("index ends inside record %llu", (unsigned long long)i);
+    dl__rfs_record *rec = &r->records[i];
+    const uint8_t *e = p + at;
+    rec->offset = get64(e);
+    rec->size = get32(e + 8);
+    rec->key = get32(e + 12);
+    rec->label = (int64_t)get64(e + 16);
+    rec->checksum = get64(e + 24);
+    rec->nfields = get16(e + 32);
+    at += RECORD_ENTRY;
+    if (rec->offset < first || rec->offset > index_offset || rec->size > index_offset - rec->offset)
+      BAD("record %llu lies outside the data area", (unsigned long long)i);
+    if (r->align > 1 && rec->offset % r->align)
+      BAD("record %llu is not aligned to %u", (unsigned long long)i, r->align);
+    if (rec->key >= klen)
+      BAD("record %llu has a key outside the key blob", (unsigned long long)i);
+    if ((size_t)rec->nfields * FIELD_ENTRY > n - at)
+      BAD("record %llu's fields run past the index", (unsigned long long)i);
+    rec->first_field = r->nfields_total;
+    for (uint16_t f = 0; f < rec->nfields; f++, at += FIELD_ENTRY) {
+      if (r->nfields_total == fcap) {
+        fcap *= 2;
+        dl__rfs_field *nf = realloc(r->fields, fcap * sizeof *nf);
+        if (!nf)
+          return -ENOMEM;
+        r->fields = nf;
+      }
+      dl__rfs_field *fd = &r->fields[r->nfields_total++];
+      const uint8_t *q = p + at;
+      fd->name = get16(q);
+      fd->codec = q[2];
+      fd->offset = get32(q + 4);
+      fd->size = get32(q + 8);
+      fd->raw_size = get64(q + 12);
+      if (fd->name >= nnames || fd->codec > DL__RFS_PNG || fd->offset > rec->size ||
+          fd->size > rec->size - fd->offset)
+        BAD("record %llu field %u is malformed", (unsigned long long)i, f);
+    }
+  }
+  if (at != n)
+    BAD("%zu bytes after the last index entry", n - at);
+  return 0;
+}
+
+int dl__rfs_open(dl__rfs *r, int fd, uint64_t file_size, char *why, size_t cap) {
+  memset(r, 0, sizeof *r);
+  uint8_t head[HEADER], tail[TRAILER];
+  if (file_size < HEADER + TRAILER)
+    BAD("file of %llu bytes is too short", (unsigned long long)file_size);
+  if (pread(fd, head, HEADER, 0) != HEADER || pread(fd, tail, TRAILER, (off_t)(file_size - TRAILER)) != TRAILER)
+    BAD("cannot read header and trailer: %s", strerror(errno));
+  if (memcmp(head, "RFSHARD1", 8) || get32(head + 8) != 1)
+    BAD("not a version-1 ringfeed shard");
+  r->align = get32(head + 12);
+  if (r->align == 0 || r->align > (1u << 20) || (r->align & (r->align - 1)))
+    BAD("bad alignment %u", r->align);
+  if (memcmp(tail + 24, "RFTAIL1", 8))
+    BAD("trailer magic missing (truncated?)");
+  uint64_t ioff = get64(tail), isize = get64(tail + 8);
+  uint64_t first = r->align > HEADER ? r->align : HEADER;
+  if (ioff < first || isize > file_size || ioff != file_size - TRAILER - isize || isize > (1ull << 32))
+    BAD("index at %llu (%llu bytes) does not end at the trailer", (unsigned long long)ioff,
+        (unsigned long long)isize);
+  uint8_t *idx = malloc(isize ? isize : 1);
+  if (!idx)
+    return -ENOMEM;
+  if (pread(fd, idx, isize, (off_t)ioff) != (ssize_t)isize) {
+    free(idx);
+    BAD("cannot read the index");
+  }
+  int rc;
+  if (XXH64(idx, isize, 0) != get64(tail + 16)) {
+    snprintf(why, cap, "index checksum mismatch");
+    rc = DL_ECORRUPT;
+  } else {
+    rc = dl__rfs_parse_index(r, idx, isize, first, ioff, why, cap);
+  }
+  free(idx);
+  if (rc)
+    dl__rfs_free(r);
+  return rc;
+}
+
+int dl__rfs_load(dl__dataset *ds, const char *path, int direct) {
+  uint32_t file;
+  int rc = dl__dataset_add_file(ds, path, &file);
+  if (rc)
+    return rc;
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return dl__fail(-errno, "shard %s: %s", path, strerror(errno));
+  struct stat st;
+  fstat(fd, &st);
+  dl__rfs r;
+  char why[256];
+  rc = dl__rfs_open(&r, fd, (uint64_t)st.st_size, why, sizeof why);
+  if (rc) {
+    close(fd);
+    return dl__fail(rc, "shard %s: %s", path, rc == -ENOMEM ? "out of memory" : why);
+  }
+  ds->fds[file] = fd;
+  if (direct && r.align >= 4096) {
+    int dfd = open(path, O_RDONLY | O_CLOEXEC | O_DIRECT);
+    if (dfd >= 0) {
+      close(fd);
+      ds->fds[file] = dfd;
+      ds->direct[file] = 4096;
+    } else {
+      dl__log(DL__LOG_INFO, "shard %s: O_DIRECT unavailable here (%s); reading through the page cache",
+              path, strerror(errno));
+    }
+  }
+  for (uint64_t i = 0; i < r.nrecords && !rc; i++) {
+    const dl__rfs_record *rec = &r.records[i];
+    dl__sample s = {.offset = rec->offset, .size = rec->size, .checksum = rec->checksum,
+                    .label = rec->label, .file = file, .flags = DL__SAMPLE_CHECKSUM};
+    const dl__rfs_field *img = NULL;
+    for (uint16_t f = 0; f < rec->nfields; f++) {
+      const dl__rfs_field *fd_ = &r.fields[rec->first_field + f];
+      bool image = fd_->codec == DL__RFS_JPEG || fd_->codec == DL__RFS_PNG;
+      if (image && (!img || !strcmp(r.names[fd_->name], "image")))
+        img = fd_;
+    }
+    if (img) {
+      s.image_at = img->offset;
+      s.image_len = img->size;
+      s.codec = img->codec == DL__RFS_JPEG ? DL__CODEC_JPEG : DL__CODEC_PNG;
+    }
+    const char *key = r.keys + rec->key;
+    char name[600];
+    snprintf(name, sizeof name, "%.500s (record %llu)", key, (unsigned long long)i);
+    s.key = dl__dataset_intern(ds, key, strlen(key));
+    s.name = dl__dataset_intern(ds, name, strlen(name));
+    if (s.key == UINT32_MAX || s.name == UINT32_MAX || dl__dataset_push(ds, &s))
+      rc = dl__fail(-ENOMEM, "out of memory reading %s", path);
+  }
+  dl__rfs_free(&r);
+  return rc;
+}

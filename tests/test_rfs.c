@@ -1,0 +1,307 @@
+/*
+ * ringfeed shards: the writer's records read back bit-exact (raw, zstd, jpeg), conversion by
+ * dlshard keeps the stream (tar -> rfs and ImageFolder -> rfs give the same digests, with and
+ * without O_DIRECT), and damage is found: dlshard verify names every flipped, truncated or
+ * mis-summed record, and the loader with on_error=skip reports exactly those.
+ */
+#include "internal.h"
+#include "synthetic.h"
+#include "tar_writer.h"
+#include "test.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <zstd.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+static char dir[256];
+static const char *dlshard;
+
+static void sh(const char *fmt, const char *a, const char *b, int want) {
+  char cmd[4096];
+  snprintf(cmd, sizeof cmd, fmt, a, b);
+  int st = system(cmd);
+  int rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  if (rc != want)
+    FAIL_AT("`%s` exited %d, expected %d", cmd, rc, want);
+}
+
+static uint64_t stream_digest(const char *src, const char *opts, int *errors) {
+  dl_loader *l;
+  OPEN_OK(l, src, opts);
+  XXH3_state_t st;
+  XXH3_64bits_reset(&st);
+  dl_batch *b;
+  *errors = 0;
+  while (dl_next_batch(l, &b) == 0) {
+    DLTensor img, lab;
+    dl_batch_field(b, "image", &img);
+    dl_batch_field(b, "label", &lab);
+    XXH3_64bits_update(&st, img.data, (size_t)img.shape[0] * img.shape[1] * img.shape[2] * img.shape[3]);
+    XXH3_64bits_update(&st, lab.data, (size_t)lab.shape[0] * 8);
+    for (int i = 0; i < dl_batch_size(b); i++) {
+      XXH3_64bits_update(&st, dl_batch_key(b, i), strlen(dl_batch_key(b, i)));
+      *errors += dl_batch_sample_error(b, i) != 0;
+    }
+    dl_batch_release(b, NULL);
+  }
+  dl_close(l);
+  return XXH3_64bits_digest(&st);
+}
+
+static void writer_round_trip(void) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/rt.rfs", dir);
+  dl_writer *w;
+  ASSERT_EQ(dl_writer_open(&w, path, "align=bogus"), DL_EOPTION);
+  ASSERT_EQ(dl_writer_open(&w, path, "align=3000"), DL_EOPTION);
+  ASSERT_EQ(dl_writer_open(&w, path, "align=4096 zstd_level=5"), 0);
+  uint8_t raw[5000];
+  for (int i = 0; i < 5000; i++)
+    raw[i] = (uint8_t)(i * 7 / 13);
+  unsigned char *jpg;
+  unsigned long jlen;
+  ASSERT_EQ(synthetic_jpeg(3, &jpg, &jlen), 0);
+  for (int r = 0; r < 20; r++) {
+    char key[32];
+    snprintf(key, sizeof key, "k/%03d", r);
+    ASSERT_EQ(dl_writer_begin(w, key, r * 10), 0);
+    ASSERT_EQ(dl_writer_field(w, "tensor", "raw", raw, (size_t)100 + r), 0);
+    ASSERT_EQ(dl_writer_field(w, "packed", "zstd", raw, sizeof raw), 0);
+    ASSERT_EQ(dl_writer_field(w, "image", "jpeg", jpg, jlen), 0);
+    ASSERT_EQ(dl_writer_field(w, "x", "lz4", raw, 1), DL_EOPTION);
+    ASSERT_EQ(dl_writer_end(w), 0);
+  }
+  ASSERT_EQ(dl_writer_close(w), 0);
+  int fd = open(path, O_RDONLY);
+  struct stat st;
+  fstat(fd, &st);
+  dl__rfs r;
+  char why[256];
+  ASSERT_EQ(dl__rfs_open(&r, fd, (uint64_t)st.st_size, why, sizeof why), 0);
+  ASSERT_EQ(r.nrecords, 20);
+  ASSERT_EQ(r.nnames, 3);
+  uint8_t *buf = malloc(1 << 20), out[5000];
+  for (uint64_t i = 0; i < r.nrecords; i++) {
+    const dl__rfs_record *rec = &r.records[i];
+    ASSERT_EQ(rec->offset % 4096, 0);
+    ASSERT_EQ(rec->label, (int64_t)i * 10);
+    ASSERT_EQ(pread(fd, buf, rec->size, (off_t)rec->offset), rec->size);
+    ASSERT_EQ(XXH64(buf, rec->size, 0), rec->checksum);
+    const dl__rfs_field *f = &r.fields[rec->first_field];
+    ASSERT_EQ(f[0].codec, DL__RFS_RAW);
+    ASSERT_EQ(f[0].size, 100 + i);
+    ASSERT_EQ(memcmp(buf + f[0].offset, raw, f[0].size), 0);
+    ASSERT_EQ(f[1].codec, DL__RFS_ZSTD);
+    ASSERT_LT(f[1].size, 5000);
+    ASSERT_EQ(ZSTD_decompress(out, sizeof out, buf + f[1].offset, f[1].size), 5000);
+    ASSERT_EQ(memcmp(out, raw, sizeof raw), 0);
+    ASSERT_EQ(f[2].size, jlen);
+    ASSERT_EQ(memcmp(buf + f[2].offset, jpg, jlen), 0);
+  }
+  dl__rfs_free(&r);
+  close(fd);
+  free(buf);
+  free(jpg);
+  /* Through the loader: the image field decodes, labels and keys come from the index. */
+  dl_loader *l;
+  OPEN_OK(l, path, "batch_size=20 image_size=32 shuffle=0 workers=2");
+  dl_batch *b;
+  ASSERT_EQ(dl_next_batch(l, &b), 0);
+  ASSERT_STR_EQ(dl_batch_key(b, 7), "k/007");
+  DLTensor lab;
+  dl_batch_field(b, "label", &lab);
+  ASSERT_EQ(((int64_t *)lab.data)[7], 70);
+  ASSERT_EQ(dl_batch_sample_error(b, 19), 0);
+  dl_batch_release(b, NULL);
+  dl_close(l);
+  sh("'%s' verify '%s' > /dev/null", dlshard, path, 0);
+  printf("writer: raw, zstd and jpeg fields read back bit-exact\n");
+}
+
+static void conversions_keep_the_stream(void) {
+  char tars[600], out[600], rfs[700], folder[600];
+  for (int s = 0; s < 3; s++) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/t-%d.tar", dir, s);
+    FILE *f = fopen(path, "wb");
+    for (int i = 0; i < 25; i++) {
+      long id = s * 25 + i;
+      unsigned char *jpg;
+      unsigned long len;
+      synthetic_jpeg(id + 100, &jpg, &len);
+      char name[64], label[16], cdir[600], file[700];
+      snprintf(name, sizeof name, "sub/%04ld.jpg", id);
+      tar_write_member(f, name, jpg, len);
+      snprintf(name, sizeof name, "sub/%04ld.cls", id);
+      int n = snprintf(label, sizeof label, "%ld", id % 4);
+      tar_write_member(f, name, label, (size_t)n);
+      snprintf(cdir, sizeof cdir, "%s/folder/c%ld", dir, id % 4);
+      mkdir(cdir, 0755);
+      snprintf(file, sizeof file, "%s/%04ld.jpg", cdir, id);
+      FILE *g = fopen(file, "wb");
+      fwrite(jpg, 1, len, g);
+      fclose(g);
+      free(jpg);
+    }
+    tar_write_end(f);
+    fclose(f);
+  }
+  snprintf(tars, sizeof tars, "%s/t-{0..2}.tar", dir);
+  snprintf(out, sizeof out, "%s/conv", dir);
+  sh("'%s' create '%s' --samples-per-shard 20 > /dev/null 2>&1", dlshard, out, 2); /* no input */
+  char cmd[2048];
+  snprintf(cmd, sizeof cmd, "'%s' create '%s' '%s' --samples-per-shard 20 --threads 3 > /dev/null", dlshard, out, tars);
+  ASSERT_EQ(system(cmd), 0);
+  snprintf(rfs, sizeof rfs, "%s/conv-{000000..000003}.rfs", dir);
+  const char *opts = "batch_size=16 image_size=40 flip=1 seed=4 workers=3";
+  int e1, e2, e3;
+  uint64_t a = stream_digest(tars, opts, &e1), b = stream_digest(rfs, opts, &e2);
+  char direct[256];
+  snprintf(direct, sizeof direct, "%s direct=1", opts);
+  uint64_t c = stream_digest(rfs, direct, &e3);
+  ASSERT_EQ(a, b);
+  ASSERT_EQ(a, c);
+  ASSERT_EQ(e1 + e2 + e3, 0);
+  /* ImageFolder -> rfs likewise (its own order: classes, then names). */
+  snprintf(folder, sizeof folder, "%s/folder", dir);
+  snprintf(out, sizeof out, "%s/fold", dir);
+  snprintf(cmd, sizeof cmd, "'%s' create '%s' '%s' --shard-size 1MB > /dev/null", dlshard, out, folder);
+  ASSERT_EQ(system(cmd), 0);
+  snprintf(rfs, sizeof rfs, "%s/fold-*.rfs", dir);
+  ASSERT_EQ(stream_digest(folder, opts, &e1), stream_digest(rfs, opts, &e2));
+  printf("conversion: tar -> rfs and ImageFolder -> rfs deliver the same stream (O_DIRECT too)\n");
+}
+
+static void damage_is_found(void) {
+  char src[700], bad[700], cmd[2048];
+  snprintf(src, sizeof src, "%s/conv-000000.rfs", dir);
+  snprintf(bad, sizeof bad, "%s/bad.rfs", dir);
+  int fd = open(src, O_RDONLY);
+  struct stat st;
+  fstat(fd, &st);
+  dl__rfs r;
+  char why[256];
+  ASSERT_EQ(dl__rfs_open(&r, fd, (uint64_t)st.st_size, why, sizeof why), 0);
+  uint8_t *copy = malloc((size_t)st.st_size);
+  ASSERT_EQ(pread(fd, copy, (size_t)st.st_size, 0), st.st_size);
+  close(fd);
+  /* Flip one byte in records 3 and 11 (inside the image data). */
+  copy[r.records[3].offset + r.records[3].size / 2] ^= 0x40;
+  copy[r.records[11].offset + 100] ^= 0x01;
+  FILE *f = fopen(bad, "wb");
+  fwrite(copy, 1, (size_t)st.st_size, f);
+  fclose(f);
+  snprintf(cmd, sizeof cmd, "'%s' verify '%s' > %s/verify.txt", dlshard, bad, dir);
+  int status = system(cmd);
+  ASSERT_EQ(WEXITSTATUS(status), 1);
+  char report[700], line[1024];
+  snprintf(report, sizeof report, "%s/verify.txt", dir);
+  f = fopen(report, "r");
+  int named = 0;
+  while (fgets(line, sizeof line, f)) {
+    if (strstr(line, "record 3 ") || strstr(line, "record 11 ")) {
+      ASSERT_CONTAINS(line, "checksum mismatch");
+      named++;
+    }
+  }
+  fclose(f);
+  ASSERT_EQ(named, 2);
+  /* The loader (skip) reports exactly those records, and fail stops on the first. */
+  dl_loader *l;
+  OPEN_OK(l, bad, "batch_size=20 image_size=16 shuffle=0 workers=2 log=quiet");
+  dl_batch *b;
+  ASSERT_EQ(dl_next_batch(l, &b), 0);
+  for (int i = 0; i < dl_batch_size(b); i++)
+    ASSERT_EQ(dl_batch_sample_error(b, i) != 0, i == 3 || i == 11);
+  ASSERT_EQ(dl_batch_sample_error(b, 3), DL_ECORRUPT);
+  dl_batch_release(b, NULL);
+  dl_close(l);
+  OPEN_OK(l, bad, "batch_size=20 image_size=16 shuffle=0 workers=2 on_error=fail log=quiet");
+  ASSERT_EQ(dl_next_batch(l, &b), DL_ECORRUPT);
+  ASSERT_CONTAINS(dl_last_error(), "checksum mismatch");
+  ASSERT_CONTAINS(dl_last_error(), "record 3");
+  dl_close(l);
+  /* A truncated shard: its trailer is gone, and both verify and the loader say so by name. */
+  ASSERT_EQ(truncate(bad, st.st_size - 100), 0);
+  snprintf(cmd, sizeof cmd, "'%s' verify '%s' > /dev/null", dlshard, bad);
+  ASSERT_EQ(WEXITSTATUS(system(cmd)), 1);
+  ASSERT_EQ(dl_open(&l, bad, ""), DL_ECORRUPT);
+  ASSERT_CONTAINS(dl_last_error(), "bad.rfs");
+  ASSERT_CONTAINS(dl_last_error(), "truncated");
+  dl__rfs_free(&r);
+  free(copy);
+  printf("damage: flipped bytes and truncation named by verify and by the loader\n");
+}
+
+static void index_checksum_is_checked(void) {
+  char src[700], bad[700];
+  snprintf(src, sizeof src, "%s/conv-000001.rfs", dir);
+  snprintf(bad, sizeof bad, "%s/badsum.rfs", dir);
+  int fd = open(src, O_RDONLY);
+  struct stat st;
+  fstat(fd, &st);
+  dl__rfs r;
+  char why[256];
+  ASSERT_EQ(dl__rfs_open(&r, fd, (uint64_t)st.st_size, why, sizeof why), 0);
+  uint8_t *copy = malloc((size_t)st.st_size);
+  ASSERT_EQ(pread(fd, copy, (size_t)st.st_size, 0), st.st_size);
+  close(fd);
+  /* Change record 5's stored checksum and fix up the index hash, so only the record check fails. */
+  uint64_t ioff, isize;
+  memcpy(&ioff, copy + st.st_size - 32, 8);
+  memcpy(&isize, copy + st.st_size - 24, 8);
+  uint8_t *idx = copy + ioff;
+  size_t at = 8 + 8 + 4;
+  for (uint32_t i = 0; i < r.nnames; i++) {
+    uint16_t len;
+    memcpy(&len, idx + at, 2);
+    at += 2 + len;
+  }
+  uint64_t klen;
+  memcpy(&klen, idx + at, 8);
+  at += 8 + klen;
+  for (int i = 0; i < 5; i++) {
+    uint16_t nf;
+    memcpy(&nf, idx + at + 32, 2);
+    at += 34 + 20 * (size_t)nf;
+  }
+  idx[at + 24] ^= 0xff;
+  uint64_t h = XXH64(idx, isize, 0);
+  memcpy(copy + st.st_size - 16, &h, 8);
+  FILE *f = fopen(bad, "wb");
+  fwrite(copy, 1, (size_t)st.st_size, f);
+  fclose(f);
+  char cmd[2048];
+  snprintf(cmd, sizeof cmd, "'%s' verify '%s' | grep -c 'record 5 .*checksum mismatch' | grep -qx 1", dlshard, bad);
+  ASSERT_EQ(system(cmd), 0);
+  dl__rfs_free(&r);
+  free(copy);
+  printf("checksums: a wrong stored checksum is reported for its record\n");
+}
+
+int main(void) {
+  dlshard = getenv("DL_DLSHARD");
+  if (!dlshard || access(dlshard, X_OK)) {
+    fprintf(stderr, "skipped: DL_DLSHARD does not name the dlshard tool\n");
+    return TEST_SKIP;
+  }
+  const char *tmp = getenv("TMPDIR");
+  snprintf(dir, sizeof dir, "%s/ringfeed-test-rfs-XXXXXX", tmp ? tmp : "/tmp");
+  ASSERT(mkdtemp(dir));
+  char folder[300];
+  snprintf(folder, sizeof folder, "%s/folder", dir);
+  mkdir(folder, 0755);
+  writer_round_trip();
+  conversions_keep_the_stream();
+  damage_is_found();
+  index_checksum_is_checked();
+  char cmd[600];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  ASSERT_EQ(system(cmd), 0);
+  return 0;
+}

@@ -1,0 +1,513 @@
+/*
+ * dlshard: make ringfeed shards from an ImageFolder, WebDataset tars or other ringfeed shards
+ * (sample order kept), build tar indexes ahead of time, verify shards, and list them.
+ */
+#include "internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <zstd.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage:\n"
+          "  dlshard create OUT_PREFIX INPUT... [--samples-per-shard N | --shard-size SIZE]\n"
+          "                 [--codec image=keep,label=index] [--align BYTES] [--threads T]\n"
+          "      INPUT: tar shards (lists, globs, {a..b}), ImageFolder roots or ringfeed shards;\n"
+          "      writes OUT_PREFIX-000000.rfs ... in the inputs' sample order\n"
+          "  dlshard index SHARD...     build and cache the member index of tar shards\n"
+          "  dlshard verify SHARD...    read and decode everything, check every checksum;\n"
+          "                             exits 1 naming each bad record\n"
+          "  dlshard ls SHARD [-v]      records, fields, sizes and codecs (-v: every record)\n");
+}
+
+static double now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static int64_t parse_size(const char *s) {
+  char *end;
+  double v = strtod(s, &end);
+  double mult = 1;
+  if (!strcasecmp(end, "k") || !strcasecmp(end, "kb") || !strcasecmp(end, "kib"))
+    mult = 1024;
+  else if (!strcasecmp(end, "m") || !strcasecmp(end, "mb") || !strcasecmp(end, "mib"))
+    mult = 1024.0 * 1024;
+  else if (!strcasecmp(end, "g") || !strcasecmp(end, "gb") || !strcasecmp(end, "gib"))
+    mult = 1024.0 * 1024 * 1024;
+  else if (*end)
+    return -1;
+  return v > 0 ? (int64_t)(v * mult) : -1;
+}
+
+/* ---- create ---- */
+
+typedef struct create_job {
+  dl__dataset *ds;
+  const char *prefix;
+  const char *writer_opts;
+  size_t *bounds; /* shard s holds samples [bounds[s], bounds[s + 1]) */
+  size_t nshards;
+  size_t next;    /* next shard to write */
+  size_t done;    /* samples written */
+  int err;
+  char errmsg[DL__MSG_MAX];
+  pthread_mutex_t mu;
+  double t0;
+  bool tty;
+} create_job;
+
+static int read_sample(const dl__dataset *ds, const dl__sample *s, dl__buf *buf) {
+  if (dl__buf_reserve(buf, s->size ? s->size : 1))
+    return dl__fail(-ENOMEM, "out of memory");
+  int fd = ds->fds[s->file], own = -1;
+  if (fd < 0 || ds->direct[s->file])
+    fd = own = open(ds->files[s->file], O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return dl__fail(-errno, "%s: %s", ds->files[s->file], strerror(errno));
+  size_t got = 0;
+  while (got < s->size) {
+    ssize_t n = pread(fd, buf->p + got, s->size - got, (off_t)(s->offset + got));
+    if (n <= 0)
+      break;
+    got += (size_t)n;
+  }
+  if (own >= 0)
+    close(own);
+  if (got < s->size)
+    return dl__fail(DL_ECORRUPT, "shard %s member %s: file ends early (truncated)", ds->files[s->file],
+                    ds->pool + s->name);
+  if ((s->flags & DL__SAMPLE_CHECKSUM) && XXH64(buf->p, s->size, 0) != s->checksum)
+    return dl__fail(DL_ECORRUPT, "shard %s %s: record checksum mismatch", ds->files[s->file],
+                    ds->pool + s->name);
+  return 0;
+}
+
+static int write_shard(create_job *j, size_t shard, dl__buf *buf) {
+  char path[PATH_MAX];
+  snprintf(path, sizeof path, "%s-%06zu.rfs", j->prefix, shard);
+  dl_writer *w;
+  int r = dl_writer_open(&w, path, j->writer_opts);
+  if (r)
+    return r;
+  for (size_t i = j->bounds[shard]; i < j->bounds[shard + 1] && !r; i++) {
+    const dl__sample *s = &j->ds->samples[i];
+    r = dl_writer_begin(w, j->ds->pool + s->key, s->label);
+    if (!r && s->codec != DL__CODEC_NONE) {
+      r = read_sample(j->ds, s, buf);
+      const uint8_t *img = buf->p + s->image_at;
+      int codec = r ? 0 : dl__sniff_codec(img, s->image_len);
+      if (!r)
+        r = dl_writer_field(w, "image", codec == DL__CODEC_PNG ? "png" : "jpeg", img, s->image_len);
+    }
+    if (!r)
+      r = dl_writer_end(w);
+    pthread_mutex_lock(&j->mu);
+    j->done++;
+    pthread_mutex_unlock(&j->mu);
+  }
+  if (r) {
+    dl_writer_abort(w);
+    return r;
+  }
+  return dl_writer_close(w);
+}
+
+static void *create_worker(void *arg) {
+  create_job *j = arg;
+  dl__buf buf = {0};
+  for (;;) {
+    pthread_mutex_lock(&j->mu);
+    size_t shard = j->err ? j->nshards : j->next++;
+    pthread_mutex_unlock(&j->mu);
+    if (shard >= j->nshards)
+      break;
+    int r = write_shard(j, shard, &buf);
+    if (r) {
+      pthread_mutex_lock(&j->mu);
+      if (!j->err) {
+        j->err = r;
+        snprintf(j->errmsg, sizeof j->errmsg, "%s", dl_last_error());
+      }
+      pthread_mutex_unlock(&j->mu);
+    }
+  }
+  dl__buf_free(&buf);
+  return NULL;
+}
+
+static void progress(create_job *j, bool final) {
+  pthread_mutex_lock(&j->mu);
+  size_t done = j->done;
+  pthread_mutex_unlock(&j->mu);
+  double rate = done / (now() - j->t0 + 1e-9);
+  size_t total = j->bounds[j->nshards];
+  int width = 30, filled = total ? (int)(width * done / total) : width;
+  fprintf(stderr, "\r[%.*s%*s] %zu/%zu samples, %.0f samples/s%s", filled,
+          "##############################", width - filled, "", done, total, rate, final ? "\n" : "");
+}
+
+static int cmd_create(int argc, char **argv) {
+  static const struct option opts[] = {{"samples-per-shard", 1, 0, 'n'}, {"shard-size", 1, 0, 's'},
+                                       {"codec", 1, 0, 'c'}, {"align", 1, 0, 'a'},
+                                       {"threads", 1, 0, 't'}, {0, 0, 0, 0}};
+  int64_t per_shard = 0, shard_bytes = 0, align = 4096;
+  long threads = sysconf(_SC_NPROCESSORS_ONLN);
+  int c;
+  optind = 1;
+  while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+    switch (c) {
+    case 'n': per_shard = atoll(optarg); break;
+    case 's': shard_bytes = parse_size(optarg); break;
+    case 'a': align = atoll(optarg); break;
+    case 't': threads = atol(optarg); break;
+    case 'c':
+      /* Images are kept as they are (JPEG/PNG); labels live in the index. */
+      for (char *tok = strtok(optarg, ","); tok; tok = strtok(NULL, ",")) {
+        if (strcmp(tok, "image=keep") && strcmp(tok, "label=index") && strcmp(tok, "label=raw")) {
+          fprintf(stderr, "dlshard: --codec %s: supported are image=keep and label=index\n", tok);
+          return 2;
+        }
+      }
+      break;
+    default: usage(stderr); return 2;
+    }
+  }
+  if (argc - optind < 2 || (per_shard && shard_bytes) || per_shard < 0 || shard_bytes < 0 || threads < 1) {
+    usage(stderr);
+    return 2;
+  }
+  if (!per_shard && !shard_bytes)
+    per_shard = 10000;
+  const char *prefix = argv[optind];
+  dl__options o;
+  dl__options_parse(&o, "on_error=fail");
+  dl__dataset ds = {0};
+  for (int i = optind + 1; i < argc; i++) {
+    int r = dl__source_load(&ds, argv[i], &o);
+    if (r) {
+      fprintf(stderr, "dlshard: %s\n", dl_last_error());
+      dl__dataset_free(&ds);
+      return 1;
+    }
+  }
+  size_t *bounds = malloc((ds.n + 2) * sizeof *bounds), nshards = 0;
+  bounds[0] = 0;
+  int64_t acc = 0;
+  for (size_t i = 0; i < ds.n; i++) {
+    size_t in_shard = i - bounds[nshards];
+    acc += (int64_t)ds.samples[i].size + (int64_t)align;
+    if (in_shard > 0 && ((per_shard && (int64_t)in_shard >= per_shard) || (shard_bytes && acc > shard_bytes))) {
+      bounds[++nshards] = i;
+      acc = (int64_t)ds.samples[i].size + (int64_t)align;
+    }
+  }
+  bounds[++nshards] = ds.n;
+  char wopts[64];
+  snprintf(wopts, sizeof wopts, "align=%lld", (long long)align);
+  create_job j = {.ds = &ds, .prefix = prefix, .writer_opts = wopts, .bounds = bounds, .nshards = nshards,
+                  .t0 = now(), .tty = isatty(2)};
+  pthread_mutex_init(&j.mu, NULL);
+  if (threads > (long)nshards)
+    threads = (long)nshards;
+  pthread_t *t = calloc((size_t)threads, sizeof *t);
+  for (long i = 0; i < threads; i++)
+    pthread_create(&t[i], NULL, create_worker, &j);
+  if (j.tty)
+    for (;;) {
+      pthread_mutex_lock(&j.mu);
+      bool finished = j.done >= ds.n || j.err;
+      pthread_mutex_unlock(&j.mu);
+      if (finished)
+        break;
+      progress(&j, false);
+      usleep(200000);
+    }
+  for (long i = 0; i < threads; i++)
+    pthread_join(t[i], NULL);
+  if (j.tty)
+    progress(&j, true);
+  double dt = now() - j.t0;
+  int rc = 0;
+  if (j.err) {
+    fprintf(stderr, "dlshard: %s\n", j.errmsg);
+    rc = 1;
+  } else {
+    printf("%zu samples in %zu shards (%s-%06d.rfs ...), %.2f s, %.0f samples/s\n", ds.n, nshards, prefix,
+           0, dt, ds.n / (dt > 0 ? dt : 1e-9));
+  }
+  free(t);
+  free(bounds);
+  pthread_mutex_destroy(&j.mu);
+  dl__dataset_free(&ds);
+  return rc;
+}
+
+/* ---- verify ---- */
+
+typedef struct full_plan {
+  int unused;
+} full_plan;
+
+static int plan_full(dl__decode_job *job, int w, int h, dl__err *e) {
+  (void)e;
+  job->rect = (dl__rect){0, 0, w, h};
+  job->out_w = w;
+  job->out_h = h;
+  return 0;
+}
+
+static int decode_image(void *jpeg, void *png, const uint8_t *p, size_t n, dl__buf *scratch, dl__err *e) {
+  dl__decode_job job = {.src = p, .len = n, .channels = 3, .out_w = 1 << 30, .out_h = 1 << 30,
+                        .max_pixels = 1ll << 28, .plan = plan_full, .scratch = scratch};
+  int codec = dl__sniff_codec(p, n);
+  if (codec == DL__CODEC_JPEG)
+    return dl__jpeg_ops.decode(jpeg, &job, e);
+  if (codec == DL__CODEC_PNG)
+    return dl__png_ops.decode(png, &job, e);
+  return dl__err_set(e, DL_EUNSUPPORTED, "not a JPEG or PNG");
+}
+
+static int verify_rfs(const char *path, int fd, uint64_t size, void *jpeg, void *png, long *bad) {
+  dl__rfs r;
+  char why[256];
+  int rc = dl__rfs_open(&r, fd, size, why, sizeof why);
+  if (rc) {
+    printf("%s: %s\n", path, why);
+    (*bad)++;
+    return 1;
+  }
+  dl__buf buf = {0}, scratch = {0}, raw = {0};
+  ZSTD_DCtx *zd = ZSTD_createDCtx();
+  for (uint64_t i = 0; i < r.nrecords; i++) {
+    const dl__rfs_record *rec = &r.records[i];
+    const char *key = r.keys + rec->key;
+    dl__err e = {0};
+    if (dl__buf_reserve(&buf, rec->size ? rec->size : 1) ||
+        pread(fd, buf.p, rec->size, (off_t)rec->offset) != (ssize_t)rec->size) {
+      dl__err_set(&e, DL_ECORRUPT, "cannot read the record's %u bytes", rec->size);
+    } else if (XXH64(buf.p, rec->size, 0) != rec->checksum) {
+      dl__err_set(&e, DL_ECORRUPT, "checksum mismatch");
+    } else {
+      for (uint16_t f = 0; f < rec->nfields && !e.code; f++) {
+        const dl__rfs_field *fd_ = &r.fields[rec->first_field + f];
+        const uint8_t *p = buf.p + fd_->offset;
+        if (fd_->codec == DL__RFS_JPEG || fd_->codec == DL__RFS_PNG) {
+          dl__err de = {0};
+          if (decode_image(jpeg, png, p, fd_->size, &scratch, &de))
+            dl__err_set(&e, de.code, "field %s: %s", r.names[fd_->name], de.msg);
+        } else if (fd_->codec == DL__RFS_ZSTD) {
+          unsigned long long want = ZSTD_getFrameContentSize(p, fd_->size);
+          if (want != fd_->raw_size || fd_->raw_size > (1ull << 32) || dl__buf_reserve(&raw, fd_->raw_size + 1)) {
+            dl__err_set(&e, DL_ECORRUPT, "field %s: zstd frame does not declare its %llu bytes",
+                        r.names[fd_->name], (unsigned long long)fd_->raw_size);
+          } else {
+            size_t got = ZSTD_decompressDCtx(zd, raw.p, fd_->raw_size, p, fd_->size);
+            if (ZSTD_isError(got) || got != fd_->raw_size)
+              dl__err_set(&e, DL_ECORRUPT, "field %s: zstd: %s", r.names[fd_->name],
+                          ZSTD_isError(got) ? ZSTD_getErrorName(got) : "wrong size");
+          }
+        } else if (fd_->raw_size != fd_->size) {
+          dl__err_set(&e, DL_ECORRUPT, "field %s: raw field of %u bytes claims %llu", r.names[fd_->name],
+                      fd_->size, (unsigned long long)fd_->raw_size);
+        }
+      }
+    }
+    if (e.code) {
+      printf("%s: record %llu (key %s, offset %llu): %s\n", path, (unsigned long long)i, key,
+             (unsigned long long)rec->offset, e.msg);
+      (*bad)++;
+    }
+  }
+  ZSTD_freeDCtx(zd);
+  dl__buf_free(&buf);
+  dl__buf_free(&scratch);
+  dl__buf_free(&raw);
+  dl__rfs_free(&r);
+  return 0;
+}
+
+static int verify_tar(const char *path, int fd, uint64_t size, void *jpeg, void *png, long *bad) {
+  dl__dataset ds = {0};
+  uint32_t file;
+  dl__dataset_add_file(&ds, path, &file);
+  int rc = dl__tar_scan(&ds, file, fd, size, DL__ON_ERROR_FAIL);
+  if (rc < 0) {
+    printf("%s\n", dl_last_error());
+    (*bad)++;
+  }
+  ds.fds[file] = -1; /* the caller closes fd */
+  dl__buf buf = {0}, scratch = {0};
+  for (size_t i = 0; i < ds.n; i++) {
+    const dl__sample *s = &ds.samples[i];
+    dl__err e = {0};
+    if (s->codec == DL__CODEC_NONE)
+      continue; /* a sample without an image has nothing to decode */
+    if (dl__buf_reserve(&buf, s->size ? s->size : 1) || pread(fd, buf.p, s->size, (off_t)s->offset) != (ssize_t)s->size)
+      dl__err_set(&e, DL_ECORRUPT, "cannot read %llu bytes", (unsigned long long)s->size);
+    else
+      decode_image(jpeg, png, buf.p, s->size, &scratch, &e);
+    if (e.code) {
+      printf("%s: member %s (offset %llu): %s\n", path, ds.pool + s->name, (unsigned long long)s->offset, e.msg);
+      (*bad)++;
+    }
+  }
+  dl__buf_free(&buf);
+  dl__buf_free(&scratch);
+  dl__dataset_free(&ds);
+  return 0;
+}
+
+static int cmd_verify(int argc, char **argv) {
+  if (argc < 2) {
+    usage(stderr);
+    return 2;
+  }
+  void *jpeg, *png;
+  dl__jpeg_ops.create(&jpeg);
+  dl__png_ops.create(&png);
+  dl__log_level = DL__LOG_QUIET;
+  long bad = 0, shards = 0;
+  for (int i = 1; i < argc; i++) {
+    int fd = open(argv[i], O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st)) {
+      printf("%s: %s\n", argv[i], strerror(errno));
+      bad++;
+      continue;
+    }
+    char magic[8] = {0};
+    bool rfs = pread(fd, magic, 8, 0) == 8 && !memcmp(magic, "RFSHARD1", 8);
+    (rfs ? verify_rfs : verify_tar)(argv[i], fd, (uint64_t)st.st_size, jpeg, png, &bad);
+    close(fd);
+    shards++;
+  }
+  dl__jpeg_ops.destroy(jpeg);
+  dl__png_ops.destroy(png);
+  printf("%ld shard%s verified: %s\n", shards, shards == 1 ? "" : "s", bad ? "damaged (see above)" : "ok");
+  if (bad)
+    printf("%ld bad record%s\n", bad, bad == 1 ? "" : "s");
+  return bad ? 1 : 0;
+}
+
+/* ---- index, ls ---- */
+
+static int cmd_index(int argc, char **argv) {
+  if (argc < 2) {
+    usage(stderr);
+    return 2;
+  }
+  int rc = 0;
+  for (int i = 1; i < argc; i++) {
+    dl__dataset ds = {0};
+    int r = dl__tar_load(&ds, argv[i], DL__ON_ERROR_FAIL);
+    if (r) {
+      fprintf(stderr, "dlshard: %s\n", dl_last_error());
+      rc = 1;
+    } else {
+      printf("%s: %zu samples indexed\n", argv[i], ds.n);
+    }
+    dl__dataset_free(&ds);
+  }
+  return rc;
+}
+
+static int cmd_ls(int argc, char **argv) {
+  bool verbose = argc > 2 && !strcmp(argv[2], "-v");
+  if (argc < 2) {
+    usage(stderr);
+    return 2;
+  }
+  int fd = open(argv[1], O_RDONLY | O_CLOEXEC);
+  struct stat st;
+  if (fd < 0 || fstat(fd, &st)) {
+    fprintf(stderr, "dlshard: %s: %s\n", argv[1], strerror(errno));
+    return 1;
+  }
+  dl__rfs r;
+  char why[256];
+  if (dl__rfs_open(&r, fd, (uint64_t)st.st_size, why, sizeof why)) {
+    /* Not a ringfeed shard: list it as a tar. */
+    dl__dataset ds = {0};
+    close(fd);
+    if (dl__tar_load(&ds, argv[1], DL__ON_ERROR_SKIP)) {
+      fprintf(stderr, "dlshard: %s: %s\n", argv[1], why);
+      return 1;
+    }
+    uint64_t bytes = 0;
+    for (size_t i = 0; i < ds.n; i++)
+      bytes += ds.samples[i].size;
+    printf("%s: tar, %zu samples, %llu image bytes\n", argv[1], ds.n, (unsigned long long)bytes);
+    for (size_t i = 0; verbose && i < ds.n; i++)
+      printf("  %s label %lld offset %llu size %llu\n", ds.pool + ds.samples[i].name,
+             (long long)ds.samples[i].label, (unsigned long long)ds.samples[i].offset,
+             (unsigned long long)ds.samples[i].size);
+    dl__dataset_free(&ds);
+    return 0;
+  }
+  printf("%s: ringfeed shard v1, %llu records, alignment %u, %llu bytes\n", argv[1],
+         (unsigned long long)r.nrecords, r.align, (unsigned long long)st.st_size);
+  for (uint32_t n = 0; n < r.nnames; n++) {
+    uint64_t count = 0, stored = 0, raw = 0;
+    int codecs = 0;
+    for (uint64_t f = 0; f < r.nfields_total; f++)
+      if (r.fields[f].name == n) {
+        count++;
+        stored += r.fields[f].size;
+        raw += r.fields[f].raw_size;
+        codecs |= 1 << r.fields[f].codec;
+      }
+    printf("  field %-12s %8llu records  %12llu bytes stored  %12llu decoded  codec", r.names[n],
+           (unsigned long long)count, (unsigned long long)stored, (unsigned long long)raw);
+    for (int c = 0; c < 4; c++)
+      if (codecs & (1 << c))
+        printf(" %s", dl__rfs_codec_names[c]);
+    printf("\n");
+  }
+  for (uint64_t i = 0; verbose && i < r.nrecords; i++) {
+    const dl__rfs_record *rec = &r.records[i];
+    printf("  %llu %s label %lld offset %llu size %u:", (unsigned long long)i, r.keys + rec->key,
+           (long long)rec->label, (unsigned long long)rec->offset, rec->size);
+    for (uint16_t f = 0; f < rec->nfields; f++) {
+      const dl__rfs_field *fd_ = &r.fields[rec->first_field + f];
+      printf(" %s=%s:%u", r.names[fd_->name], dl__rfs_codec_names[fd_->codec], fd_->size);
+    }
+    printf("\n");
+  }
+  dl__rfs_free(&r);
+  close(fd);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
+    usage(argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  if (!strcmp(argv[1], "create"))
+    return cmd_create(argc - 1, argv + 1);
+  if (!strcmp(argv[1], "verify"))
+    return cmd_verify(argc - 1, argv + 1);
+  if (!strcmp(argv[1], "index"))
+    return cmd_index(argc - 1, argv + 1);
+  if (!strcmp(argv[1], "ls"))
+    return cmd_ls(argc - 1, argv + 1);
+  fprintf(stderr, "dlshard: unknown command '%s'\n", argv[1]);
+  usage(stderr);
+  return 2;
+}
