@@ -20,8 +20,8 @@ row "GPU" "$(cat "$out/gpu.txt")"
 
 # 1. GPU tests, plain and under compute-sanitizer.
 # (ctest files name this machine's build paths, so the test programs run directly.)
-for t in test_cuda test_options test_sampler test_loader; do
-  timeout 300 "$build/tests/$t" > "$out/$t.log" 2>&1
+for t in test_cuda test_options test_sampler test_loader test_rfs; do
+  DL_DLSHARD="$build/dlshard" timeout 300 "$build/tests/$t" > "$out/$t.log" 2>&1
   row "$t" "exit $? ($(tail -1 "$out/$t.log"))"
 done
 if command -v compute-sanitizer >/dev/null; then
@@ -53,6 +53,13 @@ $bench --device cuda:0 --epochs 2 --step-ms "$step" --json > "$out/step.json" 2>
 row "dlbench --step-ms $step (1.2 x $batch_ms ms)" "gpu_idle_frac $(num "$out/step.json" gpu_idle_frac), $(num "$out/step.json" samples_per_s) images/s"
 $bench --device cuda:0 --epochs 1 --dtype bfloat16 --option layout=NCHW --json > "$out/bf16.json" 2> "$out/bf16.err"
 row "dlbench --device cuda:0 --dtype bfloat16 NCHW" "$(num "$out/bf16.json" samples_per_s) images/s"
+
+# ringfeed shards made from the same set, read with O_DIRECT.
+syn=$("$build/dlbench" --make-synthetic)
+"$build/dlshard" create /tmp/ringfeed-rfs/syn "$syn" --samples-per-shard 1000 > "$out/dlshard.log" 2>&1
+row "dlshard create (10 tar shards -> rfs)" "$(tail -1 "$out/dlshard.log")"
+$bench --device cuda:0 --epochs 2 --option direct=1 --json "/tmp/ringfeed-rfs/syn-{000000..000009}.rfs" > "$out/rfs.json" 2> "$out/rfs.err"
+row "dlbench --device cuda:0 over .rfs shards, direct=1" "$(num "$out/rfs.json" samples_per_s) images/s ($(num "$out/rfs.json" steady_samples_per_s) after the first batch)"
 
 # 4. The Python binding with PyTorch on the GPU.
 if python3 -c "import torch; assert torch.cuda.is_available()" 2> /dev/null; then
