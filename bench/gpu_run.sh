@@ -26,7 +26,7 @@ for t in test_cuda test_options test_sampler test_loader test_rfs; do
 done
 if command -v compute-sanitizer >/dev/null; then
   for tool in memcheck racecheck; do
-    compute-sanitizer --tool $tool --error-exitcode 9 "$build/tests/test_cuda" > "$out/sanitizer-$tool.log" 2>&1
+    RINGFEED_UNDER_SANITIZER=1 compute-sanitizer --tool $tool --error-exitcode 9 "$build/tests/test_cuda" > "$out/sanitizer-$tool.log" 2>&1
     row "compute-sanitizer $tool test_cuda" "exit $? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitizer-$tool.log" | tail -1))"
   done
 fi

@@ -195,6 +195,20 @@ static int cmd_create(int argc, char **argv) {
   if (!per_shard && !shard_bytes)
     per_shard = 10000;
   const char *prefix = argv[optind];
+  /* The prefix's folder is made if missing, as `mkdir -p` would. */
+  char folder[PATH_MAX];
+  snprintf(folder, sizeof folder, "%s", prefix);
+  char *slash = strrchr(folder, '/');
+  if (slash && slash != folder) {
+    *slash = 0;
+    for (char *p = folder + 1; *p; p++)
+      if (*p == '/') {
+        *p = 0;
+        mkdir(folder, 0755);
+        *p = '/';
+      }
+    mkdir(folder, 0755);
+  }
   dl__options o;
   dl__options_parse(&o, "on_error=fail");
   dl__dataset ds = {0};
