@@ -34,7 +34,7 @@ def main():
     p.add_argument("--classes", type=int, default=1000)
     p.add_argument("--resume", help="a loader state file written by --save-state")
     p.add_argument("--save-state", help="write the loader state here at the end")
-    p.add_argument("--keys-out", help="write every key this rank saw (one per line)")
+    p.add_argument("--keys-out", help="write every key this rank saw, one per line (%%RANK%% is replaced)")
     args = p.parse_args()
 
     world = int(os.environ.get("WORLD_SIZE", 1))
@@ -52,7 +52,7 @@ def main():
     loader = ringfeed.Loader(args.data, batch_size=args.batch_size, workers=args.workers, image_size=224,
                              crop="random_resized", flip=True, epochs=args.epochs, device="cuda",
                              dtype="bfloat16", layout="NCHW", seed=0, state=state)
-    keys = open(args.keys_out, "w") if args.keys_out else None
+    keys = open(args.keys_out.replace("%RANK%", str(rank)), "w") if args.keys_out else None
     step, seen, t0 = 0, 0, time.perf_counter()
     for batch in loader:
         images = batch["image"].contiguous(memory_format=torch.channels_last)

@@ -1,0 +1,72 @@
+#!/bin/sh
+# The several-GPU checks on one host, over binaries built elsewhere (`make device`): torchrun with
+# G ranks training on the synthetic set (equal batch counts, disjoint keys covering each epoch,
+# per-GPU rate against one GPU), one process feeding G GPUs against G processes, and a resume at
+# half the ranks. Writes a table last; logs go to $OUT/multi.tar.gz. Usage: multi_gpu_run.sh [BUILD]
+set -u
+build=${1:-build-device}
+dest=${OUT:-out}
+out=$(mktemp -d /tmp/ringfeed-multi.XXXXXX)
+mkdir -p "$dest"
+export XDG_CACHE_HOME=${XDG_CACHE_HOME:-/tmp/ringfeed-cache}
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export RINGFEED_LIBRARY="$PWD/$build/libringfeed.so" DL_LOG_LEVEL=1
+G=$(nvidia-smi -L | wc -l)
+W=$(( $(nproc) / G ))
+table="$out/table.md"
+row() { echo "| $1 | $2 |" >> "$table"; }
+echo "| check | result |" > "$table"
+row "GPUs, workers per GPU" "$G, $W"
+src=$("$build/dlbench" --make-synthetic --synthetic 10000)
+
+# 1. torchrun: G ranks against 1, same workers per GPU.
+python3 -m torch.distributed.run --nproc_per_node=1 examples/train_imagenet.py --data "$src" --workers "$W" --epochs 0 --steps 150 \
+  > "$out/train1.log" 2>&1
+one=$(sed -n 's/.*"images_per_s_per_gpu": \([0-9.]*\).*/\1/p' "$out/train1.log" | head -1)
+row "1 GPU: train images/s" "$one"
+python3 -m torch.distributed.run --nproc_per_node="$G" examples/train_imagenet.py --data "$src" --workers "$W" --epochs 3 \
+  --keys-out "$out/keys-%RANK%" > "$out/trainG.log" 2>&1
+row "$G GPUs: train exit" "$? $(grep -c '"rank"' "$out/trainG.log") ranks reported"
+rates=$(sed -n 's/.*"images_per_s_per_gpu": \([0-9.]*\).*/\1/p' "$out/trainG.log" | tr '\n' ' ')
+steps=$(sed -n 's/.*"steps": \([0-9]*\).*/\1/p' "$out/trainG.log" | sort -u | tr '\n' ' ')
+row "$G GPUs: per-GPU images/s" "$rates (1 GPU: $one)"
+row "$G GPUs: steps per rank (equal?)" "$steps"
+python3 - "$out" "$G" <<'PY' >> "$table"
+import glob, sys
+out, g = sys.argv[1], int(sys.argv[2])
+files = sorted(glob.glob(f"{out}/keys-*"))
+per_rank = [open(f).read().split() for f in files]
+n = 10000 // g
+epoch0 = [k for ks in per_rank for k in ks[:n]]
+print(f"| {g} GPUs: epoch-0 keys over all ranks | {len(epoch0)} keys, {len(set(epoch0))} distinct, of 10000 |")
+PY
+
+# 2. One process feeding G GPUs against G processes.
+python3 bench/one_process_gpus.py "$src" "$G" "$(nproc)" 2 > "$out/oneproc.json" 2> "$out/oneproc.err"
+row "1 process, device=cuda:0..$((G-1))" "$(cat "$out/oneproc.json")"
+i=0
+while [ $i -lt "$G" ]; do
+  "$build/dlbench" --device "cuda:$i" --rank $i --world-size "$G" --workers "$W" --epochs 2 --json \
+    > "$out/proc-$i.json" 2> "$out/proc-$i.err" &
+  i=$((i + 1))
+done
+wait
+total=$(cat "$out"/proc-*.json | sed -n 's/.*"samples_per_s":\([0-9.]*\).*/\1/p' | awk '{s += $1} END {printf "%.0f", s}')
+row "$G processes (dlbench, one GPU each)" "$total images/s in total"
+
+# 3. Save at G ranks, resume at G/2 (or 1): nothing lost or repeated in the epoch.
+half=$(( G / 2 > 0 ? G / 2 : 1 ))
+python3 -m torch.distributed.run --nproc_per_node="$G" examples/train_imagenet.py --data "$src" --workers "$W" --epochs 1 --steps 5 \
+  --keys-out "$out/first-%RANK%" --save-state "$out/state.json" > "$out/resume1.log" 2>&1
+python3 -m torch.distributed.run --nproc_per_node="$half" examples/train_imagenet.py --data "$src" --workers "$W" --epochs 1 \
+  --resume "$out/state.json" --keys-out "$out/rest-%RANK%" > "$out/resume2.log" 2>&1
+python3 - "$out" <<'PY' >> "$table"
+import glob, sys
+out = sys.argv[1]
+keys = [k for f in glob.glob(f"{out}/first-*") + glob.glob(f"{out}/rest-*") for k in open(f).read().split()]
+print(f"| resume at fewer ranks | {len(keys)} keys, {len(set(keys))} distinct, of 10000 |")
+PY
+cp "$table" "$dest/multi_table.md"
+tar -czf "$dest/multi.tar.gz" -C "$out" .
+echo
+cat "$table"
