@@ -24,7 +24,7 @@ python3 -m torch.distributed.run --nproc_per_node=1 examples/train_imagenet.py -
   > "$out/train1.log" 2>&1
 one=$(sed -n 's/.*"images_per_s_per_gpu": \([0-9.]*\).*/\1/p' "$out/train1.log" | head -1)
 row "1 GPU: train images/s" "$one"
-python3 -m torch.distributed.run --nproc_per_node="$G" examples/train_imagenet.py --data "$src" --workers "$W" --epochs 3 \
+python3 -m torch.distributed.run --nproc_per_node="$G" examples/train_imagenet.py --data "$src" --workers "$W" --epochs 0 --steps 150 \
   --keys-out "$out/keys-%RANK%" > "$out/trainG.log" 2>&1
 row "$G GPUs: train exit" "$? $(grep -c '"rank"' "$out/trainG.log") ranks reported"
 rates=$(sed -n 's/.*"images_per_s_per_gpu": \([0-9.]*\).*/\1/p' "$out/trainG.log" | tr '\n' ' ')
