@@ -45,7 +45,8 @@ test-tsan:
 	cd build-tsan && ctest --output-on-failure -j $(JOBS) -L threads
 
 test-python: build
-	cd build && RINGFEED_LIBRARY=$(CURDIR)/build/libringfeed.so DL_TEST_SHARDS=$(CURDIR)/build/tests/shards \
+	cd build && RINGFEED_LIBRARY=$(CURDIR)/build/libringfeed.so DL_DLSHARD=$(CURDIR)/build/dlshard \
+	  DL_TEST_SHARDS=$(CURDIR)/build/tests/shards \
 	  $(PYTHON) -m pytest -q $(CURDIR)/bindings/python/tests
 
 # Portable binaries for a machine without the -dev packages (the GPU machine): the shared

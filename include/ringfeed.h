@@ -84,7 +84,10 @@ DL_EXTERN const char *dl_last_error(void);
  *   flip channels(1|3) layout(NHWC|NCHW) seed shuffle epochs(0 = forever) drop_last rank
  *   world_size device(cpu|cuda|cuda:N[,M...]) dtype(uint8|float32|float16|bfloat16) mean std
  *   device_slots on_error(skip|fail) io(auto|uring|pread) io_depth max_pixels max_member_bytes
- *   direct(0|1: O_DIRECT reads of ringfeed shards) resume(TOKEN) log(quiet|error|warn|info|debug)
+ *   direct(0|1: O_DIRECT reads of ringfeed shards) pad(0|1) seq_len resume(TOKEN)
+ *   log(quiet|error|warn|info|debug)
+ * A SOURCE of "tokens:FILES" reads flat binary token files (dtype=uint16|uint32, seq_len=L) as
+ * windows of L+1 tokens.
  * An unknown key or bad value fails with DL_EOPTION and a message naming it.
  * On success *out owns worker threads and memory until dl_close(). Not thread-safe against other
  * calls on the same loader.
@@ -121,9 +124,15 @@ DL_EXTERN int dl_batch_position(const dl_batch *b, int64_t *epoch, int64_t *inde
  * Describes field NAME ("image", "label") as a DLTensor whose data, shape and strides point into
  * the batch (no copy; valid until release). "image" is uint8 [B,H,W,C] (or [B,C,H,W] with
  * layout=NCHW, or the configured float dtype on a CUDA device); "label" is int64 [B], -1 where a
- * sample has no .cls member. DL_ENOFIELD for an unknown name.
+ * sample has no .cls member. Tensor fields (.npy members, raw fields of .rfs shards, token windows)
+ * come as [B, ...] of their own dtype, with "<name>_len" int64 [B] under pad=1. DL_ENOFIELD for an
+ * unknown name.
  */
 DL_EXTERN int dl_batch_field(const dl_batch *b, const char *name, DLTensor *out);
+
+/* Number of fields every batch of this loader has, and the name of field I (0 <= I < count). */
+DL_EXTERN int dl_batch_field_count(const dl_batch *b);
+DL_EXTERN const char *dl_batch_field_name(const dl_batch *b, int i);
 
 /*
  * Exports field NAME as a DLManagedTensor. Each export holds a reference to the batch; the batch

@@ -151,6 +151,8 @@ static int enqueue(gpu *g, dl_batch *host, dl_batch *dev) {
                         g->copy);
   if (!e)
     e = cudaEventRecord(gs->t1, g->copy);
+  if (!e && l->field_block)
+    e = cudaMemcpyAsync(dev->fields, host->fields, l->field_block, cudaMemcpyHostToDevice, g->copy);
   if (!e && convert)
     e = (cudaError_t)dl__convert_launch(g->staging, gs->image, host->len, l->o.height, l->o.width,
                                         l->o.channels, l->o.layout == DL__LAYOUT_NCHW, l->o.dtype,
@@ -277,11 +279,13 @@ int dl__cuda_start(dl_loader *l) {
       b->sample_err = calloc((size_t)B, sizeof *b->sample_err);
       if (!b->key || !b->sample_err)
         return dl__fail(-ENOMEM, "out of memory");
-      if ((e = cudaMalloc(&gs->image, c->out_sample_bytes * (size_t)B)) ||
+      if ((e = cudaMalloc(&gs->image, c->out_sample_bytes * (size_t)B + 1)) ||
           (e = cudaMalloc((void **)&gs->label, sizeof(int64_t) * (size_t)B)))
         return cuda_fail(e, "allocating device batch memory");
       b->image = gs->image;
       b->label = gs->label;
+      if (l->field_block && (e = cudaMalloc((void **)&b->fields, l->field_block)))
+        return cuda_fail(e, "allocating device field memory");
       /* The copy thread sleeps on 'copied' rather than spinning a core the workers need. */
       if ((e = cudaEventCreateWithFlags(&gs->copied, cudaEventDisableTiming | cudaEventBlockingSync)) ||
           (e = cudaEventCreateWithFlags(&gs->released, cudaEventDisableTiming)) ||
@@ -335,6 +339,7 @@ void dl__cuda_close(dl_loader *l) {
       if (gs->t1)
         cudaEventDestroy(gs->t1);
       if (s->dslots) {
+        cudaFree(s->dslots[j].fields);
         free(s->dslots[j].key);
         free(s->dslots[j].sample_err);
       }
@@ -351,33 +356,8 @@ void dl__cuda_close(dl_loader *l) {
 }
 
 int dl__cuda_field(const dl_batch *b, const char *name, DLTensor *t) {
-  dl_loader *l = b->l;
-  dl_batch *m = (dl_batch *)b;
-  cuda_state *c = l->cuda;
-  t->device = (DLDevice){kDLCUDA, c->g[b->stream].id};
-  if (!strcmp(name, "image")) {
-    t->data = b->image;
-    t->ndim = 4;
-    static const DLDataType types[] = {{kDLUInt, 8, 1}, {kDLFloat, 32, 1}, {kDLFloat, 16, 1}, {kDLBfloat, 16, 1}};
-    t->dtype = types[l->o.dtype];
-    int64_t *sh = m->image_shape;
-    sh[0] = b->len;
-    if (l->o.layout == DL__LAYOUT_NCHW)
-      sh[1] = l->o.channels, sh[2] = l->o.height, sh[3] = l->o.width;
-    else
-      sh[1] = l->o.height, sh[2] = l->o.width, sh[3] = l->o.channels;
-    t->shape = sh;
-    return 0;
-  }
-  if (!strcmp(name, "label")) {
-    t->data = b->label;
-    t->ndim = 1;
-    t->dtype = (DLDataType){kDLInt, 64, 1};
-    m->label_shape[0] = b->len;
-    t->shape = m->label_shape;
-    return 0;
-  }
-  return dl__fail(DL_ENOFIELD, "no field '%s' (fields: image, label)", name);
+  cuda_state *c = b->l->cuda;
+  return dl__batch_describe(b, name, (DLDevice){kDLCUDA, c->g[b->stream].id}, t);
 }
 
 int dl__cuda_wait(dl_batch *b, void *stream) {

@@ -54,10 +54,25 @@ uint32_t dl__dataset_intern(dl__dataset *ds, const char *s, size_t len) {
 int dl__dataset_push(dl__dataset *ds, const dl__sample *s) {
   if (grow((void **)&ds->samples, &ds->cap, ds->n + 1, sizeof *s))
     return -ENOMEM;
-  dl__sample *t = &ds->samples[ds->n++];
-  *t = *s;
-  if (!(t->flags & DL__SAMPLE_CHECKSUM) && t->image_len == 0) /* a plain member: all image */
-    t->image_len = (uint32_t)(t->size < UINT32_MAX ? t->size : UINT32_MAX);
+  ds->samples[ds->n++] = *s;
+  return 0;
+}
+
+int dl__dataset_field(dl__dataset *ds, const char *name, size_t len) {
+  for (int i = 0; i < ds->nfield_names; i++)
+    if (strlen(ds->field_names[i]) == len && !memcmp(ds->field_names[i], name, len))
+      return i;
+  if (ds->nfield_names == DL__MAX_FIELDS || len == 0 || len > 63)
+    return -1;
+  if (!(ds->field_names[ds->nfield_names] = strndup(name, len)))
+    return -1;
+  return ds->nfield_names++;
+}
+
+int dl__dataset_add_ref(dl__dataset *ds, const dl__fref *ref) {
+  if (grow((void **)&ds->refs, &ds->refs_cap, ds->nrefs + 1, sizeof *ref))
+    return -ENOMEM;
+  ds->refs[ds->nrefs++] = *ref;
   return 0;
 }
 
@@ -72,5 +87,8 @@ void dl__dataset_free(dl__dataset *ds) {
   free(ds->direct);
   free(ds->samples);
   free(ds->pool);
+  free(ds->refs);
+  for (int i = 0; i < ds->nfield_names; i++)
+    free(ds->field_names[i]);
   memset(ds, 0, sizeof *ds);
 }

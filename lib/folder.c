@@ -96,6 +96,51 @@ static int walk(const char *base, const char *rel, entries *out, size_t *skipped
   return rc;
 }
 
+/*
+ * A folder with no class folders: every file is a sample named by its stem, a JPEG/PNG image or a
+ * .npy (.npy.zst) tensor field named as in WebDataset ("k.depth.npy" is field "depth", "k.npy"
+ * field "npy"). Files are taken in name order.
+ */
+static int flat_load(dl__dataset *ds, const char *root, char **files, size_t n) {
+  int rc = 0;
+  for (size_t i = 0; i < n && !rc; i++) {
+    char path[PATH_MAX];
+    struct stat st;
+    snprintf(path, sizeof path, "%s/%s", root, files[i]);
+    if (stat(path, &st) || !S_ISREG(st.st_mode))
+      continue;
+    const char *dot = strchr(files[i], '.');
+    if (!dot)
+      continue;
+    const char *ext = dot + 1;
+    size_t elen = strlen(ext);
+    bool zst = elen > 4 && !strcasecmp(ext + elen - 4, ".zst");
+    size_t stem = zst ? elen - 4 : elen;
+    bool npy = stem >= 3 && !strncasecmp(ext + stem - 3, "npy", 3) && (stem == 3 || ext[stem - 4] == '.');
+    int codec = image_codec(files[i]);
+    if (!npy && codec == DL__CODEC_NONE)
+      continue;
+    dl__sample s = {.size = (uint64_t)st.st_size, .label = -1, .codec = (uint8_t)codec,
+                    .image_len = codec ? (uint32_t)(st.st_size < UINT32_MAX ? st.st_size : UINT32_MAX) : 0};
+    if ((rc = dl__dataset_add_file(ds, path, &s.file)))
+      break;
+    if (npy) {
+      int f = dl__dataset_field(ds, ext, stem == 3 ? 3 : stem - 4);
+      dl__fref ref = {.name = (uint16_t)f, .kind = zst ? DL__REF_NPY_ZST : DL__REF_NPY,
+                      .len = (uint32_t)(st.st_size < UINT32_MAX ? st.st_size : UINT32_MAX)};
+      s.first_ref = (uint32_t)ds->nrefs;
+      s.nrefs = 1;
+      if (f < 0 || dl__dataset_add_ref(ds, &ref))
+        rc = dl__fail(DL_ELIMIT, "source %s: more than %d tensor fields", root, DL__MAX_FIELDS);
+    }
+    if (!rc && ((s.name = dl__dataset_intern(ds, files[i], strlen(files[i]))) == UINT32_MAX ||
+                (s.key = dl__dataset_intern(ds, files[i], (size_t)(dot - files[i]))) == UINT32_MAX ||
+                dl__dataset_push(ds, &s)))
+      rc = dl__fail(-ENOMEM, "out of memory listing %s", root);
+  }
+  return rc;
+}
+
 int dl__folder_load(dl__dataset *ds, const char *root) {
   DIR *d = opendir(root);
   if (!d)
@@ -128,9 +173,37 @@ int dl__folder_load(dl__dataset *ds, const char *root) {
     nclasses++;
   }
   closedir(d);
-  if (!rc && nclasses == 0)
-    rc = dl__fail(DL_ENOSAMPLES, "source %s: a folder source needs class folders (root/<class>/<image>)",
-                  root);
+  if (!rc && nclasses == 0) {
+    /* No class folders: a flat folder of files. */
+    char **files = NULL;
+    size_t nfiles = 0, fcap = 0;
+    DIR *fd = opendir(root);
+    while (fd && (de = readdir(fd))) {
+      if (de->d_name[0] == '.')
+        continue;
+      if (nfiles == fcap) {
+        fcap = fcap ? fcap * 2 : 256;
+        char **v = realloc(files, fcap * sizeof *v);
+        if (!v)
+          break;
+        files = v;
+      }
+      if (!(files[nfiles] = strdup(de->d_name)))
+        break;
+      nfiles++;
+    }
+    if (fd)
+      closedir(fd);
+    qsort(files, nfiles, sizeof *files, cmp_str);
+    rc = flat_load(ds, root, files, nfiles);
+    for (size_t i = 0; i < nfiles; i++)
+      free(files[i]);
+    free(files);
+    if (!rc && ds->n == 0)
+      rc = dl__fail(DL_ENOSAMPLES, "source %s: no class folders (root/<class>/<image>) and no image or .npy files",
+                    root);
+    return rc;
+  }
   if (!rc)
     qsort(classes, nclasses, sizeof *classes, cmp_str);
   for (size_t c = 0; c < nclasses && !rc; c++) {
@@ -145,7 +218,8 @@ int dl__folder_load(dl__dataset *ds, const char *root) {
       const entry *e = &es.v[i];
       snprintf(path, sizeof path, "%s%s%s/%s", cdir, *e->dir ? "/" : "", e->dir, e->name);
       snprintf(name, sizeof name, "%s/%s%s%s", classes[c], e->dir, *e->dir ? "/" : "", e->name);
-      dl__sample s = {.size = e->size, .label = (int64_t)c, .codec = (uint8_t)image_codec(e->name)};
+      dl__sample s = {.size = e->size, .label = (int64_t)c, .codec = (uint8_t)image_codec(e->name),
+                      .image_len = (uint32_t)(e->size < UINT32_MAX ? e->size : UINT32_MAX)};
       const char *dot = strrchr(name, '.');
       rc = dl__dataset_add_file(ds, path, &s.file);
       if (!rc && ((s.name = dl__dataset_intern(ds, name, strlen(name))) == UINT32_MAX ||

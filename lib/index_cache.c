@@ -3,9 +3,11 @@
  * not writable, in $XDG_CACHE_HOME/ringfeed. Valid while the shard's size and mtime match. The
  * cache file is untrusted input like the shard: every field is checked, and an XXH64 covers it.
  *
- * Layout (little-endian): "RFTIDX02", u64 shard size, i64 mtime ns, u64 samples, u64 pool bytes,
- * then per sample {u64 offset, u64 size, i64 label, u32 name, u32 key, u8 codec, 3 x u8 0},
- * then the names pool, then u64 XXH64 of everything before it.
+ * Layout (little-endian): "RFTIDX03", u64 shard size, i64 mtime ns, u64 samples, u64 pool bytes,
+ * u64 record bytes, then per sample {u64 offset, u64 size, i64 label, u32 name, u32 key, u8 codec,
+ * u8 nrefs, u16 0, u32 image_at, u32 image_len} followed by nrefs x {u32 field name, u8 kind,
+ * 3 x u8 0, u32 at, u32 len}, then the string pool (names, keys, field names), then u64 XXH64 of
+ * everything before it. (String fields are offsets into the pool.)
  */
 #include "internal.h"
 
@@ -21,9 +23,10 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
-#define MAGIC "RFTIDX02"
-#define HEADER_BYTES 40
-#define RECORD_BYTES 36
+#define MAGIC "RFTIDX03"
+#define HEADER_BYTES 48
+#define RECORD_BYTES 44
+#define REF_BYTES 16
 
 static void put64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
 static uint64_t get64(const uint8_t *p) {
@@ -87,17 +90,19 @@ static int parse(dl__dataset *ds, uint32_t file, const uint8_t *p, size_t len, u
                  int64_t mtime_ns) {
   if (memcmp(p, MAGIC, 8) || get64(p + 8) != size || (int64_t)get64(p + 16) != mtime_ns)
     return -1;
-  uint64_t n = get64(p + 24), pool = get64(p + 32);
-  if (n > (len / RECORD_BYTES) || pool > len || HEADER_BYTES + n * RECORD_BYTES + pool + 8 != len)
+  uint64_t n = get64(p + 24), pool = get64(p + 32), recs = get64(p + 40);
+  if (n > len / RECORD_BYTES || pool > len || recs > len || HEADER_BYTES + recs + pool + 8 != len)
     return -1;
   if (XXH64(p, len - 8, 0) != get64(p + len - 8))
     return -1;
-  const uint8_t *rec = p + HEADER_BYTES;
-  const char *names = (const char *)(rec + n * RECORD_BYTES);
+  const uint8_t *rec = p + HEADER_BYTES, *end = rec + recs;
+  const char *names = (const char *)end;
   if (pool && names[pool - 1] != 0)
     return -1;
-  size_t first = ds->n;
-  for (uint64_t i = 0; i < n; i++, rec += RECORD_BYTES) {
+  size_t first = ds->n, first_ref = ds->nrefs;
+  for (uint64_t i = 0; i < n; i++) {
+    if (rec + RECORD_BYTES > end)
+      goto bad;
     dl__sample s = {0};
     s.offset = get64(rec);
     s.size = get64(rec + 8);
@@ -106,20 +111,45 @@ static int parse(dl__dataset *ds, uint32_t file, const uint8_t *p, size_t len, u
     memcpy(&name, rec + 24, 4);
     memcpy(&key, rec + 28, 4);
     s.codec = rec[32];
+    uint8_t nrefs = rec[33];
+    memcpy(&s.image_at, rec + 36, 4);
+    memcpy(&s.image_len, rec + 40, 4);
+    rec += RECORD_BYTES;
     if (name >= pool || key >= pool || s.codec > DL__CODEC_OTHER || s.offset > size ||
-        s.size > size - s.offset)
+        s.size > size - s.offset || nrefs > DL__MAX_FIELDS || rec + (size_t)nrefs * REF_BYTES > end ||
+        (uint64_t)s.image_at + s.image_len > s.size)
       goto bad;
     s.name = dl__dataset_intern(ds, names + name, strlen(names + name));
     s.key = dl__dataset_intern(ds, names + key, strlen(names + key));
     if (s.name == UINT32_MAX || s.key == UINT32_MAX)
       goto bad;
     s.file = file;
+    s.first_ref = (uint32_t)ds->nrefs;
+    s.nrefs = nrefs;
+    for (uint8_t r = 0; r < nrefs; r++, rec += REF_BYTES) {
+      uint32_t fname;
+      dl__fref f = {.kind = rec[4]};
+      memcpy(&fname, rec, 4);
+      memcpy(&f.at, rec + 8, 4);
+      memcpy(&f.len, rec + 12, 4);
+      if (fname >= pool || f.kind > DL__REF_NPY_ZST || (uint64_t)f.at + f.len > s.size)
+        goto bad;
+      int idx = dl__dataset_field(ds, names + fname, strlen(names + fname));
+      if (idx < 0)
+        goto bad;
+      f.name = (uint16_t)idx;
+      if (dl__dataset_add_ref(ds, &f))
+        goto bad;
+    }
     if (dl__dataset_push(ds, &s))
       goto bad;
   }
+  if (rec != end)
+    goto bad;
   return 0;
 bad:
   ds->n = first;
+  ds->nrefs = first_ref;
   return -1;
 }
 
@@ -182,10 +212,15 @@ static void mkdirs(const char *dir) {
 
 void dl__index_cache_write(const dl__dataset *ds, size_t first, const char *path, uint64_t size,
                            int64_t mtime_ns) {
-  size_t n = ds->n - first, pool = 0;
-  for (size_t i = first; i < ds->n; i++)
-    pool += strlen(ds->pool + ds->samples[i].name) + strlen(ds->pool + ds->samples[i].key) + 2;
-  size_t len = HEADER_BYTES + n * RECORD_BYTES + pool + 8;
+  size_t n = ds->n - first, pool = 0, recs = 0;
+  for (size_t i = first; i < ds->n; i++) {
+    const dl__sample *s = &ds->samples[i];
+    pool += strlen(ds->pool + s->name) + strlen(ds->pool + s->key) + 2;
+    recs += RECORD_BYTES + (size_t)s->nrefs * REF_BYTES;
+    for (uint8_t r = 0; r < s->nrefs; r++)
+      pool += strlen(ds->field_names[ds->refs[s->first_ref + r].name]) + 1;
+  }
+  size_t len = HEADER_BYTES + recs + pool + 8;
   uint8_t *p = calloc(1, len);
   if (!p)
     return;
@@ -194,23 +229,38 @@ void dl__index_cache_write(const dl__dataset *ds, size_t first, const char *path
   put64(p + 16, (uint64_t)mtime_ns);
   put64(p + 24, n);
   put64(p + 32, pool);
+  put64(p + 40, recs);
   uint8_t *rec = p + HEADER_BYTES;
-  char *names = (char *)(rec + n * RECORD_BYTES);
+  char *names = (char *)(rec + recs);
   uint32_t at = 0;
-  for (size_t i = first; i < ds->n; i++, rec += RECORD_BYTES) {
+#define PUT_STRING(str, dst)                                                                       \
+  do {                                                                                             \
+    size_t nl_ = strlen(str) + 1;                                                                  \
+    memcpy(dst, &at, 4);                                                                           \
+    memcpy(names + at, str, nl_);                                                                  \
+    at += (uint32_t)nl_;                                                                           \
+  } while (0)
+  for (size_t i = first; i < ds->n; i++) {
     const dl__sample *s = &ds->samples[i];
     put64(rec, s->offset);
     put64(rec + 8, s->size);
     put64(rec + 16, (uint64_t)s->label);
+    PUT_STRING(ds->pool + s->name, rec + 24);
+    PUT_STRING(ds->pool + s->key, rec + 28);
     rec[32] = s->codec;
-    const uint32_t offs[2] = {s->name, s->key};
-    for (int f = 0; f < 2; f++) {
-      size_t nl = strlen(ds->pool + offs[f]) + 1;
-      memcpy(rec + 24 + 4 * f, &at, 4);
-      memcpy(names + at, ds->pool + offs[f], nl);
-      at += (uint32_t)nl;
+    rec[33] = s->nrefs;
+    memcpy(rec + 36, &s->image_at, 4);
+    memcpy(rec + 40, &s->image_len, 4);
+    rec += RECORD_BYTES;
+    for (uint8_t r = 0; r < s->nrefs; r++, rec += REF_BYTES) {
+      const dl__fref *f = &ds->refs[s->first_ref + r];
+      PUT_STRING(ds->field_names[f->name], rec);
+      rec[4] = f->kind;
+      memcpy(rec + 8, &f->at, 4);
+      memcpy(rec + 12, &f->len, 4);
     }
   }
+#undef PUT_STRING
   put64(p + len - 8, XXH64(p, len - 8, 0));
   char target[PATH_MAX + 64];
   snprintf(target, sizeof target, "%s.rfidx", path);

@@ -40,7 +40,8 @@ int dl__err_set(dl__err *e, int code, const char *fmt, ...) __attribute__((forma
 
 enum { DL__CROP_RANDOM_RESIZED, DL__CROP_CENTER, DL__CROP_RESIZE, DL__CROP_NONE };
 enum { DL__LAYOUT_NHWC, DL__LAYOUT_NCHW };
-enum { DL__DTYPE_UINT8, DL__DTYPE_FLOAT32, DL__DTYPE_FLOAT16, DL__DTYPE_BFLOAT16 };
+enum { DL__DTYPE_UINT8, DL__DTYPE_FLOAT32, DL__DTYPE_FLOAT16, DL__DTYPE_BFLOAT16, DL__DTYPE_UINT16,
+       DL__DTYPE_UINT32 };
 enum { DL__ON_ERROR_SKIP, DL__ON_ERROR_FAIL };
 enum { DL__IO_AUTO, DL__IO_URING, DL__IO_PREAD };
 
@@ -71,6 +72,9 @@ typedef struct dl__options {
   char resume[256];
   int log_level;
   int direct;
+  int pad;
+  int seq_len;
+  int token_dtype; /* DL__DTYPE_UINT16/UINT32 for token sources */
 } dl__options;
 
 int dl__options_parse(dl__options *o, const char *text);
@@ -81,6 +85,15 @@ enum { DL__CODEC_NONE, DL__CODEC_JPEG, DL__CODEC_PNG, DL__CODEC_OTHER };
 
 enum { DL__SAMPLE_CHECKSUM = 1 };
 
+/* A tensor field of a sample, within the bytes a worker reads for it. */
+enum { DL__REF_NPY, DL__REF_NPY_ZST, DL__REF_TOKENS };
+typedef struct dl__fref {
+  uint16_t name; /* index into dl__dataset.field_names */
+  uint8_t kind;
+  uint32_t at, len;
+} dl__fref;
+#define DL__MAX_FIELDS 8
+
 typedef struct dl__sample {
   uint64_t offset; /* of the bytes a worker reads: a tar member's data, or a whole .rfs record */
   uint64_t size;
@@ -90,6 +103,8 @@ typedef struct dl__sample {
   uint32_t file;   /* index into dl__dataset.files */
   uint32_t name;   /* string pool offset: the image member's name (the key when there is none) */
   uint32_t key;    /* string pool offset: the sample's key */
+  uint32_t first_ref; /* its tensor fields: refs[first_ref .. first_ref + nrefs) */
+  uint8_t nrefs;
   uint8_t codec;
   uint8_t flags;
 } dl__sample;
@@ -103,7 +118,15 @@ typedef struct dl__dataset {
   size_t n, cap;
   char *pool;
   size_t pool_len, pool_cap;
+  dl__fref *refs;
+  size_t nrefs, refs_cap;
+  char *field_names[DL__MAX_FIELDS];
+  int nfield_names;
 } dl__dataset;
+
+/* Index of field NAME (LEN bytes), added when new; -1 past DL__MAX_FIELDS names or on ENOMEM. */
+int dl__dataset_field(dl__dataset *ds, const char *name, size_t len);
+int dl__dataset_add_ref(dl__dataset *ds, const dl__fref *ref);
 
 int dl__dataset_add_file(dl__dataset *ds, const char *path, uint32_t *index);
 uint32_t dl__dataset_intern(dl__dataset *ds, const char *s, size_t len);
@@ -162,6 +185,22 @@ int dl__expand_braces(const char *pattern, char ***out, size_t *count);
 int dl__index_cache_read(dl__dataset *ds, uint32_t file, const char *path, uint64_t size, int64_t mtime_ns);
 void dl__index_cache_write(const dl__dataset *ds, size_t first, const char *path, uint64_t size,
                            int64_t mtime_ns);
+
+/* ---- .npy payloads (npy.c) ---- */
+
+#define DL__NPY_MAX_DIMS 8
+typedef struct dl__npy {
+  DLDataType dtype;
+  int ndim;
+  int64_t shape[DL__NPY_MAX_DIMS];
+  const uint8_t *data;
+  uint64_t bytes;
+} dl__npy;
+int dl__npy_parse(const uint8_t *p, size_t n, size_t total, dl__npy *out, dl__err *e);
+/* numpy's descr ("<f4", "|u1") as a DLPack type; -1 when unsupported. */
+int dl__dtype_parse(const char *descr, DLDataType *t);
+/* Loads a token source ("tokens:" stripped): windows of seq_len+1 tokens as samples. */
+int dl__tokens_load(dl__dataset *ds, const char *paths, int token_bytes, int seq_len);
 
 /* ---- counter-based randomness (rng.h-style helpers) ---- */
 
@@ -320,7 +359,23 @@ struct dl_batch {
   const char **key;
   int *sample_err;
   void *gpu;         /* per-slot device state (cuda.c) */
+  uint8_t *fields;   /* this slot's tensor fields (loader.fields layout); host or device memory */
+  int64_t field_shape[DL__MAX_FIELDS][DL__NPY_MAX_DIMS + 1];
+  int64_t len_shape[1];
 };
+
+/* A tensor field of every batch: its type and per-sample shape (leading dimension padded to the
+ * dataset's largest with pad=1), and where it sits in a slot's field block. */
+typedef struct dl__field {
+  char name[72];
+  int ds_index; /* dl__dataset field name index */
+  DLDataType dtype;
+  int ndim;
+  int64_t shape[DL__NPY_MAX_DIMS];
+  size_t sample_bytes;
+  size_t at;     /* offset of [B, ...] data in the slot's field block */
+  size_t len_at; /* offset of the int64 [B] lengths with pad=1 */
+} dl__field;
 
 typedef struct dl__stream {
   dl__sampler sm;
@@ -347,6 +402,12 @@ struct dl_loader {
   dl__stream streams[DL__MAX_DEVICES];
   size_t image_bytes; /* one batch's image bytes */
   size_t sample_bytes;
+  bool has_image;     /* the dataset has images: the "image" field exists */
+  dl__field fields[DL__MAX_FIELDS];
+  int nfields;
+  size_t field_block; /* bytes of one slot's tensor fields (and lengths) */
+  uint8_t *field_mem;
+  char len_names[DL__MAX_FIELDS][80];
   uint8_t *host_mem;  /* all slots' images, one allocation (pinned with CUDA) */
   const dl__io_ops *io_ops;
   char io_reason[160];
@@ -377,6 +438,11 @@ int dl__ring_claim(dl_loader *l, dl__claim *c, bool block);
 void dl__ring_done(dl_loader *l, const dl__claim *c, const dl__err *e);
 void dl__slot_free_locked(dl_batch *b);
 
+/* Tensor fields (fields.c): the batch schema at open, and one sample's fields into slot B. */
+int dl__fields_schema(dl_loader *l);
+int dl__fields_fill(dl_loader *l, const dl__sample *s, const uint8_t *bytes, dl_batch *b, int i, void **zctx,
+                    dl__buf *zbuf, dl__err *e);
+
 int dl__workers_start(dl_loader *l);
 void dl__workers_stop(dl_loader *l);
 
@@ -394,6 +460,8 @@ void dl__cuda_close(dl_loader *l);
 void *dl__host_alloc(dl_loader *l, size_t bytes);
 void dl__host_free(dl_loader *l, void *p);
 int dl__cuda_field(const dl_batch *b, const char *name, DLTensor *out);
+/* Fills T for field NAME of B whose memory is on DEVICE; shared by host and device batches. */
+int dl__batch_describe(const dl_batch *b, const char *name, DLDevice device, DLTensor *t);
 int dl__cuda_wait(dl_batch *b, void *stream);
 /* Under l->mu, when a device batch's last reference goes: records the consumer's event. */
 void dl__cuda_release_locked(dl_batch *b);

@@ -34,6 +34,8 @@ static void free_loader(dl_loader *l) {
   }
   if (l->host_mem)
     dl__host_free(l, l->host_mem);
+  if (l->field_mem)
+    dl__host_free(l, l->field_mem);
   dl__cuda_close(l);
   dl__dataset_free(&l->ds);
   pthread_mutex_destroy(&l->mu);
@@ -53,10 +55,13 @@ static void raise_fd_limit(void) {
 
 static int alloc_slots(dl_loader *l) {
   int ch = l->o.channels;
-  l->sample_bytes = (size_t)l->o.height * l->o.width * ch;
+  l->sample_bytes = l->has_image ? (size_t)l->o.height * l->o.width * ch : 0;
   l->image_bytes = l->sample_bytes * (size_t)l->o.batch_size;
-  size_t total = l->image_bytes * (size_t)l->o.prefetch * (size_t)l->nstreams;
-  l->host_mem = dl__host_alloc(l, total);
+  size_t nslots = (size_t)l->o.prefetch * (size_t)l->nstreams;
+  size_t total = l->image_bytes * nslots;
+  l->host_mem = dl__host_alloc(l, total ? total : 4096);
+  if (l->field_block && !(l->field_mem = dl__host_alloc(l, l->field_block * nslots)))
+    l->host_mem = NULL, total += l->field_block * nslots;
   if (!l->host_mem)
     return dl__fail(-ENOMEM, "could not allocate %zu bytes of %s batch memory", total,
                     l->o.ndevices ? "pinned" : "host");
@@ -72,6 +77,8 @@ static int alloc_slots(dl_loader *l) {
       b->stream = s;
       b->k = -1;
       b->image = l->host_mem + at;
+      if (l->field_mem)
+        b->fields = l->field_mem + l->field_block * ((size_t)s * (size_t)l->o.prefetch + (size_t)i);
       b->label = calloc((size_t)l->o.batch_size, sizeof *b->label);
       b->key = calloc((size_t)l->o.batch_size, sizeof *b->key);
       b->sample_err = calloc((size_t)l->o.batch_size, sizeof *b->sample_err);
@@ -100,8 +107,10 @@ int dl_open(dl_loader **out, const char *source, const char *options) {
     goto fail;
   dl__log_level = l->o.log_level;
   raise_fd_limit();
-  if ((r = dl__source_load(&l->ds, source, &l->o)))
+  if ((r = dl__source_load(&l->ds, source, &l->o)) || (r = dl__fields_schema(l)))
     goto fail;
+  for (int f = 0; f < l->nfields; f++)
+    snprintf(l->len_names[f], sizeof l->len_names[f], "%.72s_len", l->fields[f].name);
   l->nstreams = l->o.ndevices > 1 ? l->o.ndevices : 1;
   for (int s = 0; s < l->nstreams; s++) {
     /* Several devices in one process split the data as if each were a rank of its own. */
@@ -201,17 +210,16 @@ int dl_batch_position(const dl_batch *b, int64_t *epoch, int64_t *index) {
   return 0;
 }
 
-int dl_batch_field(const dl_batch *b, const char *name, DLTensor *t) {
+int dl__batch_describe(const dl_batch *b, const char *name, DLDevice device, DLTensor *t) {
   dl_loader *l = b->l;
   dl_batch *m = (dl_batch *)b;
   memset(t, 0, sizeof *t);
-  if (b->is_device)
-    return dl__cuda_field(b, name, t);
-  t->device = (DLDevice){kDLCPU, 0};
-  if (!strcmp(name, "image")) {
+  t->device = device;
+  if (l->has_image && !strcmp(name, "image")) {
+    static const DLDataType types[] = {{kDLUInt, 8, 1}, {kDLFloat, 32, 1}, {kDLFloat, 16, 1}, {kDLBfloat, 16, 1}};
     t->data = b->image;
     t->ndim = 4;
-    t->dtype = (DLDataType){kDLUInt, 8, 1};
+    t->dtype = device.device_type == kDLCUDA ? types[l->o.dtype] : types[0];
     int64_t *sh = m->image_shape;
     sh[0] = b->len;
     if (l->o.layout == DL__LAYOUT_NCHW)
@@ -229,7 +237,54 @@ int dl_batch_field(const dl_batch *b, const char *name, DLTensor *t) {
     t->shape = m->label_shape;
     return 0;
   }
-  return dl__fail(DL_ENOFIELD, "no field '%s' (fields: image, label)", name);
+  for (int f = 0; f < l->nfields; f++) {
+    const dl__field *fd = &l->fields[f];
+    size_t n = strlen(fd->name);
+    if (!strcmp(name, fd->name)) {
+      t->data = b->fields + fd->at;
+      t->ndim = 1 + fd->ndim;
+      t->dtype = fd->dtype;
+      m->field_shape[f][0] = b->len;
+      memcpy(&m->field_shape[f][1], fd->shape, sizeof(int64_t) * (size_t)fd->ndim);
+      t->shape = m->field_shape[f];
+      return 0;
+    }
+    if (l->o.pad && !strncmp(name, fd->name, n) && !strcmp(name + n, "_len")) {
+      t->data = b->fields + fd->len_at;
+      t->ndim = 1;
+      t->dtype = (DLDataType){kDLInt, 64, 1};
+      m->len_shape[0] = b->len;
+      t->shape = m->len_shape;
+      return 0;
+    }
+  }
+  return dl__fail(DL_ENOFIELD, "no field '%s' (see dl_batch_field_name)", name);
+}
+
+int dl_batch_field(const dl_batch *b, const char *name, DLTensor *t) {
+  if (b->is_device)
+    return dl__cuda_field(b, name, t);
+  return dl__batch_describe(b, name, (DLDevice){kDLCPU, 0}, t);
+}
+
+int dl_batch_field_count(const dl_batch *b) {
+  const dl_loader *l = b->l;
+  return (l->has_image ? 1 : 0) + 1 + l->nfields * (l->o.pad ? 2 : 1);
+}
+
+const char *dl_batch_field_name(const dl_batch *b, int i) {
+  const dl_loader *l = b->l;
+  if (i < 0 || i >= dl_batch_field_count(b))
+    return NULL;
+  if (l->has_image && i-- == 0)
+    return "image";
+  if (i-- == 0)
+    return "label";
+  int per = l->o.pad ? 2 : 1;
+  const dl__field *fd = &l->fields[i / per];
+  if (i % per == 0)
+    return fd->name;
+  return l->len_names[i / per];
 }
 
 /* Visits every batch slot, host and device; stops when FN returns true. */

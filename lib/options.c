@@ -161,7 +161,7 @@ static int parse_device(const char *key, const char *v, dl__options *o) {
 static int apply(dl__options *o, const char *key, const char *v) {
   static const char *const crops[] = {"random_resized", "center", "resize", "none"};
   static const char *const layouts[] = {"NHWC", "NCHW"};
-  static const char *const dtypes[] = {"uint8", "float32", "float16", "bfloat16"};
+  static const char *const dtypes[] = {"uint8", "float32", "float16", "bfloat16", "uint16", "uint32"};
   static const char *const on_errors[] = {"skip", "fail"};
   static const char *const ios[] = {"auto", "uring", "pread"};
   static const char *const logs[] = {"quiet", "error", "warn", "info", "debug"};
@@ -184,6 +184,7 @@ static int apply(dl__options *o, const char *key, const char *v) {
   INT_OPT("io_depth", io_depth, 1, 4096)
   INT_OPT("max_pixels", max_pixels, 1, INT64_C(1) << 40)
   INT_OPT("max_member_bytes", max_member_bytes, 1, INT64_C(1) << 40)
+  INT_OPT("seq_len", seq_len, 1, 1 << 24)
 #undef INT_OPT
   if (!strcmp(key, "seed")) {
     char *end;
@@ -209,7 +210,7 @@ static int apply(dl__options *o, const char *key, const char *v) {
   if (!strcmp(key, "layout"))
     return parse_choice(key, v, layouts, 2, &o->layout);
   if (!strcmp(key, "dtype"))
-    return parse_choice(key, v, dtypes, 4, &o->dtype);
+    return parse_choice(key, v, dtypes, 6, &o->dtype);
   if (!strcmp(key, "on_error"))
     return parse_choice(key, v, on_errors, 2, &o->on_error);
   if (!strcmp(key, "io"))
@@ -224,6 +225,8 @@ static int apply(dl__options *o, const char *key, const char *v) {
     return parse_bool(key, v, &o->drop_last);
   if (!strcmp(key, "direct"))
     return parse_bool(key, v, &o->direct);
+  if (!strcmp(key, "pad"))
+    return parse_bool(key, v, &o->pad);
   if (!strcmp(key, "mean"))
     return parse_floats3(key, v, o->mean);
   if (!strcmp(key, "std")) {
@@ -273,6 +276,11 @@ int dl__options_parse(dl__options *o, const char *text) {
   if (o->rank >= o->world_size)
     return dl__fail(DL_EOPTION, "option rank=%d: must be below world_size=%d", o->rank,
                     o->world_size);
+  /* uint16/uint32 name a token source's elements; the image stays uint8 then. */
+  if (o->dtype == DL__DTYPE_UINT16 || o->dtype == DL__DTYPE_UINT32) {
+    o->token_dtype = o->dtype;
+    o->dtype = DL__DTYPE_UINT8;
+  }
   if (o->dtype != DL__DTYPE_UINT8 && o->ndevices == 0)
     return dl__fail(DL_EOPTION, "option dtype: float conversion runs on the GPU; use device=cuda");
   return 0;

@@ -221,11 +221,20 @@ int dl__rfs_load(dl__dataset *ds, const char *path, int direct) {
     dl__sample s = {.offset = rec->offset, .size = rec->size, .checksum = rec->checksum,
                     .label = rec->label, .file = file, .flags = DL__SAMPLE_CHECKSUM};
     const dl__rfs_field *img = NULL;
+    s.first_ref = (uint32_t)ds->nrefs;
     for (uint16_t f = 0; f < rec->nfields; f++) {
       const dl__rfs_field *fd_ = &r.fields[rec->first_field + f];
       bool image = fd_->codec == DL__RFS_JPEG || fd_->codec == DL__RFS_PNG;
       if (image && (!img || !strcmp(r.names[fd_->name], "image")))
         img = fd_;
+      if (!image && s.nrefs < DL__MAX_FIELDS) { /* tensors: NPY payloads, stored or zstd */
+        const char *fname = r.names[fd_->name];
+        int idx = dl__dataset_field(ds, fname, strlen(fname));
+        dl__fref ref = {.name = (uint16_t)idx, .kind = fd_->codec == DL__RFS_ZSTD ? DL__REF_NPY_ZST : DL__REF_NPY,
+                        .at = fd_->offset, .len = fd_->size};
+        if (idx >= 0 && dl__dataset_add_ref(ds, &ref) == 0)
+          s.nrefs++;
+      }
     }
     if (img) {
       s.image_at = img->offset;

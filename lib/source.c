@@ -6,7 +6,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 typedef struct strlist {
   char **v;
@@ -147,6 +149,11 @@ static int load_part(dl__dataset *ds, const char *part, const dl__options *o) {
 int dl__source_load(dl__dataset *ds, const char *source, const dl__options *o) {
   if (!source || !*source)
     return dl__fail(DL_EOPTION, "no source given");
+  if (!strncmp(source, "tokens:", 7)) {
+    if (!o->token_dtype || !o->seq_len)
+      return dl__fail(DL_EOPTION, "source %s: a token source needs dtype=uint16|uint32 and seq_len=L", source);
+    return dl__tokens_load(ds, source + 7, o->token_dtype == DL__DTYPE_UINT16 ? 2 : 4, o->seq_len);
+  }
   const char *p = source;
   for (;;) {
     const char *sep = strstr(p, "::");
@@ -165,4 +172,74 @@ int dl__source_load(dl__dataset *ds, const char *source, const dl__options *o) {
   if (ds->n == 0)
     return dl__fail(DL_ENOSAMPLES, "source %s: no samples found", source);
   return 0;
+}
+
+/* Token files: flat arrays of uint16 or uint32 tokens, as pretraining pipelines write them. Each
+ * file gives (tokens - 1) / L windows of L + 1 tokens (inputs and shifted targets), never across
+ * files. */
+int dl__tokens_load(dl__dataset *ds, const char *paths, int token_bytes, int seq_len) {
+  char **list = NULL;
+  size_t n = 0;
+  int r = 0;
+  int field = dl__dataset_field(ds, "tokens", 6);
+  if (field < 0)
+    return dl__fail(-ENOMEM, "out of memory");
+  const char *p = paths;
+  while (!r && *p) {
+    const char *sep = strstr(p, "::");
+    size_t len = sep ? (size_t)(sep - p) : strlen(p);
+    char *part = strndup(p, len);
+    if (!part)
+      return dl__fail(-ENOMEM, "out of memory");
+    r = dl__expand_braces(part, &list, &n);
+    free(part);
+    for (size_t i = 0; i < n; i++) {
+      glob_t g;
+      bool globbed = !r && strpbrk(list[i], "*?[") && glob(list[i], 0, NULL, &g) == 0;
+      size_t count = globbed ? g.gl_pathc : 1;
+      for (size_t j = 0; !r && j < count; j++) {
+        const char *path = globbed ? g.gl_pathv[j] : list[i];
+        uint32_t file;
+        struct stat st;
+        if (stat(path, &st)) {
+          r = dl__fail(-errno, "source tokens:%s: %s", path, strerror(errno));
+          break;
+        }
+        if ((r = dl__dataset_add_file(ds, path, &file)))
+          break;
+        ds->fds[file] = open(path, O_RDONLY | O_CLOEXEC);
+        if (ds->fds[file] < 0) {
+          r = dl__fail(-errno, "source tokens:%s: %s", path, strerror(errno));
+          break;
+        }
+        uint64_t tokens = (uint64_t)st.st_size / (uint64_t)token_bytes;
+        uint64_t windows = tokens > 1 ? (tokens - 1) / (uint64_t)seq_len : 0;
+        const char *base = strrchr(path, '/');
+        base = base ? base + 1 : path;
+        for (uint64_t w = 0; w < windows && !r; w++) {
+          char key[300];
+          int kl = snprintf(key, sizeof key, "%.250s:%llu", base, (unsigned long long)w);
+          uint32_t size = (uint32_t)((uint64_t)(seq_len + 1) * (uint64_t)token_bytes);
+          dl__sample s = {.offset = w * (uint64_t)seq_len * (uint64_t)token_bytes, .size = size, .label = -1,
+                          .file = file, .first_ref = (uint32_t)ds->nrefs, .nrefs = 1};
+          dl__fref ref = {.name = (uint16_t)field, .kind = DL__REF_TOKENS, .at = 0, .len = size};
+          s.key = s.name = dl__dataset_intern(ds, key, (size_t)kl);
+          if (s.key == UINT32_MAX || dl__dataset_add_ref(ds, &ref) || dl__dataset_push(ds, &s))
+            r = dl__fail(-ENOMEM, "out of memory listing tokens:%s", path);
+        }
+      }
+      if (globbed)
+        globfree(&g);
+      free(list[i]);
+    }
+    free(list);
+    list = NULL;
+    n = 0;
+    if (!sep)
+      break;
+    p = sep + 2;
+  }
+  if (!r && ds->n == 0)
+    r = dl__fail(DL_ENOSAMPLES, "source tokens:%s: no window of seq_len=%d + 1 tokens", paths, seq_len);
+  return r;
 }

@@ -155,7 +155,19 @@ typedef struct group {
   bool exact_image; /* image came from an extension that is exactly jpg/jpeg/png */
   dl__sample s;
   char image_name[NAME_MAX_LEN];
+  uint64_t image_off, image_size;
+  uint64_t span_start, span_end; /* the sample's bytes a worker reads: its image and tensors */
+  dl__fref refs[DL__MAX_FIELDS];
+  uint64_t ref_off[DL__MAX_FIELDS];
+  int nrefs;
 } group;
+
+static void widen(group *g, uint64_t off, uint64_t size) {
+  if (off < g->span_start)
+    g->span_start = off;
+  if (off + size > g->span_end)
+    g->span_end = off + size;
+}
 
 static int flush(dl__dataset *ds, group *g) {
   if (!g->open)
@@ -169,6 +181,21 @@ static int flush(dl__dataset *ds, group *g) {
   g->s.key = dl__dataset_intern(ds, g->key, g->key_len);
   if (g->s.key == UINT32_MAX)
     return -ENOMEM;
+  if (g->span_end > g->span_start) {
+    g->s.offset = g->span_start;
+    g->s.size = g->span_end - g->span_start;
+  }
+  if (g->s.codec != DL__CODEC_NONE) {
+    g->s.image_at = (uint32_t)(g->image_off - g->span_start);
+    g->s.image_len = (uint32_t)(g->image_size < UINT32_MAX ? g->image_size : UINT32_MAX);
+  }
+  g->s.first_ref = (uint32_t)ds->nrefs;
+  g->s.nrefs = (uint8_t)g->nrefs;
+  for (int i = 0; i < g->nrefs; i++) {
+    g->refs[i].at = (uint32_t)(g->ref_off[i] - g->span_start);
+    if (dl__dataset_add_ref(ds, &g->refs[i]))
+      return -ENOMEM;
+  }
   return dl__dataset_push(ds, &g->s);
 }
 
@@ -216,15 +243,33 @@ static int add_member(dl__dataset *ds, group *g, uint32_t file, const char *name
     memset(&g->s, 0, sizeof g->s);
     g->s.file = file;
     g->s.label = -1;
+    g->span_start = UINT64_MAX;
+    g->span_end = 0;
+    g->nrefs = 0;
   }
   int codec = ext_codec(ext);
   bool exact = strchr(ext, '.') == NULL;
+  size_t elen = strlen(ext);
+  bool zst = elen > 4 && !strcasecmp(ext + elen - 4, ".zst");
+  size_t stem = zst ? elen - 4 : elen; /* the extension without a trailing .zst */
+  bool npy = stem >= 3 && !strncasecmp(ext + stem - 3, "npy", 3) && (stem == 3 || ext[stem - 4] == '.');
   if (codec != DL__CODEC_NONE && (g->s.codec == DL__CODEC_NONE || (exact && !g->exact_image))) {
     g->s.codec = (uint8_t)codec;
-    g->s.offset = off;
-    g->s.size = size;
+    g->image_off = off;
+    g->image_size = size;
+    widen(g, off, size);
     g->exact_image = exact;
     snprintf(g->image_name, sizeof g->image_name, "%s", name);
+  } else if (npy && g->nrefs < DL__MAX_FIELDS) {
+    /* "depth.npy" is field "depth"; a bare "npy" member is field "npy"; ".zst" means zstd. */
+    size_t flen = stem == 3 ? 3 : stem - 4;
+    int f = dl__dataset_field(ds, ext, flen);
+    if (f < 0)
+      return 0; /* past DL__MAX_FIELDS distinct fields: left out */
+    g->refs[g->nrefs] = (dl__fref){.name = (uint16_t)f, .kind = zst ? DL__REF_NPY_ZST : DL__REF_NPY,
+                                   .len = (uint32_t)(size < UINT32_MAX ? size : UINT32_MAX)};
+    g->ref_off[g->nrefs++] = off;
+    widen(g, off, size);
   } else if (!strcasecmp(ext, "cls") && size <= 64) {
     const uint8_t *p = read_at(r, off, (size_t)size);
     bool ok = false;

@@ -13,6 +13,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <zstd.h>
+
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
@@ -35,6 +37,8 @@ struct dl__worker {
   int depth;
   dl__buf scratch;
   dl__resize_scratch rs;
+  void *zctx; /* zstd decompression of tensor fields */
+  dl__buf zbuf;
 };
 
 static int64_t ns_since(const struct timespec *t0) {
@@ -65,6 +69,12 @@ static void complete(struct dl__worker *w, inflight *f, dl__err *e) {
   atomic_fetch_add_explicit(&l->st.samples, 1, memory_order_relaxed);
   if (e->code) {
     memset(b->image + (size_t)c->i * l->sample_bytes, 0, l->sample_bytes);
+    for (int f = 0; f < l->nfields; f++) {
+      const dl__field *fd = &l->fields[f];
+      memset(b->fields + fd->at + (size_t)c->i * fd->sample_bytes, 0, fd->sample_bytes);
+      if (l->o.pad)
+        ((int64_t *)(b->fields + fd->len_at))[c->i] = 0;
+    }
     atomic_fetch_add_explicit(&l->st.errors, 1, memory_order_relaxed);
     char msg[DL__MSG_MAX];
     snprintf(msg, sizeof msg, "shard %s member %s offset %llu: %s", l->ds.files[s->file],
@@ -87,6 +97,12 @@ static void decode(struct dl__worker *w, inflight *f, dl__err *e) {
   const dl__claim *c = &f->c;
   struct timespec t0;
   clock_gettime(CLOCK_MONOTONIC, &t0);
+  if (l->nfields && dl__fields_fill(l, f->s, f->buf.p + f->skip, c->slot, c->i, &w->zctx, &w->zbuf, e))
+    return;
+  if (!l->has_image) {
+    atomic_fetch_add_explicit(&l->st.decode_ns, ns_since(&t0), memory_order_relaxed);
+    return;
+  }
   uint64_t key = dl__hash3(l->o.seed, (uint64_t)c->epoch, (uint64_t)c->index);
   plan_arg pa = {l, key};
   const uint8_t *image = f->buf.p + f->skip + f->s->image_at;
@@ -119,6 +135,8 @@ static void decode(struct dl__worker *w, inflight *f, dl__err *e) {
   atomic_fetch_add_explicit(&l->st.decode_ns, ns_since(&t0), memory_order_relaxed);
 }
 
+static bool l_has_image(const struct dl__worker *w) { return w->l->has_image; }
+
 static void finish(struct dl__worker *w, inflight *f, int64_t res) {
   dl__err e = {0};
   const dl__sample *s = f->s;
@@ -131,7 +149,7 @@ static void finish(struct dl__worker *w, inflight *f, int64_t res) {
                 (long long)res, (unsigned long long)s->size);
   else if ((s->flags & DL__SAMPLE_CHECKSUM) && XXH64(f->buf.p + f->skip, s->size, 0) != s->checksum)
     dl__err_set(&e, DL_ECORRUPT, "record checksum mismatch (damaged record)");
-  else if ((uint64_t)s->image_at + s->image_len > s->size)
+  else if (l_has_image(w) && (uint64_t)s->image_at + s->image_len > s->size)
     dl__err_set(&e, DL_ECORRUPT, "image field lies outside its record");
   else
     decode(w, f, &e);
@@ -153,7 +171,7 @@ static bool start(struct dl__worker *w, const dl__claim *c) {
   f->own_fd = -1;
   const dl__sample *s = f->s;
   dl__err e = {0};
-  if (s->codec == DL__CODEC_NONE) {
+  if (s->codec == DL__CODEC_NONE && l->has_image) {
     dl__err_set(&e, DL_ENOFIELD, "sample has no image member (.jpg, .jpeg or .png)");
   } else if ((int64_t)s->size > l->o.max_member_bytes) {
     dl__err_set(&e, DL_ELIMIT, "member is %llu bytes, above max_member_bytes=%lld",
@@ -226,6 +244,8 @@ static void worker_free(struct dl__worker *w) {
     dl__buf_free(&w->slots[i].buf);
   free(w->slots);
   dl__buf_free(&w->scratch);
+  dl__buf_free(&w->zbuf);
+  ZSTD_freeDCtx(w->zctx);
   dl__buf_free(&w->rs.tmp);
   dl__buf_free(&w->rs.coef);
 }

@@ -1,5 +1,6 @@
 /*
- * ringfeed shards: the writer's records read back bit-exact (raw, zstd, jpeg), conversion by
+ * ringfeed shards: the writer's records read back bit-exact (raw, zstd, jpeg) and as batch tensors
+ * through the loader, conversion by
  * dlshard keeps the stream (tar -> rfs and ImageFolder -> rfs give the same digests, with and
  * without O_DIRECT), and damage is found: dlshard verify names every flipped, truncated or
  * mis-summed record, and the loader with on_error=skip reports exactly those.
@@ -53,6 +54,26 @@ static uint64_t stream_digest(const char *src, const char *opts, int *errors) {
   return XXH3_64bits_digest(&st);
 }
 
+/* A .npy v1 payload of int32 values 0, 1, 2, ... of shape (rows, 3). */
+static size_t make_npy(uint8_t *out, int rows, int first) {
+  char header[128];
+  int n = snprintf(header, sizeof header, "{'descr': '<i4', 'fortran_order': False, 'shape': (%d, 3), }", rows);
+  int total = 10 + n + 1;
+  int pad = (64 - total % 64) % 64;
+  memcpy(out, "\x93NUMPY\x01\x00", 8);
+  uint16_t hl = (uint16_t)(n + pad + 1);
+  memcpy(out + 8, &hl, 2);
+  memcpy(out + 10, header, (size_t)n);
+  memset(out + 10 + n, ' ', (size_t)pad);
+  out[10 + n + pad] = '\n';
+  size_t at = (size_t)(10 + n + pad + 1);
+  for (int i = 0; i < rows * 3; i++) {
+    int32_t v = first + i;
+    memcpy(out + at + 4 * (size_t)i, &v, 4);
+  }
+  return at + 12 * (size_t)rows;
+}
+
 static void writer_round_trip(void) {
   char path[512];
   snprintf(path, sizeof path, "%s/rt.rfs", dir);
@@ -60,9 +81,7 @@ static void writer_round_trip(void) {
   ASSERT_EQ(dl_writer_open(&w, path, "align=bogus"), DL_EOPTION);
   ASSERT_EQ(dl_writer_open(&w, path, "align=3000"), DL_EOPTION);
   ASSERT_EQ(dl_writer_open(&w, path, "align=4096 zstd_level=5"), 0);
-  uint8_t raw[5000];
-  for (int i = 0; i < 5000; i++)
-    raw[i] = (uint8_t)(i * 7 / 13);
+  uint8_t raw[5000], npy[512];
   unsigned char *jpg;
   unsigned long jlen;
   ASSERT_EQ(synthetic_jpeg(3, &jpg, &jlen), 0);
@@ -70,8 +89,10 @@ static void writer_round_trip(void) {
     char key[32];
     snprintf(key, sizeof key, "k/%03d", r);
     ASSERT_EQ(dl_writer_begin(w, key, r * 10), 0);
-    ASSERT_EQ(dl_writer_field(w, "tensor", "raw", raw, (size_t)100 + r), 0);
-    ASSERT_EQ(dl_writer_field(w, "packed", "zstd", raw, sizeof raw), 0);
+    size_t nl = make_npy(npy, 4, r * 100);
+    ASSERT_EQ(dl_writer_field(w, "tensor", "raw", npy, nl), 0);
+    size_t rl = make_npy(raw, 400, r);
+    ASSERT_EQ(dl_writer_field(w, "packed", "zstd", raw, rl), 0);
     ASSERT_EQ(dl_writer_field(w, "image", "jpeg", jpg, jlen), 0);
     ASSERT_EQ(dl_writer_field(w, "x", "lz4", raw, 1), DL_EOPTION);
     ASSERT_EQ(dl_writer_end(w), 0);
@@ -94,12 +115,13 @@ static void writer_round_trip(void) {
     ASSERT_EQ(XXH64(buf, rec->size, 0), rec->checksum);
     const dl__rfs_field *f = &r.fields[rec->first_field];
     ASSERT_EQ(f[0].codec, DL__RFS_RAW);
-    ASSERT_EQ(f[0].size, 100 + i);
-    ASSERT_EQ(memcmp(buf + f[0].offset, raw, f[0].size), 0);
+    size_t nl = make_npy(npy, 4, (int)i * 100), rl = make_npy(raw, 400, (int)i);
+    ASSERT_EQ(f[0].size, nl);
+    ASSERT_EQ(memcmp(buf + f[0].offset, npy, nl), 0);
     ASSERT_EQ(f[1].codec, DL__RFS_ZSTD);
-    ASSERT_LT(f[1].size, 5000);
-    ASSERT_EQ(ZSTD_decompress(out, sizeof out, buf + f[1].offset, f[1].size), 5000);
-    ASSERT_EQ(memcmp(out, raw, sizeof raw), 0);
+    ASSERT_LT(f[1].size, rl);
+    ASSERT_EQ(ZSTD_decompress(out, sizeof out, buf + f[1].offset, f[1].size), rl);
+    ASSERT_EQ(memcmp(out, raw, rl), 0);
     ASSERT_EQ(f[2].size, jlen);
     ASSERT_EQ(memcmp(buf + f[2].offset, jpg, jlen), 0);
   }
@@ -113,10 +135,24 @@ static void writer_round_trip(void) {
   dl_batch *b;
   ASSERT_EQ(dl_next_batch(l, &b), 0);
   ASSERT_STR_EQ(dl_batch_key(b, 7), "k/007");
-  DLTensor lab;
+  DLTensor lab, ten, pk;
   dl_batch_field(b, "label", &lab);
   ASSERT_EQ(((int64_t *)lab.data)[7], 70);
   ASSERT_EQ(dl_batch_sample_error(b, 19), 0);
+  /* The tensor fields: [B, 4, 3] and [B, 400, 3] int32, bit-exact, the zstd one decompressed. */
+  ASSERT_EQ(dl_batch_field_count(b), 4);
+  ASSERT_STR_EQ(dl_batch_field_name(b, 2), "tensor");
+  ASSERT_EQ(dl_batch_field(b, "tensor", &ten), 0);
+  ASSERT_EQ(dl_batch_field(b, "packed", &pk), 0);
+  ASSERT_EQ(ten.ndim, 3);
+  ASSERT_EQ(ten.shape[1], 4);
+  ASSERT_EQ(ten.dtype.code, kDLInt);
+  ASSERT_EQ(ten.dtype.bits, 32);
+  ASSERT_EQ(pk.shape[1], 400);
+  for (int i = 0; i < 20; i++) {
+    ASSERT_EQ(((int32_t *)ten.data)[i * 12 + 5], i * 100 + 5);
+    ASSERT_EQ(((int32_t *)pk.data)[i * 1200 + 1199], i + 1199);
+  }
   dl_batch_release(b, NULL);
   dl_close(l);
   sh("'%s' verify '%s' > /dev/null", dlshard, path, 0);

@@ -98,8 +98,50 @@ static int read_sample(const dl__dataset *ds, const dl__sample *s, dl__buf *buf)
   return 0;
 }
 
-static int write_shard(create_job *j, size_t shard, dl__buf *buf) {
+/* Writes sample S's tensor fields (tar .npy/.npy.zst members, .rfs raw/zstd fields) from BYTES. */
+static int write_tensors(dl_writer *w, const dl__dataset *ds, const dl__sample *s, const uint8_t *bytes,
+                         dl__buf *raw) {
+  for (uint8_t r = 0; r < s->nrefs; r++) {
+    const dl__fref *ref = &ds->refs[s->first_ref + r];
+    const char *name = ds->field_names[ref->name];
+    const uint8_t *p = bytes + ref->at;
+    if (ref->kind == DL__REF_NPY) {
+      int rc = dl_writer_field(w, name, "raw", p, ref->len);
+      if (rc)
+        return rc;
+      continue;
+    }
+    /* Compressed: checked by decompressing (frames from a stream carry no size), then stored
+     * compressed again; at most 1 GiB. */
+    ZSTD_DStream *z = ZSTD_createDStream();
+    ZSTD_inBuffer in = {p, ref->len, 0};
+    size_t got = 0, zr = 1;
+    while (z && zr != 0 && !ZSTD_isError(zr)) {
+      if (got + (1u << 20) > raw->cap && (raw->cap >= (1u << 30) || dl__buf_reserve(raw, got + (1u << 20)))) {
+        zr = (size_t)-1;
+        break;
+      }
+      ZSTD_outBuffer out = {raw->p + got, raw->cap - got, 0};
+      size_t before = in.pos;
+      zr = ZSTD_decompressStream(z, &out, &in);
+      got += out.pos;
+      if (!ZSTD_isError(zr) && zr != 0 && in.pos == before && out.pos == 0 && in.pos == in.size)
+        zr = (size_t)-1; /* truncated frame: no progress left to make */
+    }
+    ZSTD_freeDStream(z);
+    if (!z || zr != 0)
+      return dl__fail(DL_ECORRUPT, "sample %s field %s: zstd: %s", ds->pool + s->key, name,
+                      ZSTD_isError(zr) && zr != (size_t)-1 ? ZSTD_getErrorName(zr) : "frame cut short or too large");
+    int rc = dl_writer_field(w, name, "zstd", raw->p, got);
+    if (rc)
+      return rc;
+  }
+  return 0;
+}
+
+static int write_shard(create_job *j, size_t shard, dl__buf *buf, dl__buf *raw_) {
   char path[PATH_MAX];
+  dl__buf raw = *raw_;
   snprintf(path, sizeof path, "%s-%06zu.rfs", j->prefix, shard);
   dl_writer *w;
   int r = dl_writer_open(&w, path, j->writer_opts);
@@ -108,19 +150,22 @@ static int write_shard(create_job *j, size_t shard, dl__buf *buf) {
   for (size_t i = j->bounds[shard]; i < j->bounds[shard + 1] && !r; i++) {
     const dl__sample *s = &j->ds->samples[i];
     r = dl_writer_begin(w, j->ds->pool + s->key, s->label);
-    if (!r && s->codec != DL__CODEC_NONE) {
+    if (!r && (s->codec != DL__CODEC_NONE || s->nrefs))
       r = read_sample(j->ds, s, buf);
+    if (!r && s->codec != DL__CODEC_NONE) {
       const uint8_t *img = buf->p + s->image_at;
-      int codec = r ? 0 : dl__sniff_codec(img, s->image_len);
-      if (!r)
-        r = dl_writer_field(w, "image", codec == DL__CODEC_PNG ? "png" : "jpeg", img, s->image_len);
+      int codec = dl__sniff_codec(img, s->image_len);
+      r = dl_writer_field(w, "image", codec == DL__CODEC_PNG ? "png" : "jpeg", img, s->image_len);
     }
+    if (!r && s->nrefs)
+      r = write_tensors(w, j->ds, s, buf->p, &raw);
     if (!r)
       r = dl_writer_end(w);
     pthread_mutex_lock(&j->mu);
     j->done++;
     pthread_mutex_unlock(&j->mu);
   }
+  *raw_ = raw;
   if (r) {
     dl_writer_abort(w);
     return r;
@@ -130,14 +175,14 @@ static int write_shard(create_job *j, size_t shard, dl__buf *buf) {
 
 static void *create_worker(void *arg) {
   create_job *j = arg;
-  dl__buf buf = {0};
+  dl__buf buf = {0}, raw = {0};
   for (;;) {
     pthread_mutex_lock(&j->mu);
     size_t shard = j->err ? j->nshards : j->next++;
     pthread_mutex_unlock(&j->mu);
     if (shard >= j->nshards)
       break;
-    int r = write_shard(j, shard, &buf);
+    int r = write_shard(j, shard, &buf, &raw);
     if (r) {
       pthread_mutex_lock(&j->mu);
       if (!j->err) {
@@ -148,6 +193,7 @@ static void *create_worker(void *arg) {
     }
   }
   dl__buf_free(&buf);
+  dl__buf_free(&raw);
   return NULL;
 }
 

@@ -7,7 +7,7 @@
         ...
 """
 
-from ._loader import Error, Loader, version
+from ._loader import Error, Loader, Writer, version
 
-__all__ = ["Error", "Loader", "version"]
+__all__ = ["Error", "Loader", "Writer", "version"]
 __version__ = "0.1.0"

@@ -91,6 +91,14 @@ _sig = {
     "dl_state_save": (_c.c_int, [_c.c_void_p, _c.c_char_p, _c.c_size_t]),
     "dl_stats_json": (_c.c_int, [_c.c_void_p, _c.c_char_p, _c.c_size_t]),
     "dl_close": (None, [_c.c_void_p]),
+    "dl_batch_field_count": (_c.c_int, [_c.c_void_p]),
+    "dl_batch_field_name": (_c.c_char_p, [_c.c_void_p, _c.c_int]),
+    "dl_writer_open": (_c.c_int, [_c.POINTER(_c.c_void_p), _c.c_char_p, _c.c_char_p]),
+    "dl_writer_begin": (_c.c_int, [_c.c_void_p, _c.c_char_p, _c.c_int64]),
+    "dl_writer_field": (_c.c_int, [_c.c_void_p, _c.c_char_p, _c.c_char_p, _c.c_void_p, _c.c_size_t]),
+    "dl_writer_end": (_c.c_int, [_c.c_void_p]),
+    "dl_writer_close": (_c.c_int, [_c.c_void_p]),
+    "dl_writer_abort": (None, [_c.c_void_p]),
 }
 for _name, (_res, _args) in _sig.items():
     _f = getattr(lib, _name)

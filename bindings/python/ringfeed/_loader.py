@@ -61,6 +61,63 @@ def _framework(name):
     return name
 
 
+class Writer:
+    """Writes a ringfeed shard (.rfs): records of named fields, each "raw", "zstd" (compressed
+    here), "jpeg" or "png". Tensor fields are .npy payloads; numpy arrays are saved as such.
+
+        with ringfeed.Writer("train-000000.rfs") as w:
+            w.add("000123", label=7, fields={"image": ("jpeg", jpeg_bytes), "depth": ("zstd", array)})
+    """
+
+    def __init__(self, path, align=4096, zstd_level=3):
+        self._handle = ctypes.c_void_p()
+        opts = f"align={int(align)} zstd_level={int(zstd_level)}".encode()
+        _check(lib.dl_writer_open(ctypes.byref(self._handle), os.fspath(path).encode(), opts))
+
+    @staticmethod
+    def _payload(value):
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            return bytes(value)
+        import io
+        import numpy
+        buf = io.BytesIO()
+        numpy.save(buf, numpy.ascontiguousarray(value))
+        return buf.getvalue()
+
+    def add(self, key, label=-1, fields=None):
+        """Appends one record. FIELDS maps a name to (codec, bytes or array), or to bytes or an
+        array alone (stored raw)."""
+        _check(lib.dl_writer_begin(self._handle, str(key).encode(), int(label)))
+        for name, value in (fields or {}).items():
+            codec, data = value if isinstance(value, tuple) else ("raw", value)
+            data = self._payload(data)
+            _check(lib.dl_writer_field(self._handle, name.encode(), codec.encode(), data, len(data)))
+        _check(lib.dl_writer_end(self._handle))
+
+    def close(self):
+        if self._handle:
+            handle, self._handle = self._handle, ctypes.c_void_p()
+            _check(lib.dl_writer_close(handle))
+
+    def abort(self):
+        if self._handle:
+            handle, self._handle = self._handle, ctypes.c_void_p()
+            lib.dl_writer_abort(handle)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, *exc):
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+    def __del__(self):
+        if getattr(self, "_handle", None):
+            self.abort()
+
+
 class Loader:
     """Iterates batches of SOURCE: tar shards (a path, a list, globs, brace ranges) or an
     ImageFolder. Keywords are the C options (batch_size, workers, prefetch, image_size, crop, flip,
@@ -122,11 +179,11 @@ class Loader:
             if stream is not None:
                 _check(lib.dl_batch_wait(b, stream))
             n = lib.dl_batch_size(b)
-            out = {
-                "image": self._export(b, b"image"),
-                "label": self._export(b, b"label"),
-                "key": [lib.dl_batch_key(b, i).decode(errors="replace") for i in range(n)],
-            }
+            out = {}
+            for i in range(lib.dl_batch_field_count(b)):
+                name = lib.dl_batch_field_name(b, i)
+                out[name.decode()] = self._export(b, name)
+            out["key"] = [lib.dl_batch_key(b, i).decode(errors="replace") for i in range(n)]
             errors = [lib.dl_batch_sample_error(b, i) for i in range(n)]
             if any(errors):
                 out["error"] = errors
@@ -142,7 +199,7 @@ class Loader:
         t = _dlpack._api  # noqa: F841 - keeps ctypes.pythonapi initialised
         from ._lib import DLTensor
         desc = DLTensor()
-        _check(lib.dl_batch_field(b, b"image", ctypes.byref(desc)))
+        _check(lib.dl_batch_field(b, b"label", ctypes.byref(desc)))
         if desc.device.device_type != K_DL_CUDA:
             return None
         torch = self._torch

@@ -1,0 +1,171 @@
+"""Tensor fields: .npy and .npy.zst members of tar shards and raw fields of ringfeed shards become
+batch tensors of their own dtype, bit-exact; pad=1 pads a varying leading dimension and adds
+<field>_len; token files give windows equal to a numpy reference; zstd golden frames decode or fail
+cleanly."""
+
+import io
+import os
+import shutil
+import subprocess
+import tarfile
+
+import pytest
+
+import ringfeed
+from conftest import TESTDATA
+
+np = pytest.importorskip("numpy")
+
+
+def npy_bytes(a):
+    buf = io.BytesIO()
+    np.save(buf, a)
+    return buf.getvalue()
+
+
+def zstd(data):
+    if not shutil.which("zstd"):
+        pytest.skip("zstd command absent")
+    return subprocess.run(["zstd", "-q", "-c", "-3"], input=data, capture_output=True, check=True).stdout
+
+
+def write_tar(path, members):
+    with tarfile.open(path, "w") as t:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            t.addfile(info, io.BytesIO(data))
+
+
+def copies(batch):
+    return {k: (v.copy() if hasattr(v, "copy") else v) for k, v in batch.items()}
+
+
+def test_npy_and_zstd_members_come_back_bit_exact(tmp_path):
+    rng = np.random.default_rng(1)
+    xs = [rng.standard_normal((5, 3)).astype(np.float32) for _ in range(12)]
+    ys = [rng.integers(-9, 9, 7).astype(np.int64) for _ in range(12)]
+    members = []
+    for i in range(12):
+        members += [(f"s{i:03d}.x.npy", npy_bytes(xs[i])), (f"s{i:03d}.y.npy.zst", zstd(npy_bytes(ys[i]))),
+                    (f"s{i:03d}.cls", str(i).encode())]
+    shard = tmp_path / "t.tar"
+    write_tar(shard, members)
+    loader = ringfeed.Loader(str(shard), batch_size=5, shuffle=False, framework="numpy", workers=2)
+    batches = [copies(b) for b in loader]
+    assert [b["x"].shape for b in batches] == [(5, 5, 3), (5, 5, 3), (2, 5, 3)]
+    assert "image" not in batches[0]
+    x = np.concatenate([b["x"] for b in batches])
+    y = np.concatenate([b["y"] for b in batches])
+    assert x.dtype == np.float32 and y.dtype == np.int64
+    assert np.array_equal(x, np.stack(xs)) and np.array_equal(y, np.stack(ys))
+    assert np.concatenate([b["label"] for b in batches]).tolist() == list(range(12))
+
+
+def test_pad_pads_varying_leading_dimensions(tmp_path):
+    seqs = [np.arange(2 * n, dtype=np.int16).reshape(n, 2) + 100 * n for n in (3, 1, 6, 4)]
+    shard = tmp_path / "v.tar"
+    write_tar(shard, [(f"k{i}.seq.npy", npy_bytes(a)) for i, a in enumerate(seqs)])
+    b = next(ringfeed.Loader(str(shard), batch_size=4, shuffle=False, pad=True, framework="numpy", workers=1))
+    assert b["seq"].shape == (4, 6, 2) and b["seq"].dtype == np.int16
+    assert b["seq_len"].tolist() == [3, 1, 6, 4]
+    for i, a in enumerate(seqs):
+        assert np.array_equal(b["seq"][i, : len(a)], a) and not b["seq"][i, len(a):].any()
+    with pytest.raises(ringfeed.Error) as e:
+        list(ringfeed.Loader(str(shard), batch_size=4, shuffle=False, on_error="fail", log="quiet",
+                             framework="numpy"))
+    assert "pad=1" in e.value.message and "k" in e.value.message
+
+
+def test_raw_fields_of_ringfeed_shards(tmp_path):
+    rng = np.random.default_rng(2)
+    arrays = [rng.integers(0, 255, (16, 16, 4)).astype(np.uint8) for _ in range(9)]
+    path = tmp_path / "r.rfs"
+    with ringfeed.Writer(str(path)) as w:
+        for i, a in enumerate(arrays):
+            w.add(f"rec{i}", label=i, fields={"depth": ("zstd", npy_bytes(a)), "meta": ("raw", npy_bytes(np.array([i, -i])))})
+    got = [copies(b) for b in ringfeed.Loader(str(path), batch_size=4, shuffle=False, framework="numpy", workers=2)]
+    depth = np.concatenate([b["depth"] for b in got])
+    assert np.array_equal(depth, np.stack(arrays))
+    assert np.concatenate([b["meta"] for b in got]).tolist() == [[i, -i] for i in range(9)]
+    assert [k for b in got for k in b["key"]] == [f"rec{i}" for i in range(9)]
+
+
+def test_token_windows_match_a_numpy_reference(tmp_path):
+    tokens = (np.arange(1000, dtype=np.uint32) * 7919 % 50257).astype(np.uint16)
+    path = tmp_path / "t.bin"
+    tokens.tofile(path)
+    L = 16
+    windows = np.stack([tokens[w * L: w * L + L + 1] for w in range((len(tokens) - 1) // L)])
+    loader = ringfeed.Loader(f"tokens:{path}", dtype="uint16", seq_len=L, batch_size=8, shuffle=False,
+                             framework="numpy", workers=2)
+    got = np.concatenate([b["tokens"].copy() for b in loader])
+    assert got.dtype == np.uint16 and np.array_equal(got, windows)
+    # Shuffled, ranked and resumed like images: every window once per epoch, each intact.
+    seen = []
+    for rank in range(2):
+        for b in ringfeed.Loader(f"tokens:{path}", dtype="uint16", seq_len=L, batch_size=5, seed=3, rank=rank,
+                                 world_size=2, framework="numpy", workers=2):
+            for key, row in zip(b["key"], b["tokens"]):
+                w = int(key.rsplit(":", 1)[1])
+                assert np.array_equal(row, windows[w])
+                seen.append(w)
+    assert sorted(seen) == list(range(len(windows) - len(windows) % 2))
+    with pytest.raises(ringfeed.Error) as e:
+        ringfeed.Loader(f"tokens:{path}", seq_len=L)
+    assert e.value.name == "DL_EOPTION"
+
+
+ZSTD = os.path.join(TESTDATA, "zstd")
+
+
+@pytest.mark.skipif(not os.path.isdir(ZSTD), reason="third-party test data absent")
+def test_zstd_golden_frames_decode_or_fail_cleanly(tmp_path):
+    names = []
+    members = []
+    for sub in ("golden-decompression", "golden-decompression-errors"):
+        for f in sorted(os.listdir(os.path.join(ZSTD, sub))):
+            names.append((sub, f))
+            members.append((f"g{len(members):02d}.data.npy.zst", open(os.path.join(ZSTD, sub, f), "rb").read()))
+    shard = tmp_path / "z.tar"
+    write_tar(shard, members)
+    for i, (sub, f) in enumerate(names):
+        one = tmp_path / f"one{i}.tar"
+        write_tar(one, [members[i]])
+        with pytest.raises(ringfeed.Error) as e:
+            list(ringfeed.Loader(str(one), batch_size=1, on_error="fail", log="quiet", framework="numpy"))
+        # A frame that decodes is then not a .npy payload; one that does not is a zstd error.
+        assert e.value.name in ("DL_ECORRUPT", "DL_ELIMIT"), (f, e.value)
+        assert "zstd" in e.value.message or ".npy" in e.value.message, (f, e.value.message)
+        if sub == "golden-decompression" and f != "zeroSeq_2B.zst":  # 1.5.4 rejects that one
+            assert ".npy" in e.value.message, (f, e.value.message)
+
+
+def test_dlshard_converts_npy_folders_and_tars_keeping_the_stream(tmp_path):
+    dlshard = os.environ.get("DL_DLSHARD") or os.path.join(os.path.dirname(os.environ.get("RINGFEED_LIBRARY", "")), "dlshard")
+    if not os.path.exists(dlshard):
+        pytest.skip("dlshard not built")
+    rng = np.random.default_rng(5)
+    folder = tmp_path / "npys"
+    folder.mkdir()
+    arrays = [rng.standard_normal((4, 4)).astype(np.float64) for _ in range(10)]
+    for i, a in enumerate(arrays):
+        np.save(folder / f"{i:04d}.npy", a)
+    subprocess.run([dlshard, "create", str(tmp_path / "out" / "f"), str(folder), "--samples-per-shard", "4"],
+                   check=True, capture_output=True)
+    src = str(tmp_path / "out" / "f-{000000..000002}.rfs")
+    a = [copies(b) for b in ringfeed.Loader(str(folder), batch_size=3, shuffle=False, framework="numpy")]
+    b = [copies(x) for x in ringfeed.Loader(src, batch_size=3, shuffle=False, framework="numpy")]
+    assert np.array_equal(np.concatenate([x["npy"] for x in a]), np.stack(arrays))
+    assert np.array_equal(np.concatenate([x["npy"] for x in b]), np.stack(arrays))
+    # A tar with .npy and .npy.zst members converts to the same stream.
+    shard = tmp_path / "t.tar"
+    write_tar(shard, [m for i, x in enumerate(arrays) for m in (
+        (f"k{i:02d}.a.npy", npy_bytes(x)), (f"k{i:02d}.b.npy.zst", zstd(npy_bytes(x[0]))))])
+    subprocess.run([dlshard, "create", str(tmp_path / "tt"), str(shard)], check=True, capture_output=True)
+    out = subprocess.run([dlshard, "verify", str(tmp_path / "tt-000000.rfs")], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout
+    kw = dict(batch_size=4, seed=9, framework="numpy", workers=2)
+    for x, y in zip(ringfeed.Loader(str(shard), **kw), ringfeed.Loader(str(tmp_path / "tt-000000.rfs"), **kw)):
+        assert x["key"] == y["key"]
+        assert np.array_equal(x["a"], y["a"]) and np.array_equal(x["b"], y["b"])

@@ -1,0 +1,188 @@
+/*
+ * Tensor fields: the schema every batch gets (from the first sample holding each field, or with
+ * pad=1 the largest leading dimension over the dataset), and a worker's filling of one sample's
+ * fields into its slot: .npy payloads (zstd-compressed or not) and token windows.
+ */
+#include "internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <zstd.h>
+#include <zstd_errors.h>
+
+#define HEADER_PREFIX 65536 /* .npy headers are at most 64 KiB */
+
+static const dl__fref *find_ref(const dl__dataset *ds, const dl__sample *s, int name) {
+  for (uint8_t r = 0; r < s->nrefs; r++)
+    if (ds->refs[s->first_ref + r].name == name)
+      return &ds->refs[s->first_ref + r];
+  return NULL;
+}
+
+/* The first bytes of a field's payload (decompressed), enough for its .npy header. */
+static int payload_prefix(const dl__dataset *ds, const dl__sample *s, const dl__fref *ref, dl__buf *raw,
+                          dl__buf *out, size_t *n, size_t *total, dl__err *e) {
+  int fd = open(ds->files[s->file], O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return dl__err_set(e, -errno, "%s", strerror(errno));
+  size_t want = ref->kind == DL__REF_NPY ? (ref->len < HEADER_PREFIX ? ref->len : HEADER_PREFIX) : ref->len;
+  if (ref->kind == DL__REF_NPY_ZST && want > (64u << 20))
+    want = 64u << 20;
+  int r = dl__buf_reserve(raw, want ? want : 1);
+  ssize_t got = r ? -1 : pread(fd, raw->p, want, (off_t)(s->offset + ref->at));
+  close(fd);
+  if (got != (ssize_t)want)
+    return dl__err_set(e, DL_ECORRUPT, "cannot read the field's %zu bytes", want);
+  if (ref->kind != DL__REF_NPY_ZST) {
+    if (dl__buf_reserve(out, want ? want : 1))
+      return dl__err_set(e, -ENOMEM, "out of memory");
+    memcpy(out->p, raw->p, want);
+    *n = want;
+    *total = ref->len;
+    return 0;
+  }
+  unsigned long long content = ZSTD_getFrameContentSize(raw->p, want);
+  ZSTD_DStream *z = ZSTD_createDStream();
+  if (!z || dl__buf_reserve(out, HEADER_PREFIX))
+    return dl__err_set(e, -ENOMEM, "out of memory");
+  ZSTD_inBuffer in = {raw->p, want, 0};
+  ZSTD_outBuffer o = {out->p, HEADER_PREFIX, 0};
+  size_t rc = 0;
+  while (o.pos < o.size && in.pos < in.size && !ZSTD_isError(rc = ZSTD_decompressStream(z, &o, &in)) && rc)
+    ;
+  ZSTD_freeDStream(z);
+  if (ZSTD_isError(rc))
+    return dl__err_set(e, DL_ECORRUPT, "zstd: %s", ZSTD_getErrorName(rc));
+  *n = o.pos;
+  *total = content == ZSTD_CONTENTSIZE_UNKNOWN || content == ZSTD_CONTENTSIZE_ERROR ? o.pos : (size_t)content;
+  return 0;
+}
+
+static size_t dtype_bytes(DLDataType t) { return t.bits / 8u; }
+
+int dl__fields_schema(dl_loader *l) {
+  dl__dataset *ds = &l->ds;
+  for (size_t i = 0; i < ds->n && !l->has_image; i++)
+    l->has_image = ds->samples[i].codec != DL__CODEC_NONE;
+  dl__buf raw = {0}, pre = {0};
+  size_t at = 0;
+  int rc = 0;
+  for (int f = 0; f < ds->nfield_names && !rc; f++) {
+    dl__field *fd = &l->fields[l->nfields++];
+    memset(fd, 0, sizeof *fd);
+    snprintf(fd->name, sizeof fd->name, "%s", ds->field_names[f]);
+    fd->ds_index = f;
+    bool found = false;
+    for (size_t i = 0; i < ds->n && !rc && (!found || l->o.pad); i++) {
+      const dl__sample *s = &ds->samples[i];
+      const dl__fref *ref = find_ref(ds, s, f);
+      if (!ref)
+        continue;
+      dl__npy npy;
+      if (ref->kind == DL__REF_TOKENS) {
+        npy.dtype = (DLDataType){kDLUInt, (uint8_t)(l->o.token_dtype == DL__DTYPE_UINT16 ? 16 : 32), 1};
+        npy.ndim = 1;
+        npy.shape[0] = l->o.seq_len + 1;
+      } else {
+        dl__err e = {0};
+        size_t n = 0, total = 0;
+        if (payload_prefix(ds, s, ref, &raw, &pre, &n, &total, &e) || dl__npy_parse(pre.p, n, total, &npy, &e)) {
+          if (!found && l->o.on_error == DL__ON_ERROR_FAIL)
+            rc = dl__fail(e.code, "shard %s sample %s field %s: %s", ds->files[s->file], ds->pool + s->key,
+                          fd->name, e.msg);
+          continue; /* the worker reports this sample; the schema comes from a good one */
+        }
+      }
+      if (!found) {
+        found = true;
+        fd->dtype = npy.dtype;
+        fd->ndim = npy.ndim;
+        memcpy(fd->shape, npy.shape, sizeof npy.shape);
+      } else if (npy.ndim == fd->ndim && npy.ndim > 0 && npy.shape[0] > fd->shape[0]) {
+        fd->shape[0] = npy.shape[0]; /* pad=1: room for the largest */
+      }
+    }
+    if (!found && !rc) {
+      rc = dl__fail(DL_ECORRUPT, "field %s: no sample holds a readable .npy payload", fd->name);
+      break;
+    }
+    size_t count = 1;
+    for (int d = 0; d < fd->ndim; d++)
+      count *= (size_t)fd->shape[d];
+    fd->sample_bytes = count * dtype_bytes(fd->dtype);
+    if (fd->sample_bytes > (size_t)l->o.max_member_bytes)
+      rc = dl__fail(DL_ELIMIT, "field %s: %zu bytes per sample, above max_member_bytes", fd->name,
+                    fd->sample_bytes);
+    fd->at = at;
+    at += (fd->sample_bytes * (size_t)l->o.batch_size + 63) / 64 * 64;
+    if (l->o.pad) {
+      fd->len_at = at;
+      at += ((size_t)l->o.batch_size * 8 + 63) / 64 * 64;
+    }
+  }
+  l->field_block = at;
+  dl__buf_free(&raw);
+  dl__buf_free(&pre);
+  return rc;
+}
+
+int dl__fields_fill(dl_loader *l, const dl__sample *s, const uint8_t *bytes, dl_batch *b, int i, void **zctx,
+                    dl__buf *zbuf, dl__err *e) {
+  const dl__dataset *ds = &l->ds;
+  for (int f = 0; f < l->nfields; f++) {
+    const dl__field *fd = &l->fields[f];
+    uint8_t *dst = b->fields + fd->at + (size_t)i * fd->sample_bytes;
+    const dl__fref *ref = find_ref(ds, s, fd->ds_index);
+    if (!ref)
+      return dl__err_set(e, DL_ENOFIELD, "sample has no field %s", fd->name);
+    const uint8_t *p = bytes + ref->at;
+    size_t n = ref->len;
+    if (ref->kind == DL__REF_TOKENS) {
+      if (n != fd->sample_bytes)
+        return dl__err_set(e, DL_ECORRUPT, "token window of %zu bytes", n);
+      memcpy(dst, p, n);
+      continue;
+    }
+    if (ref->kind == DL__REF_NPY_ZST) {
+      size_t cap = fd->sample_bytes + HEADER_PREFIX + 1;
+      if (!*zctx && !(*zctx = ZSTD_createDCtx()))
+        return dl__err_set(e, -ENOMEM, "out of memory");
+      if (dl__buf_reserve(zbuf, cap))
+        return dl__err_set(e, -ENOMEM, "out of memory");
+      size_t got = ZSTD_decompressDCtx(*zctx, zbuf->p, cap, p, n);
+      if (ZSTD_isError(got))
+        return dl__err_set(e, ZSTD_getErrorCode(got) == ZSTD_error_dstSize_tooSmall ? DL_ELIMIT : DL_ECORRUPT,
+                           "field %s: zstd: %s", fd->name, ZSTD_getErrorName(got));
+      p = zbuf->p;
+      n = got;
+    }
+    dl__npy npy;
+    if (dl__npy_parse(p, n, n, &npy, e))
+      return dl__err_set(e, e->code, "field %s: %s", fd->name, e->msg);
+    bool same_type = npy.dtype.code == fd->dtype.code && npy.dtype.bits == fd->dtype.bits;
+    bool same_shape = npy.ndim == fd->ndim;
+    for (int d = 0; same_shape && d < fd->ndim; d++)
+      same_shape = npy.shape[d] == fd->shape[d] || (l->o.pad && d == 0 && npy.shape[0] <= fd->shape[0]);
+    if (!same_type || !same_shape) {
+      char want[128] = "", got[128] = "";
+      for (int d = 0; d < fd->ndim; d++)
+        snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", d ? "x" : "", (long long)fd->shape[d]);
+      for (int d = 0; d < npy.ndim; d++)
+        snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", d ? "x" : "", (long long)npy.shape[d]);
+      return dl__err_set(e, DL_EUNSUPPORTED, "field %s: %s of %u-bit type %u, the batch holds %s of %u-bit type %u%s",
+                         fd->name, got, npy.dtype.bits, npy.dtype.code, want, fd->dtype.bits, fd->dtype.code,
+                         l->o.pad ? "" : " (pad=1 pads a varying leading dimension)");
+    }
+    memcpy(dst, npy.data, npy.bytes);
+    if (npy.bytes < fd->sample_bytes)
+      memset(dst + npy.bytes, 0, fd->sample_bytes - npy.bytes);
+    if (l->o.pad)
+      ((int64_t *)(b->fields + fd->len_at))[i] = fd->ndim ? npy.shape[0] : 1;
+  }
+  return 0;
+}
