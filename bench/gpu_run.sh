@@ -61,6 +61,13 @@ row "dlshard create (10 tar shards -> rfs)" "$(tail -1 "$out/dlshard.log")"
 $bench --device cuda:0 --epochs 2 --option direct=1 --json "/tmp/ringfeed-rfs/syn-{000000..000009}.rfs" > "$out/rfs.json" 2> "$out/rfs.err"
 row "dlbench --device cuda:0 over .rfs shards, direct=1" "$(num "$out/rfs.json" samples_per_s) images/s ($(num "$out/rfs.json" steady_samples_per_s) after the first batch)"
 
+# Raw uint8 records of 1 MiB (tensor fields, no decode) delivered to the GPU.
+rsrc=$(RINGFEED_LIBRARY="$PWD/$build/libringfeed.so" python3 bench/make_records.py /tmp/ringfeed-raw/r 4096 1048576 raw 512)
+"$build/dlbench" "$rsrc" > /dev/null 2>&1 # page cache
+"$build/dlbench" "$rsrc" --device cuda:0 --workers "$workers" --batch 64 --epochs 3 --json > "$out/raw.json" 2> "$out/raw.err"
+rawbps=$(num "$out/raw.json" bytes_per_s)
+row "raw 1 MiB records to cuda:0, $workers workers, batch 64" "$(awk -v b="$rawbps" -v p="$pinned" 'BEGIN{printf "%.2f GB/s delivered = %.3f of plain pinned", b/1e9, b/1e9/p}') (copy stage $(num "$out/raw.json" h2d_gb_s) GB/s)"
+
 # 4. The Python binding with PyTorch on the GPU.
 if python3 -c "import torch; assert torch.cuda.is_available()" 2> /dev/null; then
   RINGFEED_LIBRARY="$PWD/$build/libringfeed.so" python3 -m pytest -q bindings/python/tests > "$out/pytest.log" 2>&1

@@ -183,32 +183,38 @@ int main(int argc, char **argv) {
       first_ms = (now() - t0) * 1000;
       first_samples = dl_batch_size(b);
     }
-    DLTensor img, lab;
-    dl_batch_field(b, "image", &img);
-    dl_batch_field(b, "label", &lab);
-    size_t nbytes = (size_t)(img.dtype.bits / 8);
-    for (int d = 0; d < img.ndim; d++)
-      nbytes *= (size_t)img.shape[d];
+    /* Every field counts (images, labels, tensors): the step kernel reads the first. */
+    DLTensor img;
+    dl_batch_field(b, dl_batch_field_name(b, 0), &img);
     int n = dl_batch_size(b);
-    if (digest) {
-      const void *pix = img.data, *lbl = lab.data;
-      if (img.device.device_type == kDLCUDA) {
+    size_t nbytes = 0;
+    if (digest)
+      XXH3_64bits_reset(one);
+    for (int f = 0; f < dl_batch_field_count(b); f++) {
+      DLTensor t;
+      dl_batch_field(b, dl_batch_field_name(b, f), &t);
+      size_t tb = (size_t)(t.dtype.bits / 8);
+      for (int d = 0; d < t.ndim; d++)
+        tb *= (size_t)t.shape[d];
+      nbytes += tb;
+      if (!digest)
+        continue;
+      const void *data = t.data;
+      if (t.device.device_type == kDLCUDA) {
 #ifdef DL_WITH_CUDA
-        if (host_cap < nbytes + (size_t)n * 8) {
+        if (host_cap < tb) {
           free(host_copy);
-          host_cap = nbytes + (size_t)n * 8;
+          host_cap = tb;
           host_copy = malloc(host_cap);
         }
-        gpu_step_fetch(gs, b, &img, &lab, host_copy);
-        pix = host_copy;
-        lbl = (char *)host_copy + nbytes;
+        gpu_step_fetch(gs, b, &t, host_copy);
+        data = host_copy;
 #endif
       }
-      XXH3_64bits_reset(one);
-      XXH3_64bits_update(one, pix, nbytes);
-      XXH3_64bits_update(one, lbl, (size_t)n * 8);
-      XXH3_64bits_update(all, pix, nbytes);
-      XXH3_64bits_update(all, lbl, (size_t)n * 8);
+      XXH3_64bits_update(one, data, tb);
+      XXH3_64bits_update(all, data, tb);
+    }
+    if (digest) {
       int64_t ep, ix;
       dl_batch_position(b, &ep, &ix);
       printf("batch %" PRId64 ":%" PRId64 " %016llx\n", ep, ix, (unsigned long long)XXH3_64bits_digest(one));

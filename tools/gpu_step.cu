@@ -109,13 +109,12 @@ extern "C" int gpu_step_consume(gpu_step *g, dl_batch *b, const DLTensor *image)
   return 0;
 }
 
-extern "C" int gpu_step_fetch(gpu_step *g, dl_batch *b, const DLTensor *image, const DLTensor *label, void *host) {
-  size_t bytes = (size_t)(image->dtype.bits / 8);
-  for (int d = 0; d < image->ndim; d++)
-    bytes *= (size_t)image->shape[d];
+extern "C" int gpu_step_fetch(gpu_step *g, dl_batch *b, const DLTensor *t, void *host) {
+  size_t bytes = (size_t)(t->dtype.bits / 8);
+  for (int d = 0; d < t->ndim; d++)
+    bytes *= (size_t)t->shape[d];
   dl_batch_wait(b, g->stream);
-  cudaMemcpyAsync(host, image->data, bytes, cudaMemcpyDeviceToHost, g->stream);
-  cudaMemcpyAsync((char *)host + bytes, label->data, (size_t)label->shape[0] * 8, cudaMemcpyDeviceToHost, g->stream);
+  cudaMemcpyAsync(host, t->data, bytes, cudaMemcpyDeviceToHost, g->stream);
   cudaError_t e = cudaStreamSynchronize(g->stream);
   return e ? fail(e, "copying the batch back") : 0;
 }

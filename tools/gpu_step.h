@@ -13,8 +13,8 @@ typedef struct gpu_step gpu_step;
 int gpu_step_open(gpu_step **out, const char *device, double step_ms);
 /* Waits (on the GPU) for the batch, runs the step kernel on it, then releases it on the stream. */
 int gpu_step_consume(gpu_step *g, dl_batch *b, const DLTensor *image);
-/* Copies the batch's image and labels to HOST (for digests). */
-int gpu_step_fetch(gpu_step *g, dl_batch *b, const DLTensor *image, const DLTensor *label, void *host);
+/* Copies one of the batch's tensors to HOST (for digests). */
+int gpu_step_fetch(gpu_step *g, dl_batch *b, const DLTensor *t, void *host);
 /* Finishes, and gives the fraction of time the GPU had no step to run between the first and last. */
 void gpu_step_close(gpu_step *g, double *idle_frac, double *h2d_unused);
 const char *gpu_step_error(void);
