@@ -2,6 +2,9 @@
 #include "internal.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <sys/stat.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -37,6 +40,37 @@ int dl__dataset_add_file(dl__dataset *ds, const char *path, uint32_t *index) {
   ds->direct[ds->nfiles] = 0;
   *index = ds->nfiles++;
   return 0;
+}
+
+int dl__dataset_open_file(dl__dataset *ds, const char *path, uint32_t *file, uint64_t *size, int64_t *mtime_ns) {
+  int rc = dl__dataset_add_file(ds, path, file);
+  if (rc)
+    return rc;
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  struct stat st;
+  if (fd < 0 || fstat(fd, &st)) {
+    rc = dl__fail(-errno, "shard %s: %s", path, strerror(errno));
+    if (fd >= 0)
+      close(fd);
+    return rc;
+  }
+  ds->fds[*file] = fd;
+  *size = (uint64_t)st.st_size;
+  if (mtime_ns)
+    *mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
+  return 0;
+}
+
+int dl__mkdirs(const char *dir) {
+  char buf[4096];
+  snprintf(buf, sizeof buf, "%s", dir);
+  for (char *p = buf + 1; *p; p++)
+    if (*p == '/') {
+      *p = 0;
+      mkdir(buf, 0755);
+      *p = '/';
+    }
+  return mkdir(buf, 0755) && errno != EEXIST ? -errno : 0;
 }
 
 uint32_t dl__dataset_intern(dl__dataset *ds, const char *s, size_t len) {

@@ -198,18 +198,6 @@ static int write_all(const char *target, const uint8_t *p, size_t len) {
   return 0;
 }
 
-static void mkdirs(const char *dir) {
-  char buf[PATH_MAX];
-  snprintf(buf, sizeof buf, "%s", dir);
-  for (char *p = buf + 1; *p; p++)
-    if (*p == '/') {
-      *p = 0;
-      mkdir(buf, 0755);
-      *p = '/';
-    }
-  mkdir(buf, 0755);
-}
-
 void dl__index_cache_write(const dl__dataset *ds, size_t first, const char *path, uint64_t size,
                            int64_t mtime_ns) {
   size_t n = ds->n - first, pool = 0, recs = 0;
@@ -268,7 +256,7 @@ void dl__index_cache_write(const dl__dataset *ds, size_t first, const char *path
   if (r) {
     char dir[PATH_MAX];
     if (fallback_path(path, target, sizeof target) == 0 && cache_dir(dir, sizeof dir) == 0) {
-      mkdirs(dir);
+      dl__mkdirs(dir);
       r = write_all(target, p, len);
     }
     if (r)

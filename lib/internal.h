@@ -129,6 +129,10 @@ int dl__dataset_field(dl__dataset *ds, const char *name, size_t len);
 int dl__dataset_add_ref(dl__dataset *ds, const dl__fref *ref);
 
 int dl__dataset_add_file(dl__dataset *ds, const char *path, uint32_t *index);
+/* Adds PATH and opens it for the loader's life (ds->fds); its size and, if asked, mtime. */
+int dl__dataset_open_file(dl__dataset *ds, const char *path, uint32_t *file, uint64_t *size, int64_t *mtime_ns);
+/* mkdir -p. */
+int dl__mkdirs(const char *dir);
 uint32_t dl__dataset_intern(dl__dataset *ds, const char *s, size_t len);
 int dl__dataset_push(dl__dataset *ds, const dl__sample *s);
 void dl__dataset_free(dl__dataset *ds);

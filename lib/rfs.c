@@ -189,22 +189,16 @@ int dl__rfs_open(dl__rfs *r, int fd, uint64_t file_size, char *why, size_t cap) 
 
 int dl__rfs_load(dl__dataset *ds, const char *path, int direct) {
   uint32_t file;
-  int rc = dl__dataset_add_file(ds, path, &file);
+  uint64_t size;
+  int rc = dl__dataset_open_file(ds, path, &file, &size, NULL);
   if (rc)
     return rc;
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0)
-    return dl__fail(-errno, "shard %s: %s", path, strerror(errno));
-  struct stat st;
-  fstat(fd, &st);
+  int fd = ds->fds[file];
   dl__rfs r;
   char why[256];
-  rc = dl__rfs_open(&r, fd, (uint64_t)st.st_size, why, sizeof why);
-  if (rc) {
-    close(fd);
+  rc = dl__rfs_open(&r, fd, size, why, sizeof why);
+  if (rc)
     return dl__fail(rc, "shard %s: %s", path, rc == -ENOMEM ? "out of memory" : why);
-  }
-  ds->fds[file] = fd;
   if (direct && r.align >= 4096) {
     int dfd = open(path, O_RDONLY | O_CLOEXEC | O_DIRECT);
     if (dfd >= 0) {

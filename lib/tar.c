@@ -399,27 +399,18 @@ done:
 
 int dl__tar_load(dl__dataset *ds, const char *path, int on_error) {
   uint32_t file;
-  int rc = dl__dataset_add_file(ds, path, &file);
+  uint64_t size;
+  int64_t mtime_ns;
+  int rc = dl__dataset_open_file(ds, path, &file, &size, &mtime_ns);
   if (rc)
     return rc;
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0)
-    return dl__fail(-errno, "shard %s: %s", path, strerror(errno));
-  struct stat st;
-  if (fstat(fd, &st)) {
-    rc = dl__fail(-errno, "shard %s: %s", path, strerror(errno));
-    close(fd);
-    return rc;
-  }
-  ds->fds[file] = fd;
-  int64_t mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
-  if (dl__index_cache_read(ds, file, path, (uint64_t)st.st_size, mtime_ns) == 0)
+  if (dl__index_cache_read(ds, file, path, size, mtime_ns) == 0)
     return 0;
   size_t first = ds->n;
-  rc = dl__tar_scan(ds, file, fd, (uint64_t)st.st_size, on_error);
+  rc = dl__tar_scan(ds, file, ds->fds[file], size, on_error);
   if (rc < 0)
     return rc;
   if (rc == 0)
-    dl__index_cache_write(ds, first, path, (uint64_t)st.st_size, mtime_ns);
+    dl__index_cache_write(ds, first, path, size, mtime_ns);
   return 0;
 }

@@ -247,13 +247,7 @@ static int cmd_create(int argc, char **argv) {
   char *slash = strrchr(folder, '/');
   if (slash && slash != folder) {
     *slash = 0;
-    for (char *p = folder + 1; *p; p++)
-      if (*p == '/') {
-        *p = 0;
-        mkdir(folder, 0755);
-        *p = '/';
-      }
-    mkdir(folder, 0755);
+    dl__mkdirs(folder);
   }
   dl__options o;
   dl__options_parse(&o, "on_error=fail");

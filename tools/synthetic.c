@@ -4,6 +4,7 @@
  * (about 80-120 KB at quality 90 for 500x375) rather than flat colour.
  */
 #include "synthetic.h"
+#include "internal.h"
 #include "tar_writer.h"
 
 #include <errno.h>
@@ -205,18 +206,6 @@ static void *worker(void *arg) {
   }
 }
 
-static void mkdirs(const char *dir) {
-  char buf[PATH_MAX];
-  snprintf(buf, sizeof buf, "%s", dir);
-  for (char *p = buf + 1; *p; p++)
-    if (*p == '/') {
-      *p = 0;
-      mkdir(buf, 0755);
-      *p = '/';
-    }
-  mkdir(buf, 0755);
-}
-
 int synthetic_dataset(long n, int threads, char *source, size_t cap) {
   char dir[PATH_MAX];
   const char *env = getenv("DL_SYNTHETIC_DIR"), *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
@@ -235,7 +224,7 @@ int synthetic_dataset(long n, int threads, char *source, size_t cap) {
   snprintf(done, sizeof done, "%s/.complete", dir);
   if (access(done, F_OK) == 0)
     return 0;
-  mkdirs(dir);
+  dl__mkdirs(dir);
   fprintf(stderr, "dlbench: generating %ld synthetic samples in %s (once)\n", n, dir);
   job j = {.dir = dir, .n = n, .nshards = nshards};
   pthread_mutex_init(&j.mu, NULL);
