@@ -79,7 +79,8 @@ int dl__cuda_open(dl_loader *l) {
   if (!c)
     return dl__fail(-ENOMEM, "out of memory");
   c->n = l->o.ndevices;
-  c->out_sample_bytes = (size_t)l->o.height * l->o.width * l->o.channels * dtype_size(l->o.dtype);
+  c->out_sample_bytes =
+      l->has_image ? (size_t)l->o.height * l->o.width * l->o.channels * dtype_size(l->o.dtype) : 0;
   for (int i = 0; i < c->n; i++) {
     c->g[i].l = l;
     c->g[i].index = i;
@@ -143,17 +144,18 @@ static int enqueue(gpu *g, dl_batch *host, dl_batch *dev) {
   if (!e)
     e = cudaMemcpyAsync(gs->label, host->label, (size_t)host->len * sizeof(int64_t),
                         cudaMemcpyHostToDevice, g->copy);
-  /* The timing events bracket the image copy alone: the rate comparable with a plain copy. */
+  /* The timing events bracket the batch's data (image and tensor fields, not the labels): the
+   * rate comparable with a plain copy. */
   if (!e)
     e = cudaEventRecord(gs->t0, g->copy);
-  if (!e)
+  if (!e && in_bytes)
     e = cudaMemcpyAsync(convert ? g->staging : gs->image, host->image, in_bytes, cudaMemcpyHostToDevice,
                         g->copy);
-  if (!e)
-    e = cudaEventRecord(gs->t1, g->copy);
   if (!e && l->field_block)
     e = cudaMemcpyAsync(dev->fields, host->fields, l->field_block, cudaMemcpyHostToDevice, g->copy);
-  if (!e && convert)
+  if (!e)
+    e = cudaEventRecord(gs->t1, g->copy);
+  if (!e && convert && in_bytes)
     e = (cudaError_t)dl__convert_launch(g->staging, gs->image, host->len, l->o.height, l->o.width,
                                         l->o.channels, l->o.layout == DL__LAYOUT_NCHW, l->o.dtype,
                                         l->o.mean, l->o.std, g->copy);
@@ -167,7 +169,7 @@ static int enqueue(gpu *g, dl_batch *host, dl_batch *dev) {
   (void)c;
   memcpy(dev->key, host->key, sizeof(*dev->key) * (size_t)host->len);
   memcpy(dev->sample_err, host->sample_err, sizeof(int) * (size_t)host->len);
-  g->q[(g->qhead + g->qlen) % PENDING_MAX] = (pending){host, gs, in_bytes};
+  g->q[(g->qhead + g->qlen) % PENDING_MAX] = (pending){host, gs, in_bytes + l->field_block};
   g->qlen++;
   return 0;
 }
@@ -265,7 +267,7 @@ int dl__cuda_start(dl_loader *l) {
     g->slots = calloc((size_t)D, sizeof *g->slots);
     if (!s->dslots || !g->slots)
       return dl__fail(-ENOMEM, "out of memory");
-    if (l->o.dtype != DL__DTYPE_UINT8 && (e = cudaMalloc((void **)&g->staging, l->image_bytes)))
+    if (l->has_image && l->o.dtype != DL__DTYPE_UINT8 && (e = cudaMalloc((void **)&g->staging, l->image_bytes)))
       return cuda_fail(e, "allocating device memory");
     for (int j = 0; j < D; j++) {
       dl_batch *b = &s->dslots[j];

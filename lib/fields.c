@@ -65,6 +65,28 @@ static int payload_prefix(const dl__dataset *ds, const dl__sample *s, const dl__
 
 static size_t dtype_bytes(DLDataType t) { return t.bits / 8u; }
 
+int dl__zstd_inflate(void **ctx, const uint8_t *src, size_t n, size_t limit, dl__buf *out, size_t *len,
+                     dl__err *e) {
+  if (!*ctx && !(*ctx = ZSTD_createDCtx()))
+    return dl__err_set(e, -ENOMEM, "out of memory");
+  unsigned long long content = ZSTD_getFrameContentSize(src, n);
+  if (content == ZSTD_CONTENTSIZE_ERROR)
+    return dl__err_set(e, DL_ECORRUPT, "zstd: not a zstd frame");
+  if (content != ZSTD_CONTENTSIZE_UNKNOWN && content > limit)
+    return dl__err_set(e, DL_ELIMIT, "zstd frame holds %llu bytes, above the limit of %zu", content, limit);
+  size_t cap = content != ZSTD_CONTENTSIZE_UNKNOWN ? (size_t)content + 1 : limit + 1;
+  if (dl__buf_reserve(out, cap))
+    return dl__err_set(e, -ENOMEM, "out of memory for %zu decompressed bytes", cap);
+  size_t got = ZSTD_decompressDCtx(*ctx, out->p, cap, src, n);
+  if (ZSTD_isError(got))
+    return dl__err_set(e, ZSTD_getErrorCode(got) == ZSTD_error_dstSize_tooSmall ? DL_ELIMIT : DL_ECORRUPT,
+                       "zstd: %s", ZSTD_getErrorName(got));
+  if (got > limit)
+    return dl__err_set(e, DL_ELIMIT, "zstd frame holds more than the limit of %zu bytes", limit);
+  *len = got;
+  return 0;
+}
+
 int dl__fields_schema(dl_loader *l) {
   dl__dataset *ds = &l->ds;
   for (size_t i = 0; i < ds->n && !l->has_image; i++)
@@ -149,15 +171,9 @@ int dl__fields_fill(dl_loader *l, const dl__sample *s, const uint8_t *bytes, dl_
       continue;
     }
     if (ref->kind == DL__REF_NPY_ZST) {
-      size_t cap = fd->sample_bytes + HEADER_PREFIX + 1;
-      if (!*zctx && !(*zctx = ZSTD_createDCtx()))
-        return dl__err_set(e, -ENOMEM, "out of memory");
-      if (dl__buf_reserve(zbuf, cap))
-        return dl__err_set(e, -ENOMEM, "out of memory");
-      size_t got = ZSTD_decompressDCtx(*zctx, zbuf->p, cap, p, n);
-      if (ZSTD_isError(got))
-        return dl__err_set(e, ZSTD_getErrorCode(got) == ZSTD_error_dstSize_tooSmall ? DL_ELIMIT : DL_ECORRUPT,
-                           "field %s: zstd: %s", fd->name, ZSTD_getErrorName(got));
+      size_t got;
+      if (dl__zstd_inflate(zctx, p, n, fd->sample_bytes + HEADER_PREFIX, zbuf, &got, e))
+        return dl__err_set(e, e->code, "field %s: %s", fd->name, e->msg);
       p = zbuf->p;
       n = got;
     }

@@ -5,7 +5,7 @@
  *
  * Layout (little-endian): "RFTIDX03", u64 shard size, i64 mtime ns, u64 samples, u64 pool bytes,
  * u64 record bytes, then per sample {u64 offset, u64 size, i64 label, u32 name, u32 key, u8 codec,
- * u8 nrefs, u16 0, u32 image_at, u32 image_len} followed by nrefs x {u32 field name, u8 kind,
+ * u8 nrefs, u8 flags (2: the image is zstd-compressed), u8 0, u32 image_at, u32 image_len} followed by nrefs x {u32 field name, u8 kind,
  * 3 x u8 0, u32 at, u32 len}, then the string pool (names, keys, field names), then u64 XXH64 of
  * everything before it. (String fields are offsets into the pool.)
  */
@@ -112,6 +112,7 @@ static int parse(dl__dataset *ds, uint32_t file, const uint8_t *p, size_t len, u
     memcpy(&key, rec + 28, 4);
     s.codec = rec[32];
     uint8_t nrefs = rec[33];
+    s.flags = rec[34] & DL__SAMPLE_IMAGE_ZST;
     memcpy(&s.image_at, rec + 36, 4);
     memcpy(&s.image_len, rec + 40, 4);
     rec += RECORD_BYTES;
@@ -237,6 +238,7 @@ void dl__index_cache_write(const dl__dataset *ds, size_t first, const char *path
     PUT_STRING(ds->pool + s->key, rec + 28);
     rec[32] = s->codec;
     rec[33] = s->nrefs;
+    rec[34] = s->flags & DL__SAMPLE_IMAGE_ZST;
     memcpy(rec + 36, &s->image_at, 4);
     memcpy(rec + 40, &s->image_len, 4);
     rec += RECORD_BYTES;

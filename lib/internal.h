@@ -83,7 +83,7 @@ int dl__options_parse(dl__options *o, const char *text);
 
 enum { DL__CODEC_NONE, DL__CODEC_JPEG, DL__CODEC_PNG, DL__CODEC_OTHER };
 
-enum { DL__SAMPLE_CHECKSUM = 1 };
+enum { DL__SAMPLE_CHECKSUM = 1, DL__SAMPLE_IMAGE_ZST = 2 };
 
 /* A tensor field of a sample, within the bytes a worker reads for it. */
 enum { DL__REF_NPY, DL__REF_NPY_ZST, DL__REF_TOKENS };
@@ -444,6 +444,9 @@ void dl__slot_free_locked(dl_batch *b);
 
 /* Tensor fields (fields.c): the batch schema at open, and one sample's fields into slot B. */
 int dl__fields_schema(dl_loader *l);
+/* Decompresses one zstd frame into OUT (at most LIMIT bytes, or DL_ELIMIT). */
+int dl__zstd_inflate(void **ctx, const uint8_t *src, size_t n, size_t limit, dl__buf *out, size_t *len,
+                     dl__err *e);
 int dl__fields_fill(dl_loader *l, const dl__sample *s, const uint8_t *bytes, dl_batch *b, int i, void **zctx,
                     dl__buf *zbuf, dl__err *e);
 

@@ -247,14 +247,17 @@ static int add_member(dl__dataset *ds, group *g, uint32_t file, const char *name
     g->span_end = 0;
     g->nrefs = 0;
   }
-  int codec = ext_codec(ext);
-  bool exact = strchr(ext, '.') == NULL;
   size_t elen = strlen(ext);
   bool zst = elen > 4 && !strcasecmp(ext + elen - 4, ".zst");
   size_t stem = zst ? elen - 4 : elen; /* the extension without a trailing .zst */
+  char plain[NAME_MAX_LEN];
+  snprintf(plain, sizeof plain, "%.*s", (int)stem, ext);
+  int codec = ext_codec(plain); /* "jpg.zst" is a zstd-compressed JPEG */
+  bool exact = strchr(plain, '.') == NULL;
   bool npy = stem >= 3 && !strncasecmp(ext + stem - 3, "npy", 3) && (stem == 3 || ext[stem - 4] == '.');
   if (codec != DL__CODEC_NONE && (g->s.codec == DL__CODEC_NONE || (exact && !g->exact_image))) {
     g->s.codec = (uint8_t)codec;
+    g->s.flags = zst ? DL__SAMPLE_IMAGE_ZST : 0;
     g->image_off = off;
     g->image_size = size;
     widen(g, off, size);

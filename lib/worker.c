@@ -37,8 +37,8 @@ struct dl__worker {
   int depth;
   dl__buf scratch;
   dl__resize_scratch rs;
-  void *zctx; /* zstd decompression of tensor fields */
-  dl__buf zbuf;
+  void *zctx; /* zstd decompression of tensor fields and compressed images */
+  dl__buf zbuf, zimage;
 };
 
 static int64_t ns_since(const struct timespec *t0) {
@@ -106,8 +106,14 @@ static void decode(struct dl__worker *w, inflight *f, dl__err *e) {
   uint64_t key = dl__hash3(l->o.seed, (uint64_t)c->epoch, (uint64_t)c->index);
   plan_arg pa = {l, key};
   const uint8_t *image = f->buf.p + f->skip + f->s->image_at;
+  size_t image_len = f->s->image_len;
+  if (f->s->flags & DL__SAMPLE_IMAGE_ZST) {
+    if (dl__zstd_inflate(&w->zctx, image, image_len, (size_t)l->o.max_member_bytes, &w->zimage, &image_len, e))
+      return;
+    image = w->zimage.p;
+  }
   dl__decode_job job = {.src = image,
-                        .len = f->s->image_len,
+                        .len = image_len,
                         .channels = l->o.channels,
                         .out_w = l->o.width,
                         .out_h = l->o.height,
@@ -115,7 +121,7 @@ static void decode(struct dl__worker *w, inflight *f, dl__err *e) {
                         .plan = plan,
                         .plan_arg = &pa,
                         .scratch = &w->scratch};
-  int codec = dl__sniff_codec(image, f->s->image_len);
+  int codec = dl__sniff_codec(image, image_len);
   int r;
   if (codec == DL__CODEC_JPEG)
     r = dl__jpeg_ops.decode(w->jpeg, &job, e);
@@ -245,6 +251,7 @@ static void worker_free(struct dl__worker *w) {
   free(w->slots);
   dl__buf_free(&w->scratch);
   dl__buf_free(&w->zbuf);
+  dl__buf_free(&w->zimage);
   ZSTD_freeDCtx(w->zctx);
   dl__buf_free(&w->rs.tmp);
   dl__buf_free(&w->rs.coef);

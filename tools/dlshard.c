@@ -141,7 +141,8 @@ static int write_tensors(dl_writer *w, const dl__dataset *ds, const dl__sample *
 
 static int write_shard(create_job *j, size_t shard, dl__buf *buf, dl__buf *raw_) {
   char path[PATH_MAX];
-  dl__buf raw = *raw_;
+  dl__buf raw = *raw_, zimage = {0};
+  void *zctx = NULL;
   snprintf(path, sizeof path, "%s-%06zu.rfs", j->prefix, shard);
   dl_writer *w;
   int r = dl_writer_open(&w, path, j->writer_opts);
@@ -154,8 +155,16 @@ static int write_shard(create_job *j, size_t shard, dl__buf *buf, dl__buf *raw_)
       r = read_sample(j->ds, s, buf);
     if (!r && s->codec != DL__CODEC_NONE) {
       const uint8_t *img = buf->p + s->image_at;
-      int codec = dl__sniff_codec(img, s->image_len);
-      r = dl_writer_field(w, "image", codec == DL__CODEC_PNG ? "png" : "jpeg", img, s->image_len);
+      size_t len = s->image_len;
+      if (s->flags & DL__SAMPLE_IMAGE_ZST) { /* stored as the plain image it holds */
+        dl__err e = {0};
+        if (dl__zstd_inflate(&zctx, img, len, 1u << 30, &zimage, &len, &e))
+          r = dl__fail(e.code, "sample %s image: %s", j->ds->pool + s->key, e.msg);
+        img = zimage.p;
+      }
+      int codec = dl__sniff_codec(img, len);
+      if (!r)
+        r = dl_writer_field(w, "image", codec == DL__CODEC_PNG ? "png" : "jpeg", img, len);
     }
     if (!r && s->nrefs)
       r = write_tensors(w, j->ds, s, buf->p, &raw);
@@ -166,6 +175,8 @@ static int write_shard(create_job *j, size_t shard, dl__buf *buf, dl__buf *raw_)
     pthread_mutex_unlock(&j->mu);
   }
   *raw_ = raw;
+  dl__buf_free(&zimage);
+  ZSTD_freeDCtx(zctx);
   if (r) {
     dl_writer_abort(w);
     return r;

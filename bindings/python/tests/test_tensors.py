@@ -169,3 +169,14 @@ def test_dlshard_converts_npy_folders_and_tars_keeping_the_stream(tmp_path):
     for x, y in zip(ringfeed.Loader(str(shard), **kw), ringfeed.Loader(str(tmp_path / "tt-000000.rfs"), **kw)):
         assert x["key"] == y["key"]
         assert np.array_equal(x["a"], y["a"]) and np.array_equal(x["b"], y["b"])
+
+
+@pytest.mark.skipif(not os.path.isdir(os.path.join(TESTDATA, "libjpeg-turbo")), reason="third-party test data absent")
+def test_any_zst_member_is_zstd_compressed(tmp_path):
+    jpg = open(os.path.join(TESTDATA, "libjpeg-turbo", "testimages", "testorig.jpg"), "rb").read()
+    plain, packed = tmp_path / "p.tar", tmp_path / "z.tar"
+    write_tar(plain, [("a.jpg", jpg), ("a.cls", b"3")])
+    write_tar(packed, [("a.jpg.zst", zstd(jpg)), ("a.cls", b"3")])
+    kw = dict(batch_size=1, image_size=32, crop="center", framework="numpy", workers=1)
+    x, y = next(ringfeed.Loader(str(plain), **kw)), next(ringfeed.Loader(str(packed), **kw))
+    assert "error" not in y and np.array_equal(x["image"], y["image"]) and y["label"].tolist() == [3]
