@@ -83,7 +83,7 @@ DL_EXTERN const char *dl_last_error(void);
  *   batch_size workers prefetch image_size(N or HxW) crop(random_resized|center|resize|none)
  *   flip channels(1|3) layout(NHWC|NCHW) seed shuffle epochs(0 = forever) drop_last rank
  *   world_size device(cpu|cuda|cuda:N[,M...]) dtype(uint8|float32|float16|bfloat16) mean std
- *   device_slots on_error(skip|fail) io(auto|uring|pread) io_depth max_pixels max_member_bytes
+ *   device_slots on_error(skip|fail) io(auto|uring|pread|mmap) io_depth max_pixels max_member_bytes
  *   direct(0|1: O_DIRECT reads of ringfeed shards) pad(0|1) seq_len resume(TOKEN)
  *   log(quiet|error|warn|info|debug)
  * A SOURCE of "tokens:FILES" reads flat binary token files (dtype=uint16|uint32, seq_len=L) as

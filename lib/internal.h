@@ -43,7 +43,7 @@ enum { DL__LAYOUT_NHWC, DL__LAYOUT_NCHW };
 enum { DL__DTYPE_UINT8, DL__DTYPE_FLOAT32, DL__DTYPE_FLOAT16, DL__DTYPE_BFLOAT16, DL__DTYPE_UINT16,
        DL__DTYPE_UINT32 };
 enum { DL__ON_ERROR_SKIP, DL__ON_ERROR_FAIL };
-enum { DL__IO_AUTO, DL__IO_URING, DL__IO_PREAD };
+enum { DL__IO_AUTO, DL__IO_URING, DL__IO_PREAD, DL__IO_MMAP };
 
 typedef struct dl__options {
   int batch_size;
@@ -97,7 +97,7 @@ typedef struct dl__fref {
 typedef struct dl__sample {
   uint64_t offset; /* of the bytes a worker reads: a tar member's data, or a whole .rfs record */
   uint64_t size;
-  uint64_t checksum; /* XXH64 of those bytes, when flags has DL__SAMPLE_CHECKSUM */
+  uint64_t checksum; /* dl__rfs_checksum of those bytes, when flags has DL__SAMPLE_CHECKSUM */
   uint32_t image_at, image_len; /* the image's bytes within them */
   int64_t label;   /* -1: no .cls member */
   uint32_t file;   /* index into dl__dataset.files */
@@ -114,6 +114,8 @@ typedef struct dl__dataset {
   uint32_t nfiles, files_cap;
   int *fds;       /* per file, -1 when files are opened per read (ImageFolder) */
   uint32_t *direct; /* per file: O_DIRECT alignment of fds[i], 0 for buffered reads */
+  const uint8_t **maps; /* with io=mmap: each kept-open file mapped whole (NULL: read it) */
+  uint64_t *map_len;
   dl__sample *samples;
   size_t n, cap;
   char *pool;
@@ -131,6 +133,8 @@ int dl__dataset_add_ref(dl__dataset *ds, const dl__fref *ref);
 int dl__dataset_add_file(dl__dataset *ds, const char *path, uint32_t *index);
 /* Adds PATH and opens it for the loader's life (ds->fds); its size and, if asked, mtime. */
 int dl__dataset_open_file(dl__dataset *ds, const char *path, uint32_t *file, uint64_t *size, int64_t *mtime_ns);
+/* io=mmap: maps every kept-open file, so workers read samples in place. */
+int dl__dataset_map(dl__dataset *ds);
 /* mkdir -p. */
 int dl__mkdirs(const char *dir);
 uint32_t dl__dataset_intern(dl__dataset *ds, const char *s, size_t len);
@@ -180,6 +184,8 @@ int dl__rfs_open(dl__rfs *r, int fd, uint64_t file_size, char *why, size_t cap);
 int dl__rfs_parse_index(dl__rfs *r, const uint8_t *p, size_t n, uint64_t first, uint64_t index_offset,
                         char *why, size_t cap);
 void dl__rfs_free(dl__rfs *r);
+/* The checksum of ringfeed shard records and indexes: XXH3-64, seed 0. */
+uint64_t dl__rfs_checksum(const void *p, size_t n);
 extern const char *const dl__rfs_codec_names[4];
 /* Expands SOURCE ("::" lists, brace ranges, globs) and loads every part. */
 int dl__source_load(dl__dataset *ds, const char *source, const dl__options *o);

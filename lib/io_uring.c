@@ -149,8 +149,9 @@ const dl__io_ops *dl__io_choose(int mode, char *reason, size_t cap, int *err) {
     snprintf(reason, cap, "DL_IO=pread in the environment");
     return &dl__io_pread_ops;
   }
-  if (mode == DL__IO_PREAD) {
-    snprintf(reason, cap, "io=pread was asked for");
+  if (mode == DL__IO_PREAD || mode == DL__IO_MMAP) {
+    /* With io=mmap only files opened per sample are read, and those with pread. */
+    snprintf(reason, cap, mode == DL__IO_PREAD ? "io=pread was asked for" : "io=mmap: shards mapped, read in place");
     return &dl__io_pread_ops;
   }
   dl__io probe = {0};

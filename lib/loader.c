@@ -121,7 +121,7 @@ int dl_open(dl_loader **out, const char *source, const char *options) {
       goto fail;
   }
   l->io_ops = dl__io_choose(l->o.io, l->io_reason, sizeof l->io_reason, &r);
-  if (!l->io_ops)
+  if (!l->io_ops || (l->o.io == DL__IO_MMAP && (r = dl__dataset_map(&l->ds))))
     goto fail;
   dl__log(DL__LOG_INFO, "reading with %s: %s", l->io_ops->name, l->io_reason);
   if (l->o.ndevices && (r = dl__cuda_open(l)))
@@ -411,7 +411,7 @@ int dl_stats_json(dl_loader *l, char *buf, size_t cap) {
       atomic_load(&l->st.samples), batches, atomic_load(&l->st.errors), atomic_load(&l->st.bytes_read),
       dl__now() - l->open_time, first, wait, atomic_load(&l->st.decode_ns) * 1e-9,
       atomic_load(&l->st.read_wait_ns) * 1e-9, l->o.workers, l->o.prefetch, l->o.batch_size, l->ds.n,
-      l->io_ops->name, l->io_reason, device, gpu);
+      l->o.io == DL__IO_MMAP ? "mmap" : l->io_ops->name, l->io_reason, device, gpu);
   return n < 0 || (size_t)n >= cap ? dl__fail(-ENOSPC, "stats need %d bytes", n + 1) : n;
 }
 

@@ -163,7 +163,7 @@ static int apply(dl__options *o, const char *key, const char *v) {
   static const char *const layouts[] = {"NHWC", "NCHW"};
   static const char *const dtypes[] = {"uint8", "float32", "float16", "bfloat16", "uint16", "uint32"};
   static const char *const on_errors[] = {"skip", "fail"};
-  static const char *const ios[] = {"auto", "uring", "pread"};
+  static const char *const ios[] = {"auto", "uring", "pread", "mmap"};
   static const char *const logs[] = {"quiet", "error", "warn", "info", "debug"};
   int64_t x;
   int r = 0;
@@ -214,7 +214,7 @@ static int apply(dl__options *o, const char *key, const char *v) {
   if (!strcmp(key, "on_error"))
     return parse_choice(key, v, on_errors, 2, &o->on_error);
   if (!strcmp(key, "io"))
-    return parse_choice(key, v, ios, 3, &o->io);
+    return parse_choice(key, v, ios, 4, &o->io);
   if (!strcmp(key, "log"))
     return parse_choice(key, v, logs, 5, &o->log_level);
   if (!strcmp(key, "flip"))

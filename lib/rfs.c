@@ -1,7 +1,7 @@
 /*
  * Reading ringfeed shards (docs/format.md): the trailer, then the index, every count and offset
  * checked against the file before use. Records become samples whose image is the "image" field
- * (or the first JPEG/PNG field); workers check each record's XXH64 when they read it.
+ * (or the first JPEG/PNG field); workers check each record's checksum when they read it.
  */
 #include "internal.h"
 
@@ -17,6 +17,7 @@
 #include <xxhash.h>
 
 const char *const dl__rfs_codec_names[4] = {"raw", "zstd", "jpeg", "png"};
+
 
 #define TRAILER 32
 #define HEADER 64
@@ -175,7 +176,7 @@ int dl__rfs_open(dl__rfs *r, int fd, uint64_t file_size, char *why, size_t cap) 
     BAD("cannot read the index");
   }
   int rc;
-  if (XXH64(idx, isize, 0) != get64(tail + 16)) {
+  if (dl__rfs_checksum(idx, isize) != get64(tail + 16)) {
     snprintf(why, cap, "index checksum mismatch");
     rc = DL_ECORRUPT;
   } else {

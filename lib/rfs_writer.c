@@ -14,9 +14,6 @@
 
 #include <zstd.h>
 
-#define XXH_INLINE_ALL
-#include <xxhash.h>
-
 struct dl_writer {
   FILE *f;
   char path[PATH_MAX], part[PATH_MAX + 8];
@@ -200,7 +197,7 @@ int dl_writer_end(dl_writer *w) {
     return r;
   uint64_t offset = w->pos;
   uint32_t size = (uint32_t)w->record_len;
-  uint64_t sum = XXH64(w->record.p, w->record_len, 0);
+  uint64_t sum = dl__rfs_checksum(w->record.p, w->record_len);
   if ((r = write_bytes(w, w->record.p, w->record_len)))
     return r;
   uint8_t e[34];
@@ -259,7 +256,7 @@ int dl_writer_close(dl_writer *w) {
   put(&idx, &n, w->keys.p, w->keys_len);
   if (put(&idx, &n, w->index.p, w->index_len))
     r = r ? r : dl__fail(-ENOMEM, "out of memory");
-  uint64_t ioff = w->pos, isize = n, hash = XXH64(idx.p, n, 0);
+  uint64_t ioff = w->pos, isize = n, hash = dl__rfs_checksum(idx.p, n);
   uint8_t tail[32];
   memcpy(tail, &ioff, 8);
   memcpy(tail + 8, &isize, 8);

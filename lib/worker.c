@@ -15,14 +15,12 @@
 
 #include <zstd.h>
 
-#define XXH_INLINE_ALL
-#include <xxhash.h>
-
 typedef struct inflight {
   dl__claim c;
   const dl__sample *s;
   dl__buf buf;
   size_t skip;  /* bytes before the sample's own in BUF (O_DIRECT reads start aligned) */
+  const uint8_t *data; /* the sample's bytes: in BUF after the read, or in the file's mapping */
   int own_fd; /* opened for this read (ImageFolder), else -1 */
   bool busy;
 } inflight;
@@ -97,7 +95,7 @@ static void decode(struct dl__worker *w, inflight *f, dl__err *e) {
   const dl__claim *c = &f->c;
   struct timespec t0;
   clock_gettime(CLOCK_MONOTONIC, &t0);
-  if (l->nfields && dl__fields_fill(l, f->s, f->buf.p + f->skip, c->slot, c->i, &w->zctx, &w->zbuf, e))
+  if (l->nfields && dl__fields_fill(l, f->s, f->data, c->slot, c->i, &w->zctx, &w->zbuf, e))
     return;
   if (!l->has_image) {
     atomic_fetch_add_explicit(&l->st.decode_ns, ns_since(&t0), memory_order_relaxed);
@@ -105,7 +103,7 @@ static void decode(struct dl__worker *w, inflight *f, dl__err *e) {
   }
   uint64_t key = dl__hash3(l->o.seed, (uint64_t)c->epoch, (uint64_t)c->index);
   plan_arg pa = {l, key};
-  const uint8_t *image = f->buf.p + f->skip + f->s->image_at;
+  const uint8_t *image = f->data + f->s->image_at;
   size_t image_len = f->s->image_len;
   if (f->s->flags & DL__SAMPLE_IMAGE_ZST) {
     if (dl__zstd_inflate(&w->zctx, image, image_len, (size_t)l->o.max_member_bytes, &w->zimage, &image_len, e))
@@ -153,7 +151,7 @@ static void finish(struct dl__worker *w, inflight *f, int64_t res) {
   else if ((uint64_t)res < s->size)
     dl__err_set(&e, DL_ECORRUPT, "file ends after %lld of the member's %llu bytes (truncated)",
                 (long long)res, (unsigned long long)s->size);
-  else if ((s->flags & DL__SAMPLE_CHECKSUM) && XXH64(f->buf.p + f->skip, s->size, 0) != s->checksum)
+  else if ((s->flags & DL__SAMPLE_CHECKSUM) && dl__rfs_checksum(f->data, s->size) != s->checksum)
     dl__err_set(&e, DL_ECORRUPT, "record checksum mismatch (damaged record)");
   else if (l_has_image(w) && (uint64_t)s->image_at + s->image_len > s->size)
     dl__err_set(&e, DL_ECORRUPT, "image field lies outside its record");
@@ -182,6 +180,13 @@ static bool start(struct dl__worker *w, const dl__claim *c) {
   } else if ((int64_t)s->size > l->o.max_member_bytes) {
     dl__err_set(&e, DL_ELIMIT, "member is %llu bytes, above max_member_bytes=%lld",
                 (unsigned long long)s->size, (long long)l->o.max_member_bytes);
+  } else if (l->ds.maps && l->ds.maps[s->file]) {
+    /* Mapped: the bytes are read in place, and a file shorter than its index is a short read. */
+    uint64_t len = l->ds.map_len[s->file];
+    f->data = l->ds.maps[s->file] + (s->offset < len ? s->offset : len);
+    f->skip = 0;
+    finish(w, f, s->offset >= len ? 0 : (int64_t)(len - s->offset < s->size ? len - s->offset : s->size));
+    return false;
   } else {
     /* O_DIRECT reads start and end on the alignment; the sample's bytes sit F->skip in. */
     uint32_t align = l->ds.direct[s->file];
@@ -194,6 +199,7 @@ static bool start(struct dl__worker *w, const dl__claim *c) {
     int fd = l->ds.fds[s->file];
     if (!r && fd < 0)
       fd = f->own_fd = open(l->ds.files[s->file], O_RDONLY | O_CLOEXEC);
+    f->data = f->buf.p + f->skip;
     if (!r)
       r = fd < 0 ? -errno : w->io.ops->submit(&w->io, fd, f->buf.p, len, off, (uint64_t)tag);
     if (r == 0)

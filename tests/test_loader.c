@@ -137,6 +137,13 @@ static void determinism(void) {
     dl_close(probe);
   collect(source, have_uring ? o2 : o3, 64, &b);
   collect(source, o3, 64, &c);
+  run m;
+  char o4[256];
+  snprintf(o4, sizeof o4, "%s workers=2 io=mmap", base);
+  collect(source, o4, 64, &m);
+  ASSERT_EQ(m.batches, a.batches);
+  for (int i = 0; i < a.batches; i++)
+    ASSERT_EQ(m.digest[i], a.digest[i]);
   ASSERT_EQ(a.batches, 2 * ((N + 15) / 16));
   ASSERT_EQ(b.batches, a.batches);
   ASSERT_EQ(c.batches, a.batches);

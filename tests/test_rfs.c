@@ -112,7 +112,7 @@ static void writer_round_trip(void) {
     ASSERT_EQ(rec->offset % 4096, 0);
     ASSERT_EQ(rec->label, (int64_t)i * 10);
     ASSERT_EQ(pread(fd, buf, rec->size, (off_t)rec->offset), rec->size);
-    ASSERT_EQ(XXH64(buf, rec->size, 0), rec->checksum);
+    ASSERT_EQ(dl__rfs_checksum(buf, rec->size), rec->checksum);
     const dl__rfs_field *f = &r.fields[rec->first_field];
     ASSERT_EQ(f[0].codec, DL__RFS_RAW);
     size_t nl = make_npy(npy, 4, (int)i * 100), rl = make_npy(raw, 400, (int)i);
@@ -202,6 +202,9 @@ static void conversions_keep_the_stream(void) {
   uint64_t c = stream_digest(rfs, direct, &e3);
   ASSERT_EQ(a, b);
   ASSERT_EQ(a, c);
+  snprintf(direct, sizeof direct, "%s io=mmap", opts);
+  ASSERT_EQ(stream_digest(rfs, direct, &e3), a);
+  ASSERT_EQ(stream_digest(tars, direct, &e3), a);
   ASSERT_EQ(e1 + e2 + e3, 0);
   /* ImageFolder -> rfs likewise (its own order: classes, then names). */
   snprintf(folder, sizeof folder, "%s/folder", dir);
@@ -257,6 +260,12 @@ static void damage_is_found(void) {
   ASSERT_EQ(dl_batch_sample_error(b, 3), DL_ECORRUPT);
   dl_batch_release(b, NULL);
   dl_close(l);
+  OPEN_OK(l, bad, "batch_size=20 image_size=16 shuffle=0 workers=2 log=quiet io=mmap");
+  ASSERT_EQ(dl_next_batch(l, &b), 0);
+  ASSERT_EQ(dl_batch_sample_error(b, 11), DL_ECORRUPT);
+  ASSERT_EQ(dl_batch_sample_error(b, 12), 0);
+  dl_batch_release(b, NULL);
+  dl_close(l);
   OPEN_OK(l, bad, "batch_size=20 image_size=16 shuffle=0 workers=2 on_error=fail log=quiet");
   ASSERT_EQ(dl_next_batch(l, &b), DL_ECORRUPT);
   ASSERT_CONTAINS(dl_last_error(), "checksum mismatch");
@@ -307,7 +316,7 @@ static void index_checksum_is_checked(void) {
     at += 34 + 20 * (size_t)nf;
   }
   idx[at + 24] ^= 0xff;
-  uint64_t h = XXH64(idx, isize, 0);
+  uint64_t h = dl__rfs_checksum(idx, isize);
   memcpy(copy + st.st_size - 16, &h, 8);
   FILE *f = fopen(bad, "wb");
   fwrite(copy, 1, (size_t)st.st_size, f);

@@ -18,9 +18,6 @@
 
 #include <zstd.h>
 
-#define XXH_INLINE_ALL
-#include <xxhash.h>
-
 static void usage(FILE *f) {
   fprintf(f,
           "usage:\n"
@@ -92,7 +89,7 @@ static int read_sample(const dl__dataset *ds, const dl__sample *s, dl__buf *buf)
   if (got < s->size)
     return dl__fail(DL_ECORRUPT, "shard %s member %s: file ends early (truncated)", ds->files[s->file],
                     ds->pool + s->name);
-  if ((s->flags & DL__SAMPLE_CHECKSUM) && XXH64(buf->p, s->size, 0) != s->checksum)
+  if ((s->flags & DL__SAMPLE_CHECKSUM) && dl__rfs_checksum(buf->p, s->size) != s->checksum)
     return dl__fail(DL_ECORRUPT, "shard %s %s: record checksum mismatch", ds->files[s->file],
                     ds->pool + s->name);
   return 0;
@@ -366,7 +363,7 @@ static int verify_rfs(const char *path, int fd, uint64_t size, void *jpeg, void 
     if (dl__buf_reserve(&buf, rec->size ? rec->size : 1) ||
         pread(fd, buf.p, rec->size, (off_t)rec->offset) != (ssize_t)rec->size) {
       dl__err_set(&e, DL_ECORRUPT, "cannot read the record's %u bytes", rec->size);
-    } else if (XXH64(buf.p, rec->size, 0) != rec->checksum) {
+    } else if (dl__rfs_checksum(buf.p, rec->size) != rec->checksum) {
       dl__err_set(&e, DL_ECORRUPT, "checksum mismatch");
     } else {
       for (uint16_t f = 0; f < rec->nfields && !e.code; f++) {
