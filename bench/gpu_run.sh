@@ -64,9 +64,12 @@ row "dlbench --device cuda:0 over .rfs shards, direct=1" "$(num "$out/rfs.json" 
 # Raw uint8 records of 1 MiB (tensor fields, no decode) delivered to the GPU.
 rsrc=$(RINGFEED_LIBRARY="$PWD/$build/libringfeed.so" python3 bench/make_records.py /tmp/ringfeed-raw/r 4096 1048576 raw 512)
 "$build/dlbench" "$rsrc" > /dev/null 2>&1 # page cache
-"$build/dlbench" "$rsrc" --device cuda:0 --workers "$workers" --batch 64 --epochs 3 --json > "$out/raw.json" 2> "$out/raw.err"
-rawbps=$(num "$out/raw.json" bytes_per_s)
-row "raw 1 MiB records to cuda:0, $workers workers, batch 64" "$(awk -v b="$rawbps" -v p="$pinned" 'BEGIN{printf "%.2f GB/s delivered = %.3f of plain pinned", b/1e9, b/1e9/p}') (copy stage $(num "$out/raw.json" h2d_gb_s) GB/s)"
+for io in auto mmap; do
+  "$build/dlbench" "$rsrc" --device cuda:0 --workers "$workers" --batch 64 --epochs 12 --option io=$io --json \
+    > "$out/raw-$io.json" 2> "$out/raw-$io.err"
+  steady=$(awk -v s="$(num "$out/raw-$io.json" steady_samples_per_s)" 'BEGIN{printf "%.2f", s * 1048576 / 1e9}')
+  row "raw 1 MiB records to cuda:0, io=$io, $workers workers, batch 64" "$(awk -v b="$steady" -v p="$pinned" 'BEGIN{printf "%.2f GB/s after the first batch = %.3f of plain pinned", b, b/p}') ($(awk -v b="$(num "$out/raw-$io.json" bytes_per_s)" 'BEGIN{printf "%.2f", b/1e9}') GB/s with start-up)"
+done
 
 # 4. The Python binding with PyTorch on the GPU.
 if python3 -c "import torch; assert torch.cuda.is_available()" 2> /dev/null; then
