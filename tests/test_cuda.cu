@@ -6,6 +6,7 @@
 #include "synthetic.h"
 #include "tar_writer.h"
 #include "test.h"
+#include "test_data.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -32,13 +33,9 @@ static void write_shards(const char *dir) {
       long id = s * 40 + i;
       unsigned char *jpg;
       unsigned long len;
-      ASSERT_EQ(synthetic_jpeg(id, &jpg, &len), 0);
-      char name[32], label[16];
-      snprintf(name, sizeof name, "%05ld.jpg", id);
-      tar_write_member(f, name, jpg, len);
-      snprintf(name, sizeof name, "%05ld.cls", id);
-      int n = snprintf(label, sizeof label, "%ld", id);
-      tar_write_member(f, name, label, (size_t)n);
+      char key[32];
+      snprintf(key, sizeof key, "%05ld", id);
+      test_tar_sample(f, key, id, id, &jpg, &len);
       free(jpg);
     }
     tar_write_end(f);

@@ -5,9 +5,9 @@
  * the consumer holding every slot, and tensors that outlive the loader.
  */
 #include "ringfeed.h"
-#include "synthetic.h"
 #include "tar_writer.h"
 #include "test.h"
+#include "test_data.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -31,21 +31,12 @@ static void write_shards(void) {
       long id = s * PER_SHARD + i;
       unsigned char *jpg;
       unsigned long len;
-      ASSERT_EQ(synthetic_jpeg(id, &jpg, &len), 0);
-      char name[64], label[16];
-      snprintf(name, sizeof name, "s%04ld.jpg", id);
-      ASSERT_EQ(tar_write_member(f, name, jpg, len), 0);
-      snprintf(name, sizeof name, "s%04ld.cls", id);
-      int n = snprintf(label, sizeof label, "%ld", id % 10);
-      ASSERT_EQ(tar_write_member(f, name, label, (size_t)n), 0);
+      char key[32], file[600];
+      snprintf(key, sizeof key, "s%04ld", id);
+      test_tar_sample(f, key, id, id % 10, &jpg, &len);
       if (id < 9) { /* an ImageFolder of the first images: three classes */
-        char folder[512], file[600];
-        snprintf(folder, sizeof folder, "%s/folder/class%ld", dir, id % 3);
-        mkdir(folder, 0755);
-        snprintf(file, sizeof file, "%s/img%ld.jpg", folder, id);
-        FILE *g = fopen(file, "wb");
-        fwrite(jpg, 1, len, g);
-        fclose(g);
+        snprintf(file, sizeof file, "%s/folder/class%ld/img%ld.jpg", dir, id % 3, id);
+        test_write_file(file, jpg, len);
       }
       free(jpg);
     }

@@ -9,6 +9,7 @@
 #include "synthetic.h"
 #include "tar_writer.h"
 #include "test.h"
+#include "test_data.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -169,19 +170,11 @@ static void conversions_keep_the_stream(void) {
       long id = s * 25 + i;
       unsigned char *jpg;
       unsigned long len;
-      synthetic_jpeg(id + 100, &jpg, &len);
-      char name[64], label[16], cdir[600], file[700];
-      snprintf(name, sizeof name, "sub/%04ld.jpg", id);
-      tar_write_member(f, name, jpg, len);
-      snprintf(name, sizeof name, "sub/%04ld.cls", id);
-      int n = snprintf(label, sizeof label, "%ld", id % 4);
-      tar_write_member(f, name, label, (size_t)n);
-      snprintf(cdir, sizeof cdir, "%s/folder/c%ld", dir, id % 4);
-      mkdir(cdir, 0755);
-      snprintf(file, sizeof file, "%s/%04ld.jpg", cdir, id);
-      FILE *g = fopen(file, "wb");
-      fwrite(jpg, 1, len, g);
-      fclose(g);
+      char key[32], file[700];
+      snprintf(key, sizeof key, "sub/%04ld", id);
+      test_tar_sample(f, key, id + 100, id % 4, &jpg, &len);
+      snprintf(file, sizeof file, "%s/folder/c%ld/%04ld.jpg", dir, id % 4, id);
+      test_write_file(file, jpg, len);
       free(jpg);
     }
     tar_write_end(f);

@@ -1,0 +1,23 @@
+/* Test data the tests write themselves: synthetic JPEG samples in tar shards and loose files. */
+#ifndef RINGFEED_TEST_DATA_H
+#define RINGFEED_TEST_DATA_H
+
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Appends KEY.jpg (synthetic image IMAGE_ID) and KEY.cls (LABEL) to the tar F; the JPEG's bytes are
+ * returned in *JPG (malloc'd, the caller frees) for tests that also need them as files. */
+void test_tar_sample(FILE *f, const char *key, long image_id, long label, unsigned char **jpg,
+                     unsigned long *len);
+
+/* Writes N bytes to PATH, making its folder first. */
+void test_write_file(const char *path, const void *p, size_t n);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
