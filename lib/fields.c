@@ -154,22 +154,48 @@ int dl__fields_schema(dl_loader *l) {
 }
 
 int dl__fields_fill(dl_loader *l, const dl__sample *s, const uint8_t *bytes, dl_batch *b, int i, void **zctx,
-                    dl__buf *zbuf, dl__err *e) {
+                    dl__buf *zbuf, dl__hasher *verify, dl__err *e) {
   const dl__dataset *ds = &l->ds;
-  for (int f = 0; f < l->nfields; f++) {
+  /* The sample's fields in the order they are stored, so a checksum can run along the copies. */
+  const dl__fref *order[DL__MAX_FIELDS];
+  int n_order = 0;
+  for (uint8_t r = 0; r < s->nrefs && n_order < DL__MAX_FIELDS; r++) {
+    const dl__fref *ref = &ds->refs[s->first_ref + r];
+    int k = n_order++;
+    while (k > 0 && order[k - 1]->at > ref->at) {
+      order[k] = order[k - 1];
+      k--;
+    }
+    order[k] = ref;
+  }
+  if (verify)
+    dl__hasher_reset(verify);
+  uint64_t pos = 0;
+  unsigned filled = 0;
+  for (int r = 0; r < n_order; r++) {
+    const dl__fref *ref = order[r];
+    int f = 0;
+    while (f < l->nfields && l->fields[f].ds_index != ref->name)
+      f++;
+    if (f == l->nfields)
+      continue;
     const dl__field *fd = &l->fields[f];
     uint8_t *dst = b->fields + fd->at + (size_t)i * fd->sample_bytes;
-    const dl__fref *ref = find_ref(ds, s, fd->ds_index);
-    if (!ref)
-      return dl__err_set(e, DL_ENOFIELD, "sample has no field %s", fd->name);
     const uint8_t *p = bytes + ref->at;
     size_t n = ref->len;
+    if (verify && ref->at > pos)
+      dl__hasher_update(verify, bytes + pos, ref->at - pos);
+    pos = ref->at + ref->len > pos ? ref->at + ref->len : pos;
+    filled |= 1u << f;
     if (ref->kind == DL__REF_TOKENS) {
       if (n != fd->sample_bytes)
         return dl__err_set(e, DL_ECORRUPT, "token window of %zu bytes", n);
       memcpy(dst, p, n);
       continue;
     }
+    bool copy_hashes = verify && ref->kind == DL__REF_NPY;
+    if (verify && !copy_hashes)
+      dl__hasher_update(verify, p, n); /* compressed: the stored bytes, then inflate */
     if (ref->kind == DL__REF_NPY_ZST) {
       size_t got;
       if (dl__zstd_inflate(zctx, p, n, fd->sample_bytes + HEADER_PREFIX, zbuf, &got, e))
@@ -194,11 +220,27 @@ int dl__fields_fill(dl_loader *l, const dl__sample *s, const uint8_t *bytes, dl_
                          fd->name, got, npy.dtype.bits, npy.dtype.code, want, fd->dtype.bits, fd->dtype.code,
                          l->o.pad ? "" : " (pad=1 pads a varying leading dimension)");
     }
-    memcpy(dst, npy.data, npy.bytes);
+    if (copy_hashes) { /* header, then the data hashed as it is copied, then anything after it */
+      size_t head = (size_t)(npy.data - p);
+      dl__hasher_update(verify, p, head);
+      dl__hasher_copy(verify, dst, npy.data, npy.bytes);
+      dl__hasher_update(verify, npy.data + npy.bytes, n - head - npy.bytes);
+    } else {
+      memcpy(dst, npy.data, npy.bytes);
+    }
     if (npy.bytes < fd->sample_bytes)
       memset(dst + npy.bytes, 0, fd->sample_bytes - npy.bytes);
     if (l->o.pad)
       ((int64_t *)(b->fields + fd->len_at))[i] = fd->ndim ? npy.shape[0] : 1;
   }
+  if (verify) {
+    if (s->size > pos)
+      dl__hasher_update(verify, bytes + pos, s->size - pos);
+    if (dl__hasher_digest(verify) != s->checksum)
+      return dl__err_set(e, DL_ECORRUPT, "record checksum mismatch (damaged record)");
+  }
+  for (int f = 0; f < l->nfields; f++)
+    if (!(filled & (1u << f)))
+      return dl__err_set(e, DL_ENOFIELD, "sample has no field %s", l->fields[f].name);
   return 0;
 }

@@ -184,8 +184,16 @@ int dl__rfs_open(dl__rfs *r, int fd, uint64_t file_size, char *why, size_t cap);
 int dl__rfs_parse_index(dl__rfs *r, const uint8_t *p, size_t n, uint64_t first, uint64_t index_offset,
                         char *why, size_t cap);
 void dl__rfs_free(dl__rfs *r);
-/* The checksum of ringfeed shard records and indexes: XXH3-64, seed 0. */
+/* The checksum of ringfeed shard records and indexes: XXH3-64, seed 0 (checksum.c). */
 uint64_t dl__rfs_checksum(const void *p, size_t n);
+/* The same checksum fed piece by piece; _copy also copies what it hashes, reading it once. */
+typedef struct dl__hasher dl__hasher;
+dl__hasher *dl__hasher_new(void);
+void dl__hasher_free(dl__hasher *h);
+void dl__hasher_reset(dl__hasher *h);
+void dl__hasher_update(dl__hasher *h, const void *p, size_t n);
+void dl__hasher_copy(dl__hasher *h, void *dst, const void *src, size_t n);
+uint64_t dl__hasher_digest(dl__hasher *h);
 extern const char *const dl__rfs_codec_names[4];
 /* Expands SOURCE ("::" lists, brace ranges, globs) and loads every part. */
 int dl__source_load(dl__dataset *ds, const char *source, const dl__options *o);
@@ -454,7 +462,7 @@ int dl__fields_schema(dl_loader *l);
 int dl__zstd_inflate(void **ctx, const uint8_t *src, size_t n, size_t limit, dl__buf *out, size_t *len,
                      dl__err *e);
 int dl__fields_fill(dl_loader *l, const dl__sample *s, const uint8_t *bytes, dl_batch *b, int i, void **zctx,
-                    dl__buf *zbuf, dl__err *e);
+                    dl__buf *zbuf, dl__hasher *verify, dl__err *e);
 
 int dl__workers_start(dl_loader *l);
 void dl__workers_stop(dl_loader *l);

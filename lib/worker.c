@@ -36,6 +36,7 @@ struct dl__worker {
   dl__buf scratch;
   dl__resize_scratch rs;
   void *zctx; /* zstd decompression of tensor fields and compressed images */
+  dl__hasher *hasher;
   dl__buf zbuf, zimage;
 };
 
@@ -90,12 +91,13 @@ static void complete(struct dl__worker *w, inflight *f, dl__err *e) {
   dl__ring_done(l, c, e);
 }
 
-static void decode(struct dl__worker *w, inflight *f, dl__err *e) {
+static void decode(struct dl__worker *w, inflight *f, bool verify, dl__err *e) {
   dl_loader *l = w->l;
   const dl__claim *c = &f->c;
   struct timespec t0;
   clock_gettime(CLOCK_MONOTONIC, &t0);
-  if (l->nfields && dl__fields_fill(l, f->s, f->data, c->slot, c->i, &w->zctx, &w->zbuf, e))
+  if (l->nfields &&
+      dl__fields_fill(l, f->s, f->data, c->slot, c->i, &w->zctx, &w->zbuf, verify ? w->hasher : NULL, e))
     return;
   if (!l->has_image) {
     atomic_fetch_add_explicit(&l->st.decode_ns, ns_since(&t0), memory_order_relaxed);
@@ -151,12 +153,16 @@ static void finish(struct dl__worker *w, inflight *f, int64_t res) {
   else if ((uint64_t)res < s->size)
     dl__err_set(&e, DL_ECORRUPT, "file ends after %lld of the member's %llu bytes (truncated)",
                 (long long)res, (unsigned long long)s->size);
-  else if ((s->flags & DL__SAMPLE_CHECKSUM) && dl__rfs_checksum(f->data, s->size) != s->checksum)
-    dl__err_set(&e, DL_ECORRUPT, "record checksum mismatch (damaged record)");
-  else if (l_has_image(w) && (uint64_t)s->image_at + s->image_len > s->size)
-    dl__err_set(&e, DL_ECORRUPT, "image field lies outside its record");
-  else
-    decode(w, f, &e);
+  /* Tensor-only records are checked while their data is copied (read once); others first. */
+  bool fused = (s->flags & DL__SAMPLE_CHECKSUM) && !l_has_image(w) && s->nrefs && w->hasher;
+  if (!e.code) {
+    if ((s->flags & DL__SAMPLE_CHECKSUM) && !fused && dl__rfs_checksum(f->data, s->size) != s->checksum)
+      dl__err_set(&e, DL_ECORRUPT, "record checksum mismatch (damaged record)");
+    else if (l_has_image(w) && (uint64_t)s->image_at + s->image_len > s->size)
+      dl__err_set(&e, DL_ECORRUPT, "image field lies outside its record");
+    else
+      decode(w, f, fused, &e);
+  }
   if (res > 0)
     atomic_fetch_add_explicit(&w->l->st.bytes_read, res, memory_order_relaxed);
   complete(w, f, &e);
@@ -257,6 +263,7 @@ static void worker_free(struct dl__worker *w) {
   free(w->slots);
   dl__buf_free(&w->scratch);
   dl__buf_free(&w->zbuf);
+  dl__hasher_free(w->hasher);
   dl__buf_free(&w->zimage);
   ZSTD_freeDCtx(w->zctx);
   dl__buf_free(&w->rs.tmp);
@@ -273,7 +280,8 @@ int dl__workers_start(dl_loader *l) {
     w->id = i;
     w->depth = l->o.io_depth;
     w->slots = calloc((size_t)w->depth, sizeof *w->slots);
-    if (!w->slots || dl__jpeg_ops.create(&w->jpeg) || dl__png_ops.create(&w->png))
+    if (!w->slots || !(w->hasher = dl__hasher_new()) || dl__jpeg_ops.create(&w->jpeg) ||
+        dl__png_ops.create(&w->png))
       return dl__fail(-ENOMEM, "out of memory starting worker %d", i);
     w->io.ops = l->io_ops;
     int r = l->io_ops->init(&w->io, (unsigned)w->depth);

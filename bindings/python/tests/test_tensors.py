@@ -180,3 +180,25 @@ def test_any_zst_member_is_zstd_compressed(tmp_path):
     kw = dict(batch_size=1, image_size=32, crop="center", framework="numpy", workers=1)
     x, y = next(ringfeed.Loader(str(plain), **kw)), next(ringfeed.Loader(str(packed), **kw))
     assert "error" not in y and np.array_equal(x["image"], y["image"]) and y["label"].tolist() == [3]
+
+
+def test_damaged_tensor_records_are_caught_while_copied(tmp_path):
+    """Tensor-only records are checksummed during the copy into the batch: a flipped byte in the
+    data or in the .npy header of a record fails that record alone."""
+    path = tmp_path / "d.rfs"
+    arrays = [np.full((64, 64), i, dtype=np.uint8) for i in range(6)]
+    with ringfeed.Writer(str(path)) as w:
+        for i, a in enumerate(arrays):
+            w.add(f"r{i}", label=i, fields={"x": ("raw", a)})
+    raw = bytearray(path.read_bytes())
+    record = lambda i: 4096 + 8192 * i  # each 4224-byte record takes two 4 KiB pages
+    assert raw[record(2): record(2) + 6] == b"\x93NUMPY" and raw[record(4): record(4) + 6] == b"\x93NUMPY"
+    raw[record(2) + 128 + 500] ^= 0xFF  # inside record 2's data
+    raw[record(4) + 20] ^= 0x01         # inside record 4's .npy header
+    path.write_bytes(bytes(raw))
+    for io in ("auto", "mmap"):
+        b = next(ringfeed.Loader(str(path), batch_size=6, shuffle=False, framework="numpy", log="quiet", io=io))
+        assert [e != 0 for e in b["error"]] == [False, False, True, False, True, False], io
+        for i in (0, 1, 3, 5):
+            assert np.array_equal(b["x"][i], arrays[i])
+        assert not b["x"][2].any()
