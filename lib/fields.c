@@ -27,7 +27,9 @@ static const dl__fref *find_ref(const dl__dataset *ds, const dl__sample *s, int 
 /* The first bytes of a field's payload (decompressed), enough for its .npy header. */
 static int payload_prefix(const dl__dataset *ds, const dl__sample *s, const dl__fref *ref, dl__buf *raw,
                           dl__buf *out, size_t *n, size_t *total, dl__err *e) {
-  int fd = open(ds->files[s->file], O_RDONLY | O_CLOEXEC);
+  /* The loader's own descriptor where it keeps one (buffered); else the file opened for this read. */
+  bool own = ds->fds[s->file] < 0 || ds->direct[s->file];
+  int fd = own ? open(ds->files[s->file], O_RDONLY | O_CLOEXEC) : ds->fds[s->file];
   if (fd < 0)
     return dl__err_set(e, -errno, "%s", strerror(errno));
   size_t want = ref->kind == DL__REF_NPY ? (ref->len < HEADER_PREFIX ? ref->len : HEADER_PREFIX) : ref->len;
@@ -35,7 +37,8 @@ static int payload_prefix(const dl__dataset *ds, const dl__sample *s, const dl__
     want = 64u << 20;
   int r = dl__buf_reserve(raw, want ? want : 1);
   ssize_t got = r ? -1 : pread(fd, raw->p, want, (off_t)(s->offset + ref->at));
-  close(fd);
+  if (own)
+    close(fd);
   if (got != (ssize_t)want)
     return dl__err_set(e, DL_ECORRUPT, "cannot read the field's %zu bytes", want);
   if (ref->kind != DL__REF_NPY_ZST) {
