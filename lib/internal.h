@@ -370,7 +370,8 @@ struct dl_batch {
   int exports;       /* DLManagedTensors still alive */
   void *release_stream;
   int64_t image_shape[4], label_shape[1];
-  int err;           /* first failure, with on_error=fail */
+  int err;           /* the failure of the first failing sample, with on_error=fail */
+  int err_i;         /* ... and that sample's place, so the report does not depend on timing */
   char errmsg[DL__MSG_MAX];
   uint8_t *image;    /* host image bytes for this slot */
   int64_t *label;

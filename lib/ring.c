@@ -7,6 +7,7 @@
  */
 #include "internal.h"
 
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -28,6 +29,7 @@ static dl_batch *open_slot(dl_loader *l, dl__stream *s) {
   b->done = 0;
   b->ready = false;
   b->err = 0;
+  b->err_i = INT_MAX;
   b->errmsg[0] = 0;
   return b;
 }
@@ -75,8 +77,9 @@ int dl__ring_claim(dl_loader *l, dl__claim *c, bool block) {
 void dl__ring_done(dl_loader *l, const dl__claim *c, const dl__err *e) {
   dl_batch *b = c->slot;
   pthread_mutex_lock(&l->mu);
-  if (e && e->code && !b->err && l->o.on_error == DL__ON_ERROR_FAIL) {
+  if (e && e->code && c->i < b->err_i && l->o.on_error == DL__ON_ERROR_FAIL) {
     b->err = e->code;
+    b->err_i = c->i;
     memcpy(b->errmsg, e->msg, sizeof b->errmsg);
   }
   if (++b->done == b->len) {
