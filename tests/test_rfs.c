@@ -209,19 +209,25 @@ static void conversions_keep_the_stream(void) {
   printf("conversion: tar -> rfs and ImageFolder -> rfs deliver the same stream (O_DIRECT too)\n");
 }
 
+/* A shard's parsed index and its bytes in memory, for tests that damage a copy of it. */
+static uint8_t *load_shard(const char *path, dl__rfs *r, struct stat *st) {
+  int fd = open(path, O_RDONLY);
+  ASSERT(fd >= 0 && fstat(fd, st) == 0);
+  char why[256];
+  ASSERT_EQ(dl__rfs_open(r, fd, (uint64_t)st->st_size, why, sizeof why), 0);
+  uint8_t *copy = malloc((size_t)st->st_size);
+  ASSERT_EQ(pread(fd, copy, (size_t)st->st_size, 0), st->st_size);
+  close(fd);
+  return copy;
+}
+
 static void damage_is_found(void) {
   char src[700], bad[700], cmd[2048];
   snprintf(src, sizeof src, "%s/conv-000000.rfs", dir);
   snprintf(bad, sizeof bad, "%s/bad.rfs", dir);
-  int fd = open(src, O_RDONLY);
   struct stat st;
-  fstat(fd, &st);
   dl__rfs r;
-  char why[256];
-  ASSERT_EQ(dl__rfs_open(&r, fd, (uint64_t)st.st_size, why, sizeof why), 0);
-  uint8_t *copy = malloc((size_t)st.st_size);
-  ASSERT_EQ(pread(fd, copy, (size_t)st.st_size, 0), st.st_size);
-  close(fd);
+  uint8_t *copy = load_shard(src, &r, &st);
   /* Flip one byte in records 3 and 11 (inside the image data). */
   copy[r.records[3].offset + r.records[3].size / 2] ^= 0x40;
   copy[r.records[11].offset + 100] ^= 0x01;
@@ -280,15 +286,9 @@ static void index_checksum_is_checked(void) {
   char src[700], bad[700];
   snprintf(src, sizeof src, "%s/conv-000001.rfs", dir);
   snprintf(bad, sizeof bad, "%s/badsum.rfs", dir);
-  int fd = open(src, O_RDONLY);
   struct stat st;
-  fstat(fd, &st);
   dl__rfs r;
-  char why[256];
-  ASSERT_EQ(dl__rfs_open(&r, fd, (uint64_t)st.st_size, why, sizeof why), 0);
-  uint8_t *copy = malloc((size_t)st.st_size);
-  ASSERT_EQ(pread(fd, copy, (size_t)st.st_size, 0), st.st_size);
-  close(fd);
+  uint8_t *copy = load_shard(src, &r, &st);
   /* Change record 5's stored checksum and fix up the index hash, so only the record check fails. */
   uint64_t ioff, isize;
   memcpy(&ioff, copy + st.st_size - 32, 8);

@@ -1,20 +1,16 @@
 /* libFuzzer entry point for the tar scanner: any bytes as a shard, through index building. */
 #include "internal.h"
+#include "fuzz_input.h"
 
 #include <stdlib.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-  int fd = memfd_create("shard", MFD_CLOEXEC);
+  int fd = fuzz_input_fd(data, size);
   if (fd < 0)
     return 0;
-  if (write(fd, data, size) != (ssize_t)size) {
-    close(fd);
-    return 0;
-  }
   dl__log_level = DL__LOG_QUIET;
   dl__dataset ds = {0};
   uint32_t file;
