@@ -35,6 +35,8 @@ def main():
     p.add_argument("--resume", help="a loader state file written by --save-state")
     p.add_argument("--save-state", help="write the loader state here at the end")
     p.add_argument("--keys-out", help="write every key this rank saw, one per line (%%RANK%% is replaced)")
+    p.add_argument("--decode", default="auto", choices=["auto", "cpu", "gpu", "hybrid"],
+                   help="where JPEGs are decoded (auto: the GPU's JPEG engines beside the CPU workers)")
     args = p.parse_args()
 
     world = int(os.environ.get("WORLD_SIZE", 1))
@@ -51,7 +53,7 @@ def main():
     state = json.load(open(args.resume)) if args.resume else None
     loader = ringfeed.Loader(args.data, batch_size=args.batch_size, workers=args.workers, image_size=224,
                              crop="random_resized", flip=True, epochs=args.epochs, device="cuda",
-                             dtype="bfloat16", layout="NCHW", seed=0, state=state)
+                             dtype="bfloat16", layout="NCHW", seed=0, state=state, decode=args.decode)
     keys = open(args.keys_out.replace("%RANK%", str(rank)), "w") if args.keys_out else None
     step, seen, t0 = 0, 0, time.perf_counter()
     for batch in loader:
@@ -74,8 +76,11 @@ def main():
             break
     torch.cuda.synchronize()
     dt = time.perf_counter() - t0
+    stats = loader.stats()
     result = {"rank": rank, "world": world, "steps": step, "images": seen, "seconds": dt,
-              "images_per_s_per_gpu": seen / dt, "final_loss": float(loss.item())}
+              "images_per_s_per_gpu": seen / dt, "final_loss": float(loss.item()), "decode": args.decode,
+              "decode_backend": stats["decode_backend"], "gpu_share": stats["gpu_share"],
+              "gpu_decoded": stats["gpu_decoded"], "cpu_decoded": stats["cpu_decoded"]}
     print(json.dumps(result), flush=True)
     if args.save_state and rank == 0:
         json.dump(loader.state_dict(), open(args.save_state, "w"))

@@ -85,7 +85,9 @@ DL_EXTERN const char *dl_last_error(void);
  *   world_size device(cpu|cuda|cuda:N[,M...]) dtype(uint8|float32|float16|bfloat16) mean std
  *   device_slots on_error(skip|fail) io(auto|uring|pread|mmap) io_depth max_pixels max_member_bytes
  *   direct(0|1: O_DIRECT reads of ringfeed shards) pad(0|1) seq_len resume(TOKEN)
- *   log(quiet|error|warn|info|debug)
+ *   log(quiet|error|warn|info|debug) decode(auto|cpu|gpu|hybrid: where JPEGs are decoded; auto is
+ *   hybrid on CUDA when nvJPEG loads) gpu_share(auto|0..1) gpu_decode_mb
+ * decode=gpu|hybrid fail with DL_ENODEVICE, naming the reason, where nvJPEG or a GPU is missing.
  * A SOURCE of "tokens:FILES" reads flat binary token files (dtype=uint16|uint32, seq_len=L) as
  * windows of L+1 tokens.
  * An unknown key or bad value fails with DL_EOPTION and a message naming it.

@@ -44,6 +44,7 @@ enum { DL__DTYPE_UINT8, DL__DTYPE_FLOAT32, DL__DTYPE_FLOAT16, DL__DTYPE_BFLOAT16
        DL__DTYPE_UINT32 };
 enum { DL__ON_ERROR_SKIP, DL__ON_ERROR_FAIL };
 enum { DL__IO_AUTO, DL__IO_URING, DL__IO_PREAD, DL__IO_MMAP };
+enum { DL__DECODE_AUTO, DL__DECODE_CPU, DL__DECODE_GPU, DL__DECODE_HYBRID };
 
 typedef struct dl__options {
   int batch_size;
@@ -75,6 +76,9 @@ typedef struct dl__options {
   int pad;
   int seq_len;
   int token_dtype; /* DL__DTYPE_UINT16/UINT32 for token sources */
+  int decode;        /* DL__DECODE_*, as asked */
+  int gpu_decode_mb; /* device memory per device for decoded JPEGs */
+  double gpu_share;  /* hybrid: the GPU's fixed share of each batch; < 0 adapts it */
 } dl__options;
 
 int dl__options_parse(dl__options *o, const char *text);
@@ -336,6 +340,29 @@ extern const dl__decoder_ops dl__jpeg_ops;
 extern const dl__decoder_ops dl__png_ops;
 int dl__sniff_codec(const uint8_t *p, size_t n);
 
+/* The DCT scaling (1, 2, 4 or 8) the JPEG decoder uses for CROP at the output size (jpeg.c). */
+int dl__jpeg_scale(const dl__rect *crop, int out_w, int out_h);
+
+/* What a JPEG's markers say, without decoding (jpeg_probe.c). */
+enum { DL__CSS_444, DL__CSS_422, DL__CSS_420, DL__CSS_440, DL__CSS_411, DL__CSS_410, DL__CSS_GRAY, DL__CSS_OTHER };
+typedef struct dl__jpeg_info {
+  int width, height, components, precision;
+  int sof;         /* the frame marker, 0xC0..0xCF */
+  int subsampling; /* DL__CSS_* */
+  uint8_t samp[4][2];
+  int first_scan_components;
+  int scans;            /* counted up to the EOI only when the whole file was read */
+  bool tables_complete; /* every table the frame and its first scan use is defined before it */
+  bool rgb, cmyk;       /* the colour space libjpeg assumes is not YCbCr or grey */
+  bool restarts;
+  bool between_scans;   /* marker segments after the first scan (progressive, multi-scan) */
+  bool ends;            /* with WHOLE: the entropy-coded data runs to an EOI marker */
+  int64_t blocks;       /* 8x8 blocks the frame codes (with the MCUs' padding) */
+  size_t entropy_bytes; /* with WHOLE: bytes of entropy-coded data in all scans */
+} dl__jpeg_info;
+/* 0, or -1 when the markers before the first scan are malformed. WHOLE also reads the scans. */
+int dl__jpeg_probe(const uint8_t *p, size_t n, bool whole, dl__jpeg_info *j);
+
 /* ---- crop and resize (augment.c, resize.c) ---- */
 
 /* Chooses the source rectangle for MODE; draws come from KEY. */
@@ -353,9 +380,26 @@ typedef struct dl__resize_scratch {
 int dl__resize(const uint8_t *src, int w, int h, size_t stride, int ch, dl__rect rect, uint8_t *out,
                int ow, int oh, int planar, int flip, dl__resize_scratch *s);
 
+/* ---- one image into its place in a batch on the CPU (image.c) ---- */
+
+typedef struct dl__image_decoder {
+  void *jpeg, *png;
+  dl__buf scratch;
+  dl__resize_scratch rs;
+} dl__image_decoder;
+
+int dl__image_decoder_init(dl__image_decoder *d);
+void dl__image_decoder_free(dl__image_decoder *d);
+/* Decodes IMAGE (LEN bytes) of the sample whose draws come from KEY into DST: the crop, resized,
+ * maybe flipped, in the slot's layout. */
+int dl__image_decode(dl__image_decoder *d, const dl_loader *l, const uint8_t *image, size_t len, uint64_t key,
+                     uint8_t *dst, dl__err *e);
+
 /* ---- the loader (loader.c, ring.c, worker.c) ---- */
 
 enum { DL__SLOT_FREE, DL__SLOT_FILLING, DL__SLOT_COMPLETE, DL__SLOT_HELD };
+
+typedef struct dl__gpu_job dl__gpu_job; /* gpu/gpu.h */
 
 struct dl_batch {
   dl_loader *l;
@@ -377,7 +421,13 @@ struct dl_batch {
   int64_t *label;
   const char **key;
   int *sample_err;
-  void *gpu;         /* per-slot device state (cuda.c) */
+  void *gpu;         /* per-slot device state (gpu/copy_stage.c) */
+  /* With JPEG decoding on the GPU (host slots): the compressed JPEGs the GPU decodes, and per
+   * sample what it decodes (jobs[i].len 0: the sample was done on the CPU). */
+  uint8_t *arena;
+  size_t arena_used;
+  int gpu_from;      /* samples [gpu_from, len) may go to the GPU (hybrid's split) */
+  dl__gpu_job *jobs;
   uint8_t *fields;   /* this slot's tensor fields (loader.fields layout); host or device memory */
   int64_t field_shape[DL__MAX_FIELDS][DL__NPY_MAX_DIMS + 1];
   int64_t len_shape[1];
@@ -409,10 +459,23 @@ typedef struct dl__stream {
 typedef struct dl__stats {
   _Atomic int64_t samples, errors, bytes_read;
   _Atomic int64_t decode_ns, read_wait_ns;
+  _Atomic int64_t cpu_decoded, gpu_planned; /* images decoded by the workers; handed to the GPU */
+  _Atomic int64_t cpu_decode_ns;            /* the workers' time on those decodes */
+  _Atomic int64_t gpu_decoded, gpu_fallbacks; /* by nvJPEG; refused by it and decoded on the CPU */
   int64_t batches;
+  int64_t starved; /* batches the consumer had to wait for */
   double consumer_wait_s;
   double first_batch_ms;
 } dl__stats;
+
+/* Hybrid's measurements (gpu/plan.c, under l->mu). */
+typedef struct dl__split {
+  double gpu_ms, cpu_ms;  /* smoothed time per image: one device's decoder, one worker */
+  double balanced;        /* the share at which both sides would finish together */
+  double target;          /* the share it moves toward; l->share follows in steps */
+  int64_t cpu_decoded, cpu_ns, starved; /* the counters at the last update */
+  int64_t updates;
+} dl__split;
 
 struct dl_loader {
   dl__options o;
@@ -439,7 +502,16 @@ struct dl_loader {
   struct dl__worker *workers;
   dl__stats st;
   double open_time;
-  void *cuda; /* cuda.c state, NULL for host batches */
+  void *cuda; /* gpu/copy_stage.c state, NULL for host batches */
+  /* JPEG decoding on the GPU, chosen at open (gpu/decode.c). */
+  int decode;          /* DL__DECODE_CPU, _GPU or _HYBRID: what runs */
+  char decode_reason[256];
+  bool gpu_hw;         /* the devices' JPEG engines decode (else nvJPEG's CUDA decoder) */
+  size_t gpu_pool;     /* device bytes for one batch's decoded JPEGs: a larger image goes to the CPU */
+  size_t arena_bytes;  /* per host slot, for the compressed JPEGs */
+  uint8_t *arena_mem;
+  double share;        /* hybrid: the GPU's share of the next batch opened (under mu) */
+  dl__split split;
 };
 
 double dl__now(void);
@@ -451,6 +523,7 @@ typedef struct dl__claim {
   int i;
   int64_t index; /* dataset index */
   int64_t epoch;
+  uint8_t *arena; /* where the sample's bytes go when the GPU may decode it, else NULL */
 } dl__claim;
 int dl__ring_claim(dl_loader *l, dl__claim *c, bool block);
 /* Marks sample C done; signals the consumer when its batch is complete. */
@@ -465,28 +538,22 @@ int dl__zstd_inflate(void **ctx, const uint8_t *src, size_t n, size_t limit, dl_
 int dl__fields_fill(dl_loader *l, const dl__sample *s, const uint8_t *bytes, dl_batch *b, int i, void **zctx,
                     dl__buf *zbuf, dl__hasher *verify, dl__err *e);
 
-int dl__workers_start(dl_loader *l);
-void dl__workers_stop(dl_loader *l);
-
-/* ---- CUDA (cuda.c; stubs when built without) ---- */
-
-/* Checks the devices and sets up l->cuda (before the host slots are allocated). */
-int dl__cuda_open(dl_loader *l);
-/* Allocates device slots and starts a copy thread per device (after the host slots exist). */
-int dl__cuda_start(dl_loader *l);
-/* Stops the copy threads (workers are already stopped). */
-void dl__cuda_stop(dl_loader *l);
-/* Frees device memory, streams and events. NULL l->cuda is a no-op. */
-void dl__cuda_close(dl_loader *l);
-/* Host memory for the slots: pinned when a device is in use. */
-void *dl__host_alloc(dl_loader *l, size_t bytes);
-void dl__host_free(dl_loader *l, void *p);
-int dl__cuda_field(const dl_batch *b, const char *name, DLTensor *out);
 /* Fills T for field NAME of B whose memory is on DEVICE; shared by host and device batches. */
 int dl__batch_describe(const dl_batch *b, const char *name, DLDevice device, DLTensor *t);
-int dl__cuda_wait(dl_batch *b, void *stream);
-/* Under l->mu, when a device batch's last reference goes: records the consumer's event. */
-void dl__cuda_release_locked(dl_batch *b);
-int dl__cuda_stats(dl_loader *l, char *buf, size_t cap);
+
+int dl__workers_start(dl_loader *l);
+void dl__workers_stop(dl_loader *l);
+/* A failed sample's place in batch B: zeros (the deterministic substitute). */
+void dl__sample_zero(const dl_loader *l, dl_batch *b, int i);
+/* A sample that failed: names shard, member and offset in E's message, logs and counts it. */
+void dl__sample_failed(dl_loader *l, const dl__sample *s, dl__err *e);
+
+/* The key of a sample's random draws (crop, flip): a function of (seed, epoch, index) only. */
+static inline uint64_t dl__sample_key(const dl_loader *l, int64_t epoch, int64_t index) {
+  return dl__hash3(l->o.seed, (uint64_t)epoch, (uint64_t)index);
+}
+static inline bool dl__sample_flip(const dl_loader *l, uint64_t key) {
+  return l->o.flip && dl__uniform(key, 1000) < 0.5;
+}
 
 #endif /* RINGFEED_INTERNAL_H */

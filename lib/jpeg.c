@@ -122,49 +122,8 @@ static void cmyk_to_out(uint8_t *row, int width, bool inverted, int channels) {
  * other image gets a fresh decompressor.
  */
 static bool self_contained(const uint8_t *p, size_t n) {
-  unsigned dqt = 0, dht = 0, need_q = 0, need_h = 0;
-  bool baseline = false;
-  size_t i = 2;
-  while (i + 4 <= n) {
-    if (p[i] != 0xFF)
-      return false;
-    uint8_t m = p[i + 1];
-    if (m == 0xFF) {
-      i++;
-      continue;
-    }
-    size_t len = ((size_t)p[i + 2] << 8) | p[i + 3];
-    if (len < 2 || i + 2 + len > n)
-      return false;
-    const uint8_t *seg = p + i + 4;
-    size_t sl = len - 2;
-    if (m == 0xDB) { /* DQT: one or more tables */
-      for (size_t j = 0; j < sl;) {
-        dqt |= 1u << (seg[j] & 3);
-        j += 1 + ((seg[j] >> 4) ? 128 : 64);
-      }
-    } else if (m == 0xC4) { /* DHT */
-      for (size_t j = 0; j + 17 <= sl;) {
-        dht |= 1u << (((seg[j] >> 4) & 1) * 4 + (seg[j] & 3));
-        size_t count = 0;
-        for (int k = 1; k <= 16; k++)
-          count += seg[j + k];
-        j += 17 + count;
-      }
-    } else if (m == 0xC0 || m == 0xC1) { /* baseline or extended Huffman frame */
-      baseline = true;
-      for (size_t c = 0; sl >= 6 && c < seg[5] && 6 + 3 * c + 2 < sl; c++)
-        need_q |= 1u << (seg[6 + 3 * c + 2] & 3);
-    } else if (m >= 0xC2 && m <= 0xCF && m != 0xC4 && m != 0xC8 && m != 0xCC) {
-      return false; /* progressive, lossless or arithmetic: not worth checking */
-    } else if (m == 0xDA) { /* first scan: its tables must all be defined by now */
-      for (size_t c = 0; sl >= 1 && c < seg[0] && 1 + 2 * c + 1 < sl; c++)
-        need_h |= (1u << (seg[1 + 2 * c + 1] >> 4 & 3)) | (1u << (4 + (seg[1 + 2 * c + 1] & 3)));
-      return baseline && (need_q & ~dqt) == 0 && (need_h & ~dht) == 0;
-    }
-    i += 2 + len;
-  }
-  return false;
+  dl__jpeg_info j;
+  return dl__jpeg_probe(p, n, false, &j) == 0 && (j.sof == 0xC0 || j.sof == 0xC1) && j.tables_complete;
 }
 
 static int renew(jpeg_ctx *x) {
@@ -206,10 +165,7 @@ static int jpeg_decode(void *p, dl__decode_job *job, dl__err *e) {
   bool cmyk = d->jpeg_color_space == JCS_CMYK || d->jpeg_color_space == JCS_YCCK;
   d->out_color_space = cmyk ? JCS_CMYK : job->channels == 3 ? JCS_RGB : JCS_GRAYSCALE;
   d->dct_method = JDCT_ISLOW;
-  /* The largest reduction that still leaves at least the output size inside the crop. */
-  int num = 8;
-  while (num > 1 && job->rect.w * (num / 2) / 8 >= job->out_w && job->rect.h * (num / 2) / 8 >= job->out_h)
-    num /= 2;
+  int num = 8 / dl__jpeg_scale(&job->rect, job->out_w, job->out_h);
   d->scale_num = (unsigned)num;
   d->scale_denom = 8;
   jpeg_start_decompress(d);
@@ -267,6 +223,14 @@ static int jpeg_decode(void *p, dl__decode_job *job, dl__err *e) {
   job->mapped.w = job->rect.w * sx;
   job->mapped.h = job->rect.h * sy;
   return 0;
+}
+
+int dl__jpeg_scale(const dl__rect *crop, int out_w, int out_h) {
+  /* The largest reduction that still leaves at least the output size inside the crop. */
+  int num = 8;
+  while (num > 1 && crop->w * (num / 2) / 8 >= out_w && crop->h * (num / 2) / 8 >= out_h)
+    num /= 2;
+  return 8 / num;
 }
 
 const dl__decoder_ops dl__jpeg_ops = {"jpeg", jpeg_create, jpeg_destroy_ctx, jpeg_decode};

@@ -5,6 +5,7 @@
  * Lock order: l->mu only.
  */
 #include "internal.h"
+#include "gpu/gpu.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -29,6 +30,7 @@ static void free_loader(dl_loader *l) {
       free(slots[i].label);
       free(slots[i].key);
       free(slots[i].sample_err);
+      free(slots[i].jobs);
     }
     free(slots);
   }
@@ -36,6 +38,8 @@ static void free_loader(dl_loader *l) {
     dl__host_free(l, l->host_mem);
   if (l->field_mem)
     dl__host_free(l, l->field_mem);
+  if (l->arena_mem)
+    dl__host_free(l, l->arena_mem);
   dl__cuda_close(l);
   dl__dataset_free(&l->ds);
   pthread_mutex_destroy(&l->mu);
@@ -59,11 +63,16 @@ static int alloc_slots(dl_loader *l) {
   l->image_bytes = l->sample_bytes * (size_t)l->o.batch_size;
   size_t nslots = (size_t)l->o.prefetch * (size_t)l->nstreams;
   size_t total = l->image_bytes * nslots;
-  l->host_mem = dl__host_alloc(l, total ? total : 4096);
-  if (l->field_block && !(l->field_mem = dl__host_alloc(l, l->field_block * nslots)))
-    l->host_mem = NULL, total += l->field_block * nslots;
-  if (!l->host_mem)
-    return dl__fail(-ENOMEM, "could not allocate %zu bytes of %s batch memory", total,
+  /* Images; tensor fields; and the compressed JPEGs the GPU decodes, an arena per host slot
+   * that the workers read into. What was allocated before a failure is freed with the loader. */
+  size_t field_total = l->field_block * nslots, arena_total = l->arena_bytes * nslots;
+  bool ok = (l->host_mem = dl__host_alloc(l, total ? total : 4096)) != NULL;
+  if (ok && field_total)
+    ok = (l->field_mem = dl__host_alloc(l, field_total)) != NULL;
+  if (ok && arena_total)
+    ok = (l->arena_mem = dl__host_alloc(l, arena_total)) != NULL;
+  if (!ok)
+    return dl__fail(-ENOMEM, "could not allocate %zu bytes of %s batch memory", total + field_total + arena_total,
                     l->o.ndevices ? "pinned" : "host");
   size_t at = 0;
   for (int s = 0; s < l->nstreams; s++) {
@@ -79,6 +88,11 @@ static int alloc_slots(dl_loader *l) {
       b->image = l->host_mem + at;
       if (l->field_mem)
         b->fields = l->field_mem + l->field_block * ((size_t)s * (size_t)l->o.prefetch + (size_t)i);
+      if (l->arena_mem) {
+        b->arena = l->arena_mem + l->arena_bytes * ((size_t)s * (size_t)l->o.prefetch + (size_t)i);
+        if (!(b->jobs = calloc((size_t)l->o.batch_size, sizeof *b->jobs)))
+          return dl__fail(-ENOMEM, "out of memory");
+      }
       b->label = calloc((size_t)l->o.batch_size, sizeof *b->label);
       b->key = calloc((size_t)l->o.batch_size, sizeof *b->key);
       b->sample_err = calloc((size_t)l->o.batch_size, sizeof *b->sample_err);
@@ -124,7 +138,7 @@ int dl_open(dl_loader **out, const char *source, const char *options) {
   if (!l->io_ops || (l->o.io == DL__IO_MMAP && (r = dl__dataset_map(&l->ds))))
     goto fail;
   dl__log(DL__LOG_INFO, "reading with %s: %s", l->io_ops->name, l->io_reason);
-  if (l->o.ndevices && (r = dl__cuda_open(l)))
+  if ((l->o.ndevices && (r = dl__cuda_open(l))) || (r = dl__decode_choose(l)))
     goto fail;
   if ((r = alloc_slots(l)))
     goto fail;
@@ -175,6 +189,8 @@ int dl_next_batch_on(dl_loader *l, int dev, dl_batch **out) {
   l->st.batches++;
   double now = dl__now();
   l->st.consumer_wait_s += now - t0;
+  if (now - t0 > 0.0005)
+    l->st.starved++;
   if (l->st.batches == 1)
     l->st.first_batch_ms = (now - l->open_time) * 1000;
   int err = b->err;
@@ -388,7 +404,24 @@ int dl_state_save(dl_loader *l, char *buf, size_t cap) {
   return r < 0 ? dl__fail(r, "resume token needs %s", "more room") : r;
 }
 
+/* S as the inside of a JSON string (the reasons name files, which may hold anything). */
+static const char *json_text(const char *s, char *out, size_t cap) {
+  size_t n = 0;
+  for (; *s && n + 7 < cap; s++) {
+    unsigned char c = (unsigned char)*s;
+    if (c == '"' || c == '\\')
+      n += (size_t)snprintf(out + n, cap - n, "\\%c", c);
+    else if (c < 0x20)
+      n += (size_t)snprintf(out + n, cap - n, "\\u%04x", c);
+    else
+      out[n++] = (char)c;
+  }
+  out[n] = 0;
+  return out;
+}
+
 int dl_stats_json(dl_loader *l, char *buf, size_t cap) {
+  static const char *const decoders[] = {"auto", "cpu", "gpu", "hybrid"};
   char device[64] = "cpu";
   if (l->o.ndevices) {
     int n = snprintf(device, sizeof device, "cuda:");
@@ -397,9 +430,10 @@ int dl_stats_json(dl_loader *l, char *buf, size_t cap) {
   }
   pthread_mutex_lock(&l->mu);
   int64_t batches = l->st.batches;
-  double wait = l->st.consumer_wait_s, first = l->st.first_batch_ms;
+  double wait = l->st.consumer_wait_s, first = l->st.first_batch_ms, share = l->share;
+  double balanced = l->split.balanced;
   pthread_mutex_unlock(&l->mu);
-  char gpu[512] = "";
+  char gpu[768] = "", io_reason[320], decode_reason[512];
   if (l->cuda)
     dl__cuda_stats(l, gpu, sizeof gpu);
   int n = snprintf(
@@ -407,11 +441,17 @@ int dl_stats_json(dl_loader *l, char *buf, size_t cap) {
       "{\"samples\":%" PRId64 ",\"batches\":%" PRId64 ",\"errors\":%" PRId64 ",\"bytes_read\":%" PRId64
       ",\"wall_s\":%.6f,\"first_batch_ms\":%.3f,\"consumer_wait_s\":%.6f,\"decode_s\":%.6f"
       ",\"read_wait_s\":%.6f,\"workers\":%d,\"prefetch\":%d,\"batch_size\":%d,\"dataset_samples\":%zu"
-      ",\"io_backend\":\"%s\",\"io_reason\":\"%s\",\"device\":\"%s\"%s}",
+      ",\"io_backend\":\"%s\",\"io_reason\":\"%s\",\"device\":\"%s\",\"decode_backend\":\"%s\""
+      ",\"decode_reason\":\"%s\",\"cpu_decoded\":%" PRId64 ",\"gpu_decoded\":%" PRId64 ",\"gpu_fallbacks\":%" PRId64
+      ",\"gpu_share\":%.4f,\"gpu_share_balanced\":%.4f,\"arena_mb\":%.1f%s}",
       atomic_load(&l->st.samples), batches, atomic_load(&l->st.errors), atomic_load(&l->st.bytes_read),
       dl__now() - l->open_time, first, wait, atomic_load(&l->st.decode_ns) * 1e-9,
       atomic_load(&l->st.read_wait_ns) * 1e-9, l->o.workers, l->o.prefetch, l->o.batch_size, l->ds.n,
-      l->o.io == DL__IO_MMAP ? "mmap" : l->io_ops->name, l->io_reason, device, gpu);
+      l->o.io == DL__IO_MMAP ? "mmap" : l->io_ops->name, json_text(l->io_reason, io_reason, sizeof io_reason),
+      device, decoders[l->decode], json_text(l->decode_reason, decode_reason, sizeof decode_reason),
+      atomic_load(&l->st.cpu_decoded), atomic_load(&l->st.gpu_decoded), atomic_load(&l->st.gpu_fallbacks),
+      l->decode == DL__DECODE_CPU ? 0.0 : share, balanced,
+      (double)l->arena_bytes * l->o.prefetch * l->nstreams / 1048576.0, gpu);
   return n < 0 || (size_t)n >= cap ? dl__fail(-ENOSPC, "stats need %d bytes", n + 1) : n;
 }
 

@@ -31,6 +31,9 @@ static void set_defaults(dl__options *o) {
   o->max_pixels = 64ll << 20;
   o->max_member_bytes = 256ll << 20;
   o->log_level = dl__log_level;
+  o->decode = DL__DECODE_AUTO;
+  o->gpu_decode_mb = 256;
+  o->gpu_share = -1;
 }
 
 static int bad(const char *key, const char *value, const char *why) {
@@ -165,6 +168,7 @@ static int apply(dl__options *o, const char *key, const char *v) {
   static const char *const on_errors[] = {"skip", "fail"};
   static const char *const ios[] = {"auto", "uring", "pread", "mmap"};
   static const char *const logs[] = {"quiet", "error", "warn", "info", "debug"};
+  static const char *const decodes[] = {"auto", "cpu", "gpu", "hybrid"};
   int64_t x;
   int r = 0;
 #define INT_OPT(name, field, lo, hi)                                                               \
@@ -185,6 +189,7 @@ static int apply(dl__options *o, const char *key, const char *v) {
   INT_OPT("max_pixels", max_pixels, 1, INT64_C(1) << 40)
   INT_OPT("max_member_bytes", max_member_bytes, 1, INT64_C(1) << 40)
   INT_OPT("seq_len", seq_len, 1, 1 << 24)
+  INT_OPT("gpu_decode_mb", gpu_decode_mb, 16, 1 << 20)
 #undef INT_OPT
   if (!strcmp(key, "seed")) {
     char *end;
@@ -217,6 +222,21 @@ static int apply(dl__options *o, const char *key, const char *v) {
     return parse_choice(key, v, ios, 4, &o->io);
   if (!strcmp(key, "log"))
     return parse_choice(key, v, logs, 5, &o->log_level);
+  if (!strcmp(key, "decode"))
+    return parse_choice(key, v, decodes, 4, &o->decode);
+  if (!strcmp(key, "gpu_share")) {
+    if (!strcmp(v, "auto")) {
+      o->gpu_share = -1;
+      return 0;
+    }
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (errno || end == v || *end || !(x >= 0 && x <= 1))
+      return bad(key, v, "expected auto or a fraction from 0 to 1");
+    o->gpu_share = x;
+    return 0;
+  }
   if (!strcmp(key, "flip"))
     return parse_bool(key, v, &o->flip);
   if (!strcmp(key, "shuffle"))

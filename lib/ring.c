@@ -6,8 +6,10 @@
  * Lock order: l->mu only (no other lock is taken while it is held).
  */
 #include "internal.h"
+#include "gpu/gpu.h"
 
 #include <limits.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -31,6 +33,9 @@ static dl_batch *open_slot(dl_loader *l, dl__stream *s) {
   b->err = 0;
   b->err_i = INT_MAX;
   b->errmsg[0] = 0;
+  b->arena_used = 0;
+  /* Hybrid's split: the first samples go to the workers, the rest may go to the GPU. */
+  b->gpu_from = l->decode == DL__DECODE_HYBRID ? (int)lround(b->len * (1 - l->share)) : 0;
   return b;
 }
 
@@ -59,6 +64,7 @@ int dl__ring_claim(dl_loader *l, dl__claim *c, bool block) {
       c->slot = slot;
       c->i = best->claim_i;
       c->index = dl__sampler_sample(&best->sm, best->claim_k, best->claim_i, &c->epoch);
+      c->arena = dl__gpu_arena_take(l, slot, c->i, &l->ds.samples[c->index]);
       if (++best->claim_i == slot->len) {
         best->claim_i = 0;
         best->claim_k++;

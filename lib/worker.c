@@ -4,12 +4,14 @@
  * decodes each sample as its read completes, straight into the sample's place in the batch slot.
  */
 #include "internal.h"
+#include "gpu/gpu.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -30,11 +32,9 @@ struct dl__worker {
   pthread_t thread;
   int id;
   dl__io io;
-  void *jpeg, *png;
+  dl__image_decoder img;
   inflight *slots;
   int depth;
-  dl__buf scratch;
-  dl__resize_scratch rs;
   void *zctx; /* zstd decompression of tensor fields and compressed images */
   dl__hasher *hasher;
   dl__buf zbuf, zimage;
@@ -44,16 +44,6 @@ static int64_t ns_since(const struct timespec *t0) {
   struct timespec t1;
   clock_gettime(CLOCK_MONOTONIC, &t1);
   return (int64_t)(t1.tv_sec - t0->tv_sec) * 1000000000 + (t1.tv_nsec - t0->tv_nsec);
-}
-
-typedef struct plan_arg {
-  dl_loader *l;
-  uint64_t key;
-} plan_arg;
-
-static int plan(dl__decode_job *job, int w, int h, dl__err *e) {
-  plan_arg *a = job->plan_arg;
-  return dl__crop_rect(a->l->o.crop, w, h, job->out_w, job->out_h, a->key, &job->rect, e);
 }
 
 /* The shared end of every sample: label, key, error report, and the ring's count. */
@@ -67,28 +57,36 @@ static void complete(struct dl__worker *w, inflight *f, dl__err *e) {
   b->sample_err[c->i] = e->code;
   atomic_fetch_add_explicit(&l->st.samples, 1, memory_order_relaxed);
   if (e->code) {
-    memset(b->image + (size_t)c->i * l->sample_bytes, 0, l->sample_bytes);
-    for (int f = 0; f < l->nfields; f++) {
-      const dl__field *fd = &l->fields[f];
-      memset(b->fields + fd->at + (size_t)c->i * fd->sample_bytes, 0, fd->sample_bytes);
-      if (l->o.pad)
-        ((int64_t *)(b->fields + fd->len_at))[c->i] = 0;
-    }
-    atomic_fetch_add_explicit(&l->st.errors, 1, memory_order_relaxed);
-    char msg[DL__MSG_MAX];
-    snprintf(msg, sizeof msg, "shard %s member %s offset %llu: %s", l->ds.files[s->file],
-             dl__sample_name(&l->ds, s), (unsigned long long)s->offset, e->msg);
-    memcpy(e->msg, msg, sizeof e->msg);
-    if (l->o.on_error == DL__ON_ERROR_SKIP)
-      dl__log(DL__LOG_WARN, "%s (sample replaced by zeros)", e->msg);
-    else
-      dl__log(DL__LOG_ERROR, "%s", e->msg);
+    dl__sample_zero(l, b, c->i);
+    dl__sample_failed(l, s, e);
   }
   if (f->own_fd >= 0)
     close(f->own_fd);
   f->own_fd = -1;
   f->busy = false;
   dl__ring_done(l, c, e);
+}
+
+void dl__sample_zero(const dl_loader *l, dl_batch *b, int i) {
+  memset(b->image + (size_t)i * l->sample_bytes, 0, l->sample_bytes);
+  for (int f = 0; f < l->nfields; f++) {
+    const dl__field *fd = &l->fields[f];
+    memset(b->fields + fd->at + (size_t)i * fd->sample_bytes, 0, fd->sample_bytes);
+    if (l->o.pad)
+      ((int64_t *)(b->fields + fd->len_at))[i] = 0;
+  }
+}
+
+void dl__sample_failed(dl_loader *l, const dl__sample *s, dl__err *e) {
+  atomic_fetch_add_explicit(&l->st.errors, 1, memory_order_relaxed);
+  char msg[DL__MSG_MAX];
+  snprintf(msg, sizeof msg, "shard %s member %s offset %llu: %s", l->ds.files[s->file], dl__sample_name(&l->ds, s),
+           (unsigned long long)s->offset, e->msg);
+  memcpy(e->msg, msg, sizeof e->msg);
+  if (l->o.on_error == DL__ON_ERROR_SKIP)
+    dl__log(DL__LOG_WARN, "%s (sample replaced by zeros)", e->msg);
+  else
+    dl__log(DL__LOG_ERROR, "%s", e->msg);
 }
 
 static void decode(struct dl__worker *w, inflight *f, bool verify, dl__err *e) {
@@ -103,8 +101,7 @@ static void decode(struct dl__worker *w, inflight *f, bool verify, dl__err *e) {
     atomic_fetch_add_explicit(&l->st.decode_ns, ns_since(&t0), memory_order_relaxed);
     return;
   }
-  uint64_t key = dl__hash3(l->o.seed, (uint64_t)c->epoch, (uint64_t)c->index);
-  plan_arg pa = {l, key};
+  uint64_t key = dl__sample_key(l, c->epoch, c->index);
   const uint8_t *image = f->data + f->s->image_at;
   size_t image_len = f->s->image_len;
   if (f->s->flags & DL__SAMPLE_IMAGE_ZST) {
@@ -112,31 +109,15 @@ static void decode(struct dl__worker *w, inflight *f, bool verify, dl__err *e) {
       return;
     image = w->zimage.p;
   }
-  dl__decode_job job = {.src = image,
-                        .len = image_len,
-                        .channels = l->o.channels,
-                        .out_w = l->o.width,
-                        .out_h = l->o.height,
-                        .max_pixels = l->o.max_pixels,
-                        .plan = plan,
-                        .plan_arg = &pa,
-                        .scratch = &w->scratch};
-  int codec = dl__sniff_codec(image, image_len);
-  int r;
-  if (codec == DL__CODEC_JPEG)
-    r = dl__jpeg_ops.decode(w->jpeg, &job, e);
-  else if (codec == DL__CODEC_PNG)
-    r = dl__png_ops.decode(w->png, &job, e);
-  else
-    r = dl__err_set(e, DL_EUNSUPPORTED, "not a JPEG or PNG (unrecognised leading bytes)");
-  if (r == 0) {
-    bool flip = l->o.flip && dl__uniform(key, 1000) < 0.5;
+  if (c->arena && dl__gpu_plan(l, c->slot, c->i, c->index, c->arena, image, image_len, key)) {
+    atomic_fetch_add_explicit(&l->st.gpu_planned, 1, memory_order_relaxed);
+  } else {
     uint8_t *dst = c->slot->image + (size_t)c->i * l->sample_bytes;
-    /* Float output is converted on the GPU from NHWC uint8, whatever layout it ends in. */
-    bool planar = l->o.layout == DL__LAYOUT_NCHW && l->o.dtype == DL__DTYPE_UINT8;
-    if (dl__resize(job.pixels, job.width, job.height, job.stride, l->o.channels, job.mapped, dst,
-                   l->o.width, l->o.height, planar, flip, &w->rs))
-      dl__err_set(e, -ENOMEM, "out of memory resizing");
+    struct timespec t1;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    dl__image_decode(&w->img, l, image, image_len, key, dst, e);
+    atomic_fetch_add_explicit(&l->st.cpu_decoded, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&l->st.cpu_decode_ns, ns_since(&t1), memory_order_relaxed);
   }
   atomic_fetch_add_explicit(&l->st.decode_ns, ns_since(&t0), memory_order_relaxed);
 }
@@ -181,6 +162,8 @@ static bool start(struct dl__worker *w, const dl__claim *c) {
   f->own_fd = -1;
   const dl__sample *s = f->s;
   dl__err e = {0};
+  if (c->slot->jobs)
+    c->slot->jobs[c->i].len = 0; /* on the CPU unless the GPU takes it once read */
   if (s->codec == DL__CODEC_NONE && l->has_image) {
     dl__err_set(&e, DL_ENOFIELD, "sample has no image member (.jpg, .jpeg or .png)");
   } else if ((int64_t)s->size > l->o.max_member_bytes) {
@@ -201,13 +184,17 @@ static bool start(struct dl__worker *w, const dl__claim *c) {
     size_t len = (size_t)s->size + f->skip;
     if (align)
       len = (len + align - 1) / align * align;
-    int r = align ? dl__buf_reserve_aligned(&f->buf, len, align) : dl__buf_reserve(&f->buf, len ? len : 1);
+    /* A JPEG the GPU may decode is read straight into the slot's pinned arena. */
+    int r = c->arena ? 0
+            : align  ? dl__buf_reserve_aligned(&f->buf, len, align)
+                     : dl__buf_reserve(&f->buf, len ? len : 1);
+    uint8_t *into = c->arena ? c->arena : f->buf.p;
     int fd = l->ds.fds[s->file];
     if (!r && fd < 0)
       fd = f->own_fd = open(l->ds.files[s->file], O_RDONLY | O_CLOEXEC);
-    f->data = f->buf.p + f->skip;
+    f->data = into + f->skip;
     if (!r)
-      r = fd < 0 ? -errno : w->io.ops->submit(&w->io, fd, f->buf.p, len, off, (uint64_t)tag);
+      r = fd < 0 ? -errno : w->io.ops->submit(&w->io, fd, into, len, off, (uint64_t)tag);
     if (r == 0)
       return true;
     dl__err_set(&e, r, "read failed: %s", strerror(-r));
@@ -219,6 +206,15 @@ static bool start(struct dl__worker *w, const dl__claim *c) {
 static void *run(void *arg) {
   struct dl__worker *w = arg;
   dl_loader *l = w->l;
+  /* Hybrid: the workers yield to the copy thread and nvJPEG's host work, which keep the JPEG
+   * engines busy; an engine left waiting costs more than a core does (on an H200 the engines' time
+   * per image was a third longer in hybrid runs, every core decoding, than with the workers idle). */
+  if (l->decode == DL__DECODE_HYBRID) {
+    errno = 0;
+    int nice = getpriority(PRIO_PROCESS, (id_t)gettid());
+    if (errno == 0)
+      setpriority(PRIO_PROCESS, (id_t)gettid(), nice + 4 > 19 ? 19 : nice + 4);
+  }
   int inflight_n = 0;
   bool draining = false;
   for (;;) {
@@ -256,18 +252,14 @@ static void *run(void *arg) {
 static void worker_free(struct dl__worker *w) {
   if (w->io.ops)
     w->io.ops->fini(&w->io);
-  dl__jpeg_ops.destroy(w->jpeg);
-  dl__png_ops.destroy(w->png);
+  dl__image_decoder_free(&w->img);
   for (int i = 0; w->slots && i < w->depth; i++)
     dl__buf_free(&w->slots[i].buf);
   free(w->slots);
-  dl__buf_free(&w->scratch);
   dl__buf_free(&w->zbuf);
   dl__hasher_free(w->hasher);
   dl__buf_free(&w->zimage);
   ZSTD_freeDCtx(w->zctx);
-  dl__buf_free(&w->rs.tmp);
-  dl__buf_free(&w->rs.coef);
 }
 
 int dl__workers_start(dl_loader *l) {
@@ -280,8 +272,7 @@ int dl__workers_start(dl_loader *l) {
     w->id = i;
     w->depth = l->o.io_depth;
     w->slots = calloc((size_t)w->depth, sizeof *w->slots);
-    if (!w->slots || !(w->hasher = dl__hasher_new()) || dl__jpeg_ops.create(&w->jpeg) ||
-        dl__png_ops.create(&w->png))
+    if (!w->slots || !(w->hasher = dl__hasher_new()) || dl__image_decoder_init(&w->img))
       return dl__fail(-ENOMEM, "out of memory starting worker %d", i);
     w->io.ops = l->io_ops;
     int r = l->io_ops->init(&w->io, (unsigned)w->depth);

@@ -87,6 +87,17 @@ done
 tar --format=gnu --sort=name -C "$s" -cf "$out/sweep-gnu.tar" .
 pytar "$out/sweep-py.tar" "$s" pax
 
+# --- the JPEGs of the sweep alone: small enough to travel to a GPU machine for test_cuda ---
+js="$out/stage/jpegs"
+mkdir -p "$js"
+: > "$out/jpeg-sweep.tsv"
+while IFS="$(printf '\t')" read -r member path kind attrs check; do
+  [ "$kind" = jpeg ] || continue
+  cp "$s/$member" "$s/${member%.*}.cls" "$js/"
+  printf '%s\t%s\t%s\t%s\t%s\n' "$member" "$path" "$kind" "$attrs" "$check" >> "$out/jpeg-sweep.tsv"
+done < "$out/sweep.tsv"
+tar --format=gnu --sort=name -C "$js" -cf "$out/jpeg-sweep.tar" .
+
 # --- tar dialects: long names through GNU 'L' headers, pax 'path' records and the ustar prefix ---
 f="$out/stage/formats"
 mkdir -p "$f"

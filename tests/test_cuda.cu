@@ -2,25 +2,16 @@
 // host batches byte for byte; the conversion kernel against a float64 reference; a slow consumer
 // whose kernels still read batches it released never sees them overwritten; no device or pinned
 // memory leaks over many loaders and epochs.
+#include "cuda_batches.h"
 #include "ringfeed.h"
 #include "synthetic.h"
 #include "tar_writer.h"
 #include "test.h"
 #include "test_data.h"
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
 #include <math.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-#define CHECK_CUDA(x)                                                                              \
-  do {                                                                                             \
-    cudaError_t e_ = (x);                                                                          \
-    if (e_ != cudaSuccess)                                                                         \
-      FAIL_AT("%s: %s", #x, cudaGetErrorString(e_));                                               \
-  } while (0)
 
 static char source[512];
 
@@ -43,71 +34,14 @@ static void write_shards(const char *dir) {
   }
 }
 
-static size_t tensor_bytes(const DLTensor *t) {
-  size_t n = (size_t)t->dtype.bits / 8;
-  for (int d = 0; d < t->ndim; d++)
-    n *= (size_t)t->shape[d];
-  return n;
-}
-
-// Host copies of every batch of a run: images (as delivered) and labels.
-typedef struct stream_copy {
-  int batches;
-  unsigned char *image[16];
-  int64_t *label[16];
-  size_t bytes[16];
-  int len[16];
-} stream_copy;
-
-static void collect(const char *opts, stream_copy *out) {
-  memset(out, 0, sizeof *out);
-  dl_loader *l;
-  OPEN_OK(l, source, opts);
-  dl_batch *b;
-  int r;
-  while ((r = dl_next_batch(l, &b)) == 0) {
-    ASSERT_LT(out->batches, 16);
-    DLTensor img, lab;
-    ASSERT_EQ(dl_batch_field(b, "image", &img), 0);
-    ASSERT_EQ(dl_batch_field(b, "label", &lab), 0);
-    int k = out->batches++;
-    out->bytes[k] = tensor_bytes(&img);
-    out->len[k] = dl_batch_size(b);
-    out->image[k] = (unsigned char *)malloc(out->bytes[k]);
-    out->label[k] = (int64_t *)malloc((size_t)out->len[k] * 8);
-    if (img.device.device_type == kDLCUDA) {
-      ASSERT_EQ(img.device.device_id, 0);
-      cudaStream_t s;
-      CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-      ASSERT_EQ(dl_batch_wait(b, s), 0);
-      CHECK_CUDA(cudaMemcpyAsync(out->image[k], img.data, out->bytes[k], cudaMemcpyDeviceToHost, s));
-      CHECK_CUDA(cudaMemcpyAsync(out->label[k], lab.data, (size_t)out->len[k] * 8, cudaMemcpyDeviceToHost, s));
-      dl_batch_release(b, s);
-      CHECK_CUDA(cudaStreamSynchronize(s));
-      CHECK_CUDA(cudaStreamDestroy(s));
-    } else {
-      memcpy(out->image[k], img.data, out->bytes[k]);
-      memcpy(out->label[k], lab.data, (size_t)out->len[k] * 8);
-      dl_batch_release(b, NULL);
-    }
-  }
-  if (r != DL_EOF)
-    FAIL_AT("%s: %s", dl_errname(r), dl_last_error());
-  dl_close(l);
-}
-
-static void free_copy(stream_copy *c) {
-  for (int i = 0; i < c->batches; i++) {
-    free(c->image[i]);
-    free(c->label[i]);
-  }
-}
+static void collect(const char *opts, stream_copy *out) { collect_from(source, opts, out); }
 
 static void device_equals_host(void) {
   const char *layouts[] = {"NHWC", "NCHW"};
   for (int i = 0; i < 2; i++) {
     char base[256], opts[300];
-    snprintf(base, sizeof base, "batch_size=32 image_size=64 flip=1 seed=4 workers=3 layout=%s", layouts[i]);
+    snprintf(base, sizeof base, "batch_size=32 image_size=64 flip=1 seed=4 workers=3 decode=cpu layout=%s",
+             layouts[i]);
     stream_copy h, d;
     collect(base, &h);
     snprintf(opts, sizeof opts, "%s device=cuda:0", base);
@@ -125,57 +59,11 @@ static void device_equals_host(void) {
   printf("device batches equal host batches byte for byte (NHWC, NCHW)\n");
 }
 
-static double to_double(const unsigned char *p, int dtype, size_t i) {
-  if (dtype == 1)
-    return ((const float *)p)[i];
-  uint16_t v = ((const uint16_t *)p)[i];
-  if (dtype == 2) {
-    __half_raw r;
-    r.x = v;
-    return (double)__half2float(__half(r));
-  }
-  uint32_t f = (uint32_t)v << 16;
-  float x;
-  memcpy(&x, &f, 4);
-  return x;
-}
-
 static void conversion(void) {
-  const double mean[3] = {0.485, 0.456, 0.406}, std_[3] = {0.229, 0.224, 0.225};
   stream_copy ref;
-  collect("batch_size=32 image_size=48 seed=2 workers=3", &ref);
-  const char *dtypes[] = {"", "float32", "float16", "bfloat16"};
-  const double tol[] = {0, 1e-6, 1e-3, 8e-3};
-  for (int dt = 1; dt <= 3; dt++)
-    for (int nchw = 0; nchw < 2; nchw++) {
-      char opts[256];
-      snprintf(opts, sizeof opts, "batch_size=32 image_size=48 seed=2 workers=3 device=cuda:0 dtype=%s layout=%s",
-               dtypes[dt], nchw ? "NCHW" : "NHWC");
-      stream_copy d;
-      collect(opts, &d);
-      ASSERT_EQ(d.batches, ref.batches);
-      double err2 = 0, ref2 = 0;
-      for (int k = 0; k < ref.batches; k++) {
-        int n = ref.len[k];
-        ASSERT_EQ(d.bytes[k], ref.bytes[k] * (dt == 1 ? 4 : 2));
-        for (int b = 0; b < n; b++)
-          for (int y = 0; y < 48; y++)
-            for (int x = 0; x < 48; x++)
-              for (int c = 0; c < 3; c++) {
-                size_t in = (((size_t)b * 48 + y) * 48 + x) * 3 + c;
-                size_t out = nchw ? (((size_t)b * 3 + c) * 48 + y) * 48 + x : in;
-                double want = (ref.image[k][in] / 255.0 - mean[c]) / std_[c];
-                double got = to_double(d.image[k], dt, out);
-                ASSERT(got == got);
-                err2 += (got - want) * (got - want);
-                ref2 += want * want;
-              }
-      }
-      double rel = sqrt(err2 / ref2);
-      printf("conversion %-8s %s: relative error %.2e (limit %.0e)\n", dtypes[dt], nchw ? "NCHW" : "NHWC", rel, tol[dt]);
-      ASSERT(rel <= tol[dt]);
-      free_copy(&d);
-    }
+  collect("batch_size=32 image_size=48 seed=2 workers=3 decode=cpu", &ref);
+  check_conversions(source, &ref, "batch_size=32 image_size=48 seed=2 workers=3 decode=cpu device=cuda:0", 48,
+                    "conversion");
   free_copy(&ref);
 }
 
@@ -199,12 +87,14 @@ __global__ void slow_sum(const unsigned char *p, size_t n, unsigned long long ns
   atomicAdd(out, acc);
 }
 
-static void slow_consumer(void) {
-  const char *base = "batch_size=16 image_size=64 seed=8 workers=3 epochs=2 prefetch=4";
+// DECODE: where JPEGs are decoded; the reference is the same run's batches, copied at leisure.
+static void slow_consumer(const char *decode) {
+  char base[256], opts[300];
+  snprintf(base, sizeof base, "batch_size=16 image_size=64 seed=8 workers=3 epochs=2 prefetch=4 device=cuda:0 %s",
+           decode);
   stream_copy ref;
   collect(base, &ref);
-  char opts[256];
-  snprintf(opts, sizeof opts, "%s device=cuda:0 device_slots=2", base);
+  snprintf(opts, sizeof opts, "%s device_slots=2", base);
   dl_loader *l;
   OPEN_OK(l, source, opts);
   cudaStream_t s;
@@ -222,6 +112,7 @@ static void slow_consumer(void) {
     CHECK_CUDA(cudaGetLastError());
     dl_batch_release(b, s); // released at once; the kernel above has not even started reading
     k++;
+    fprintf(stderr, "slow consumer (%s): batch %d handed out and released\n", decode, k);
   }
   ASSERT_EQ(k, ref.batches);
   unsigned long long got[16];
@@ -250,7 +141,8 @@ static void slow_consumer(void) {
   CHECK_CUDA(cudaFree(sums));
   CHECK_CUDA(cudaStreamDestroy(s));
   free_copy(&ref);
-  printf("slow consumer: %d batches summed 30 ms after release, none overwritten; DL_EBUSY when all held\n", k);
+  printf("slow consumer (%s): %d batches summed 30 ms after release, none overwritten; DL_EBUSY when all held\n",
+         decode, k);
 }
 
 static long rss_kb(void) {
@@ -265,7 +157,7 @@ static long rss_kb(void) {
   return kb;
 }
 
-static void no_leaks(void) {
+static void no_leaks(const char *decode) {
   size_t free0, free1, total;
   long rss0 = 0;
   for (int i = 0; i < 12; i++) {
@@ -274,7 +166,9 @@ static void no_leaks(void) {
       rss0 = rss_kb();
     }
     dl_loader *l;
-    OPEN_OK(l, source, "batch_size=32 image_size=96 workers=2 epochs=3 device=cuda:0 dtype=float16");
+    char opts[200];
+    snprintf(opts, sizeof opts, "batch_size=32 image_size=96 workers=2 epochs=3 device=cuda:0 dtype=float16 %s", decode);
+    OPEN_OK(l, source, opts);
     dl_batch *b;
     int n = 0;
     while (dl_next_batch(l, &b) == 0) {
@@ -287,8 +181,8 @@ static void no_leaks(void) {
   CHECK_CUDA(cudaDeviceSynchronize());
   CHECK_CUDA(cudaMemGetInfo(&free1, &total));
   long rss1 = rss_kb();
-  printf("leaks: device free %zu -> %zu bytes, RSS %ld -> %ld kB over 10 loaders x 3 epochs\n", free0, free1,
-         rss0, rss1);
+  printf("leaks (%s): device free %zu -> %zu bytes, RSS %ld -> %ld kB over 10 loaders x 3 epochs\n", decode, free0,
+         free1, rss0, rss1);
   ASSERT_LE((long long)free0 - (long long)free1, 4 << 20);
   // compute-sanitizer's own bookkeeping grows the process; the host bound holds only without it.
   if (!getenv("RINGFEED_UNDER_SANITIZER"))
@@ -318,8 +212,18 @@ int main(void) {
   snprintf(source, sizeof source, "%s/g-{0..2}.tar", dir);
   device_equals_host();
   conversion();
-  slow_consumer();
-  no_leaks();
+  slow_consumer("decode=cpu");
+  no_leaks("decode=cpu");
+  // The same with JPEGs decoded by nvJPEG, where it is there (test_gpu_decode checks its pixels).
+  dl_loader *probe;
+  if (dl_open(&probe, source, "device=cuda:0 decode=gpu") == 0) {
+    dl_close(probe);
+    slow_consumer("decode=gpu");
+    no_leaks("decode=gpu");
+    no_leaks("decode=hybrid");
+  } else {
+    printf("no nvJPEG here (%s): the decode=gpu variants did not run\n", dl_last_error());
+  }
   char cmd[600];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
   ASSERT_EQ(system(cmd), 0);

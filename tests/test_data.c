@@ -6,15 +6,27 @@
 
 #include <limits.h>
 
-void test_tar_sample(FILE *f, const char *key, long image_id, long label, unsigned char **jpg,
-                     unsigned long *len) {
-  ASSERT_EQ(synthetic_jpeg(image_id, jpg, len), 0);
+static void tar_sample(FILE *f, const char *key, long image_id, long label, synthetic_coding coding,
+                       unsigned char **jpg, unsigned long *len) {
+  ASSERT_EQ(synthetic_jpeg(image_id, coding, jpg, len), 0);
   char name[PATH_MAX], text[32];
   snprintf(name, sizeof name, "%s.jpg", key);
   ASSERT_EQ(tar_write_member(f, name, *jpg, *len), 0);
   snprintf(name, sizeof name, "%s.cls", key);
   int n = snprintf(text, sizeof text, "%ld", label);
   ASSERT_EQ(tar_write_member(f, name, text, (size_t)n), 0);
+}
+
+void test_tar_sample(FILE *f, const char *key, long image_id, long label, unsigned char **jpg,
+                     unsigned long *len) {
+  tar_sample(f, key, image_id, label, SYNTHETIC_DEFAULT, jpg, len);
+}
+
+void test_tar_synthetic(FILE *f, const char *key, long image_id, long label, int quality, int subsampling) {
+  unsigned char *jpg;
+  unsigned long len;
+  tar_sample(f, key, image_id, label, (synthetic_coding){quality, subsampling}, &jpg, &len);
+  free(jpg);
 }
 
 void test_write_file(const char *path, const void *p, size_t n) {

@@ -13,6 +13,9 @@ extern "C" {
 void test_tar_sample(FILE *f, const char *key, long image_id, long label, unsigned char **jpg,
                      unsigned long *len);
 
+/* The same with a synthetic image encoded at QUALITY with SUBSAMPLING (420 or 444). */
+void test_tar_synthetic(FILE *f, const char *key, long image_id, long label, int quality, int subsampling);
+
 /* Writes N bytes to PATH, making its folder first. */
 void test_write_file(const char *path, const void *p, size_t n);
 

@@ -85,7 +85,7 @@ static void writer_round_trip(void) {
   uint8_t raw[5000], npy[512];
   unsigned char *jpg;
   unsigned long jlen;
-  ASSERT_EQ(synthetic_jpeg(3, &jpg, &jlen), 0);
+  ASSERT_EQ(synthetic_jpeg(3, SYNTHETIC_DEFAULT, &jpg, &jlen), 0);
   for (int r = 0; r < 20; r++) {
     char key[32];
     snprintf(key, sizeof key, "k/%03d", r);

@@ -43,7 +43,8 @@ static void usage(FILE *f) {
           "  --prefetch P      batch slots (4)\n"
           "  --epochs E        epochs, 0 = forever (1)\n"
           "  --seed S          seed (0)\n"
-          "  --io MODE         auto | uring | pread (auto)\n"
+          "  --io MODE         auto | uring | pread | mmap (auto)\n"
+          "  --decode MODE     auto | cpu | gpu | hybrid: where JPEGs are decoded (auto: hybrid on CUDA)\n"
           "  --on-error MODE   skip | fail (skip)\n"
           "  --rank R --world-size W   this rank's share of each epoch\n"
           "  --device D        cpu | cuda | cuda:N (cpu)\n"
@@ -53,6 +54,8 @@ static void usage(FILE *f) {
           "  --stop-after K    stop after K batches and print the resume token\n"
           "  --option K=V      any other loader option (repeatable)\n"
           "  --synthetic N     samples in the synthetic set (10000)\n"
+          "  --quality Q --subsampling 420|444   how the synthetic set is encoded (90, 420;\n"
+          "                    ImageNet-quality files: --quality 96 --subsampling 444)\n"
           "  --make-synthetic  only make (once) the synthetic set and print its source pattern\n"
           "  --json            print one JSON object\n"
           "  --digest          print a hash of every batch's bytes, then of the whole stream\n"
@@ -62,7 +65,7 @@ static void usage(FILE *f) {
 int main(int argc, char **argv) {
   enum { O_BATCH = 256, O_SIZE, O_CROP, O_PREFETCH, O_EPOCHS, O_SEED, O_IO, O_ONERR, O_RANK, O_WORLD,
          O_DEVICE, O_DTYPE, O_STEP, O_RESUME, O_STOP, O_OPTION, O_SYNTH, O_JSON, O_DIGEST, O_KEYS,
-         O_FLIP, O_WORKERS, O_HELP, O_MAKE };
+         O_FLIP, O_WORKERS, O_HELP, O_MAKE, O_DECODE, O_QUALITY, O_SUBSAMPLING };
   static const struct option longopts[] = {
       {"workers", 1, 0, O_WORKERS}, {"batch", 1, 0, O_BATCH},      {"size", 1, 0, O_SIZE},
       {"crop", 1, 0, O_CROP},       {"prefetch", 1, 0, O_PREFETCH}, {"epochs", 1, 0, O_EPOCHS},
@@ -72,6 +75,7 @@ int main(int argc, char **argv) {
       {"stop-after", 1, 0, O_STOP}, {"option", 1, 0, O_OPTION},    {"synthetic", 1, 0, O_SYNTH},
       {"json", 0, 0, O_JSON},       {"digest", 0, 0, O_DIGEST},    {"keys", 0, 0, O_KEYS},
       {"flip", 0, 0, O_FLIP},       {"help", 0, 0, O_HELP},        {"make-synthetic", 0, 0, O_MAKE},
+      {"decode", 1, 0, O_DECODE},   {"quality", 1, 0, O_QUALITY},  {"subsampling", 1, 0, O_SUBSAMPLING},
       {0, 0, 0, 0}};
   char opts[4096] = "";
   size_t olen = 0;
@@ -80,6 +84,7 @@ int main(int argc, char **argv) {
   long synthetic = 10000, stop_after = -1;
   double step_ms = 0;
   const char *device = "cpu";
+  synthetic_coding coding = SYNTHETIC_DEFAULT;
   int c;
   while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
     switch (c) {
@@ -102,6 +107,9 @@ int main(int argc, char **argv) {
     case O_STEP: step_ms = atof(optarg); break;
     case O_STOP: stop_after = atol(optarg); break;
     case O_SYNTH: synthetic = atol(optarg); break;
+    case O_DECODE: ADD(" decode=%s", optarg); break;
+    case O_QUALITY: coding.quality = atoi(optarg); break;
+    case O_SUBSAMPLING: coding.subsampling = atoi(optarg); break;
     case O_JSON: json = 1; break;
     case O_DIGEST: digest = 1; break;
     case O_KEYS: keys = 1; break;
@@ -126,14 +134,24 @@ int main(int argc, char **argv) {
       fprintf(stderr, "dlbench: --synthetic needs at least 1 sample\n");
       return 2;
     }
+    if (coding.quality < 1 || coding.quality > 100 || (coding.subsampling != 420 && coding.subsampling != 444)) {
+      fprintf(stderr, "dlbench: --quality takes 1..100 and --subsampling 420 or 444\n");
+      return 2;
+    }
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    if (synthetic_dataset(synthetic, (int)(cpus > 0 ? cpus : 1), source, sizeof source))
+    if (synthetic_dataset(synthetic, coding, (int)(cpus > 0 ? cpus : 1), source, sizeof source))
       return 1;
   }
   if (make_only) {
     printf("%s\n", source);
     return 0;
   }
+  /* The device memory the loader takes: in use before it opens (CUDA started), after, and at the end. */
+  double mem_before = -1, mem_open = -1, mem_end = -1;
+#ifdef DL_WITH_CUDA
+  if (strncmp(device, "cuda", 4) == 0)
+    mem_before = gpu_used_mb(device);
+#endif
   double t0 = now();
   dl_loader *l;
   int r = dl_open(&l, source, opts);
@@ -142,6 +160,8 @@ int main(int argc, char **argv) {
     return 1;
   }
 #ifdef DL_WITH_CUDA
+  if (mem_before >= 0)
+    mem_open = gpu_used_mb(device);
   gpu_step *gs = NULL;
   if (step_ms > 0 || digest) {
     if (strncmp(device, "cuda", 4) == 0 && (r = gpu_step_open(&gs, device, step_ms))) {
@@ -249,6 +269,10 @@ int main(int argc, char **argv) {
     }
   }
   double wall = now() - t0;
+#ifdef DL_WITH_CUDA
+  if (mem_before >= 0)
+    mem_end = gpu_used_mb(device);
+#endif
   if (tty)
     fprintf(stderr, "\r%60s\r", "");
   char stats[4096] = "{}";
@@ -279,6 +303,10 @@ int main(int argc, char **argv) {
     sscanf(p + 14, "%31[^\"]", io);
   p = strstr(stats, "\"consumer_wait_s\":");
   double wait = p ? atof(p + 18) : 0;
+  char decode[16] = "?";
+  p = strstr(stats, "\"decode_backend\":\"");
+  if (p)
+    sscanf(p + 18, "%15[^\"]", decode);
   /* The rate after the first batch: start-up (CUDA's included) left out. */
   double steady = wall - first_ms / 1000 > 0 ? (samples - first_samples) / (wall - first_ms / 1000) : 0;
   if (digest)
@@ -288,21 +316,24 @@ int main(int argc, char **argv) {
   if (json) {
     printf("{\"samples\":%" PRId64 ",\"batches\":%" PRId64 ",\"wall_s\":%.6f,\"samples_per_s\":%.3f"
            ",\"bytes_per_s\":%.1f,\"first_batch_ms\":%.3f,\"consumer_wait_s\":%.6f,\"errors\":%lld"
-           ",\"workers\":%d,\"io_backend\":\"%s\",\"device\":\"%s\",\"peak_rss_mb\":%.1f"
-           ",\"steady_samples_per_s\":%.3f",
+           ",\"workers\":%d,\"io_backend\":\"%s\",\"device\":\"%s\",\"decode_backend\":\"%s\""
+           ",\"peak_rss_mb\":%.1f,\"steady_samples_per_s\":%.3f",
            samples, batches, wall, samples / wall, bytes / wall, first_ms, wait, errors,
-           workers ? workers : (int)sysconf(_SC_NPROCESSORS_ONLN), io, device, rss_mb, steady);
+           workers ? workers : (int)sysconf(_SC_NPROCESSORS_ONLN), io, device, decode, rss_mb, steady);
     if (idle >= 0)
       printf(",\"gpu_idle_frac\":%.6f,\"step_ms\":%.3f", idle, step_ms);
     if (h2d >= 0)
       printf(",\"h2d_gb_s\":%.3f", h2d);
+    if (mem_before >= 0)
+      printf(",\"device_mem_open_mb\":%.1f,\"device_mem_end_mb\":%.1f", mem_open - mem_before, mem_end - mem_before);
     printf(",\"state\":\"%s\",\"loader\":%s}\n", token, stats);
   } else {
     printf("%" PRId64 " samples in %" PRId64 " batches, %.2f s: %.1f samples/s (%.1f after the first batch), "
            "%.1f MB/s delivered\n",
            samples, batches, wall, samples / wall, steady, bytes / wall / 1e6);
-    printf("first batch %.1f ms, consumer waited %.3f s, %lld errors, io %s, device %s, peak RSS %.0f MB\n",
-           first_ms, wait, errors, io, device, rss_mb);
+    printf("first batch %.1f ms, consumer waited %.3f s, %lld errors, io %s, device %s, JPEG decode %s, "
+           "peak RSS %.0f MB\n",
+           first_ms, wait, errors, io, device, decode, rss_mb);
     if (idle >= 0)
       printf("GPU idle %.4f of the time between steps of %.2f ms\n", idle, step_ms);
     if (h2d >= 0)

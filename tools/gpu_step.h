@@ -1,4 +1,5 @@
-/* dlbench's GPU consumer: a real kernel that reads each batch and keeps the GPU busy a set time. */
+/* dlbench's GPU consumer: real kernels that read each batch and keep the GPU busy a set time per batch,
+ * as a model's step of many kernels of about 1 ms would. */
 #ifndef RINGFEED_GPU_STEP_H
 #define RINGFEED_GPU_STEP_H
 
@@ -18,6 +19,8 @@ int gpu_step_fetch(gpu_step *g, dl_batch *b, const DLTensor *t, void *host);
 /* Finishes, and gives the fraction of time the GPU had no step to run between the first and last. */
 void gpu_step_close(gpu_step *g, double *idle_frac, double *h2d_unused);
 const char *gpu_step_error(void);
+/* Device memory in use on DEVICE ("cuda:N"), by every process, in MiB (CUDA started if need be). */
+double gpu_used_mb(const char *device);
 
 #ifdef __cplusplus
 }

@@ -67,7 +67,7 @@ static float octave_at(const octave *o, int x, int y) {
   return top + (bottom - top) * fy;
 }
 
-int synthetic_jpeg(long i, unsigned char **out, unsigned long *len) {
+int synthetic_jpeg(long i, synthetic_coding coding, unsigned char **out, unsigned long *len) {
   uint64_t s = mix((uint64_t)i * 7919 + 17);
   int w = 400 + (int)(mix(s ^ 1) % 201), h = 300 + (int)(mix(s ^ 2) % 151);
   unsigned char *px = malloc((size_t)w * h * 3);
@@ -136,7 +136,9 @@ int synthetic_jpeg(long i, unsigned char **out, unsigned long *len) {
   cj.input_components = 3;
   cj.in_color_space = JCS_RGB;
   jpeg_set_defaults(&cj);
-  jpeg_set_quality(&cj, 90, TRUE);
+  jpeg_set_quality(&cj, coding.quality, TRUE);
+  if (coding.subsampling == 444)
+    cj.comp_info[0].h_samp_factor = cj.comp_info[0].v_samp_factor = 1;
   jpeg_start_compress(&cj, TRUE);
   while (cj.next_scanline < cj.image_height) {
     JSAMPROW row = px + (size_t)cj.next_scanline * w * 3;
@@ -150,13 +152,14 @@ int synthetic_jpeg(long i, unsigned char **out, unsigned long *len) {
 
 typedef struct job {
   const char *dir;
+  synthetic_coding coding;
   long n, nshards;
   long next;
   pthread_mutex_t mu;
   int err;
 } job;
 
-static int write_shard(const char *dir, long shard, long n) {
+static int write_shard(const char *dir, synthetic_coding coding, long shard, long n) {
   char path[PATH_MAX], tmp[PATH_MAX + 16];
   snprintf(path, sizeof path, "%s/synth-%06ld.tar", dir, shard);
   snprintf(tmp, sizeof tmp, "%s.part", path);
@@ -167,7 +170,7 @@ static int write_shard(const char *dir, long shard, long n) {
   for (long i = shard * PER_SHARD; i < n && i < (shard + 1) * PER_SHARD && !r; i++) {
     unsigned char *jpg;
     unsigned long len;
-    if ((r = synthetic_jpeg(i, &jpg, &len)))
+    if ((r = synthetic_jpeg(i, coding, &jpg, &len)))
       break;
     char name[64], label[32];
     snprintf(name, sizeof name, "%08ld.jpg", i);
@@ -197,7 +200,7 @@ static void *worker(void *arg) {
     pthread_mutex_unlock(&j->mu);
     if (shard >= j->nshards)
       return NULL;
-    int r = write_shard(j->dir, shard, j->n);
+    int r = write_shard(j->dir, j->coding, shard, j->n);
     if (r) {
       pthread_mutex_lock(&j->mu);
       j->err = r;
@@ -206,15 +209,20 @@ static void *worker(void *arg) {
   }
 }
 
-int synthetic_dataset(long n, int threads, char *source, size_t cap) {
-  char dir[PATH_MAX];
+int synthetic_dataset(long n, synthetic_coding coding, int threads, char *source, size_t cap) {
+  char dir[PATH_MAX], base[PATH_MAX];
   const char *env = getenv("DL_SYNTHETIC_DIR"), *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
   if (env && *env)
-    snprintf(dir, sizeof dir, "%s/synthetic-%s-%ld", env, VERSION, n);
+    snprintf(base, sizeof base, "%s", env);
   else if (xdg && *xdg)
-    snprintf(dir, sizeof dir, "%s/ringfeed/synthetic-%s-%ld", xdg, VERSION, n);
+    snprintf(base, sizeof base, "%s/ringfeed", xdg);
   else
-    snprintf(dir, sizeof dir, "%s/.cache/ringfeed/synthetic-%s-%ld", home ? home : "/tmp", VERSION, n);
+    snprintf(base, sizeof base, "%s/.cache/ringfeed", home ? home : "/tmp");
+  /* The default coding keeps the folder name it always had. */
+  if (coding.quality == 90 && coding.subsampling == 420)
+    snprintf(dir, sizeof dir, "%s/synthetic-%s-%ld", base, VERSION, n);
+  else
+    snprintf(dir, sizeof dir, "%s/synthetic-%s-%ld-q%d-%d", base, VERSION, n, coding.quality, coding.subsampling);
   long nshards = (n + PER_SHARD - 1) / PER_SHARD;
   int w = snprintf(source, cap, nshards == 1 ? "%s/synth-%06ld.tar" : "%s/synth-{000000..%06ld}.tar",
                    dir, nshards - 1);
@@ -226,7 +234,7 @@ int synthetic_dataset(long n, int threads, char *source, size_t cap) {
     return 0;
   dl__mkdirs(dir);
   fprintf(stderr, "dlbench: generating %ld synthetic samples in %s (once)\n", n, dir);
-  job j = {.dir = dir, .n = n, .nshards = nshards};
+  job j = {.dir = dir, .coding = coding, .n = n, .nshards = nshards};
   pthread_mutex_init(&j.mu, NULL);
   if (threads < 1)
     threads = 1;

@@ -8,15 +8,22 @@
 extern "C" {
 #endif
 
+/* How the synthetic JPEGs are encoded: quality 1..100, chroma subsampling 420 or 444. */
+typedef struct synthetic_coding {
+  int quality, subsampling;
+} synthetic_coding;
+/* The default set: ImageNet-like files (quality 90, 4:2:0). */
+#define SYNTHETIC_DEFAULT ((synthetic_coding){90, 420})
+
 /*
- * Makes (once) N samples of 400-600 x 300-450 px quality-90 JPEGs with photo-like texture and .cls
- * labels, in shards of 1,000, under the cache folder; the same bytes every time. Writes the brace
- * pattern of the shards into SOURCE. Returns 0 or -errno, with a message on stderr.
+ * Makes (once) N samples of 400-600 x 300-450 px JPEGs with photo-like texture and .cls labels, in
+ * shards of 1,000, under the cache folder; the same bytes every time for a given coding. Writes
+ * the brace pattern of the shards into SOURCE. Returns 0 or -errno, with a message on stderr.
  */
-int synthetic_dataset(long n, int threads, char *source, size_t cap);
+int synthetic_dataset(long n, synthetic_coding coding, int threads, char *source, size_t cap);
 
 /* Encodes synthetic image I as a JPEG into a malloc'd buffer. */
-int synthetic_jpeg(long i, unsigned char **out, unsigned long *len);
+int synthetic_jpeg(long i, synthetic_coding coding, unsigned char **out, unsigned long *len);
 
 #ifdef __cplusplus
 }

@@ -34,7 +34,7 @@ def shard(tmp_path_factory):
 
 
 def test_cuda_tensors_equal_cpu_batches(shard):
-    kw = dict(batch_size=16, image_size=64, seed=1, flip=True, workers=4)
+    kw = dict(batch_size=16, image_size=64, seed=1, flip=True, workers=4, decode="cpu")
     cpu = [{k: (v.clone() if hasattr(v, "clone") else v) for k, v in b.items()}
            for b in ringfeed.Loader(shard, device="cpu", **kw)]
     n = 0
@@ -48,7 +48,7 @@ def test_cuda_tensors_equal_cpu_batches(shard):
 
 
 def test_cuda_normalized_bfloat16_nchw(shard):
-    kw = dict(batch_size=32, image_size=32, seed=2, workers=4)
+    kw = dict(batch_size=32, image_size=32, seed=2, workers=4, decode="cpu")
     ref = next(ringfeed.Loader(shard, device="cpu", **kw))["image"].double()
     b = next(ringfeed.Loader(shard, device="cuda", dtype="bfloat16", layout="NCHW", **kw))
     img = b["image"]
@@ -64,7 +64,7 @@ def test_cuda_normalized_bfloat16_nchw(shard):
 def test_consumer_stream_work_sees_each_batch(shard):
     s = torch.cuda.Stream()
     sums, want = [], []
-    kw = dict(batch_size=8, image_size=48, seed=3, workers=4, epochs=2)
+    kw = dict(batch_size=8, image_size=48, seed=3, workers=4, epochs=2, decode="cpu")
     for b in ringfeed.Loader(shard, device="cpu", **kw):
         want.append(int(b["image"].long().sum()))
     with torch.cuda.stream(s):
@@ -73,3 +73,21 @@ def test_consumer_stream_work_sees_each_batch(shard):
             sums.append(b["image"].long().sum())
     torch.cuda.synchronize()
     assert [int(x) for x in sums] == want
+
+
+def test_gpu_decode_close_to_cpu(shard):
+    """decode="gpu": nvJPEG and the crop kernel give the CPU path's crops within 2 levels."""
+    kw = dict(batch_size=16, image_size=64, seed=4, flip=True, workers=4)
+    try:
+        gpu_loader = ringfeed.Loader(shard, device="cuda:0", decode="gpu", **kw)
+    except ringfeed.Error as e:
+        assert e.name == "DL_ENODEVICE"
+        pytest.skip(f"no nvJPEG: {e.message}")
+    cpu = [b["image"].clone() for b in ringfeed.Loader(shard, device="cpu", **kw)]
+    worst = 0.0
+    for b, ref in zip(gpu_loader, cpu):
+        diff = (b["image"].cpu().int() - ref.int()).abs().double().mean(dim=(1, 2, 3))
+        worst = max(worst, float(diff.max()))
+    stats = gpu_loader.stats()
+    assert stats["decode_backend"] == "gpu" and stats["gpu_decoded"] > 0
+    assert worst <= 2.0

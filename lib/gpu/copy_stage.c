@@ -9,19 +9,15 @@
  *
  * Lock order: l->mu only (CUDA calls are made without it, except event records on release).
  */
-#include "internal.h"
+#include "gpu/decode.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cuda_runtime.h>
-
-int dl__convert_launch(const uint8_t *in, void *out, int n, int h, int w, int c, int nchw, int dtype,
-                       const float *mean, const float *std, cudaStream_t s);
-
-#define PENDING_MAX 64
 
 typedef struct gpu_slot {
   void *image;         /* device image buffer (the configured dtype and layout) */
@@ -29,14 +25,17 @@ typedef struct gpu_slot {
   cudaEvent_t copied;  /* recorded after the batch's copy (and conversion) */
   cudaEvent_t released;
   bool release_pending; /* released was recorded and the copy stream must wait on it */
-  cudaEvent_t t0, t1;  /* timing of the copy */
 } gpu_slot;
 
-typedef struct pending {
-  dl_batch *host;
-  gpu_slot *gs;
-  size_t bytes;
-} pending;
+/* A host batch whose copy is queued: its slot returns to the workers once DONE has passed. The
+ * events belong to the host slot, which is not queued again before then. */
+typedef struct in_flight {
+  cudaEvent_t done;
+  cudaEvent_t t0, t1;  /* around the copies of its CPU samples and fields */
+  cudaEvent_t d0, d1;  /* around the decode of its GPU samples */
+  size_t bytes;        /* copied */
+  int gpu_samples;     /* decoded on the device; -1: no decode queued */
+} in_flight;
 
 typedef struct gpu {
   dl_loader *l;
@@ -46,10 +45,14 @@ typedef struct gpu {
   bool started;
   gpu_slot *slots;
   uint8_t *staging;  /* uint8 landing buffer when the output is float */
-  pending q[PENDING_MAX];
+  dl__gpu_decoder *dec; /* JPEG decoding on this device, or NULL */
+  in_flight *inf;    /* per host slot */
+  int *q;            /* the host slots queued, oldest first: q[qhead], ... (a ring of prefetch) */
   int qhead, qlen;
   double copy_ms;    /* GPU time of the host-to-device copies */
   int64_t copy_bytes;
+  double decode_ms;  /* GPU time of the JPEG decodes (engine, kernels) */
+  int64_t decode_batches;
   char error[256];
 } gpu;
 
@@ -57,6 +60,7 @@ typedef struct cuda_state {
   int n;
   gpu g[DL__MAX_DEVICES];
   size_t out_sample_bytes; /* one sample on the device */
+  size_t device_bytes;     /* taken at open */
 } cuda_state;
 
 static int dtype_size(int dtype) { return dtype == DL__DTYPE_UINT8 ? 1 : dtype == DL__DTYPE_FLOAT32 ? 4 : 2; }
@@ -105,12 +109,36 @@ void dl__host_free(dl_loader *l, void *p) {
     free(p);
 }
 
-/* Frees host slot copies of finished transfers; with WAIT, waits for the oldest one first. */
+int dl__gpu_decoders_open(dl_loader *l, char *why, size_t cap) {
+  cuda_state *c = l->cuda;
+  char what[400] = "";
+  bool engines = true;
+  for (int i = 0; i < c->n; i++) {
+    if (dl__gpu_decoder_create(l, c->g[i].id, &c->g[i].dec, &c->device_bytes, why, cap)) {
+      for (int j = 0; j < i; j++) { /* decoding stays on the CPU: give their memory back */
+        dl__gpu_decoder_destroy(c->g[j].dec);
+        c->g[j].dec = NULL;
+      }
+      c->device_bytes = 0;
+      return -1;
+    }
+    engines &= dl__gpu_decoder_has_engine(c->g[i].dec);
+  }
+  l->gpu_hw = engines;
+  l->gpu_pool = (size_t)l->o.gpu_decode_mb << 20;
+  snprintf(why, cap, "%s", dl__gpu_decoder_describe(c->g[0].dec, what, sizeof what));
+  return 0;
+}
+
+/* Returns host slots of finished transfers to the workers; with WAIT, waits for the oldest. */
 static int reap(gpu *g, bool wait) {
   dl_loader *l = g->l;
+  dl__stream *s = &l->streams[g->index];
   while (g->qlen) {
-    pending *p = &g->q[g->qhead];
-    cudaError_t e = wait ? cudaEventSynchronize(p->gs->copied) : cudaEventQuery(p->gs->copied);
+    int slot = g->q[g->qhead];
+    dl_batch *host = &s->slots[slot];
+    in_flight *f = &g->inf[slot];
+    cudaError_t e = wait ? cudaEventSynchronize(f->done) : cudaEventQuery(f->done);
     if (e == cudaErrorNotReady)
       return 0;
     if (e != cudaSuccess) {
@@ -118,59 +146,99 @@ static int reap(gpu *g, bool wait) {
       return -1;
     }
     float ms = 0;
-    if (cudaEventElapsedTime(&ms, p->gs->t0, p->gs->t1) == cudaSuccess)
+    if (cudaEventElapsedTime(&ms, f->t0, f->t1) == cudaSuccess)
       g->copy_ms += ms;
-    g->copy_bytes += (int64_t)p->bytes;
+    g->copy_bytes += (int64_t)f->bytes;
+    float dms = 0;
+    if (f->gpu_samples >= 0 && cudaEventElapsedTime(&dms, f->d0, f->d1) == cudaSuccess) {
+      g->decode_ms += dms;
+      g->decode_batches++;
+    }
+    dl__gpu_share_update(l, f->gpu_samples > 0 ? f->gpu_samples : 0, dms);
     pthread_mutex_lock(&l->mu);
-    dl__slot_free_locked(p->host);
+    dl__slot_free_locked(host);
     pthread_mutex_unlock(&l->mu);
-    g->qhead = (g->qhead + 1) % PENDING_MAX;
+    g->qhead = (g->qhead + 1) % l->o.prefetch;
     g->qlen--;
     wait = false;
   }
   return 0;
 }
 
-static int enqueue(gpu *g, dl_batch *host, dl_batch *dev) {
+/* The next run of neighbouring samples decoded on the CPU, from *I on: [*i, *j). */
+static bool cpu_run(const dl_batch *host, int *i, int *j) {
+  while (*i < host->len && host->jobs && host->jobs[*i].len)
+    (*i)++;
+  *j = *i;
+  while (*j < host->len && !(host->jobs && host->jobs[*j].len))
+    (*j)++;
+  return *j > *i;
+}
+
+static bool has_gpu_jobs(const dl_batch *host) {
+  for (int i = 0; host->jobs && i < host->len; i++)
+    if (host->jobs[i].len)
+      return true;
+  return false;
+}
+
+static int enqueue(gpu *g, dl_batch *host, int slot, dl_batch *dev) {
   dl_loader *l = g->l;
   cuda_state *c = l->cuda;
   gpu_slot *gs = dev->gpu;
-  size_t in_bytes = (size_t)host->len * l->sample_bytes;
+  in_flight *f = &g->inf[slot];
+  bool convert = l->o.dtype != DL__DTYPE_UINT8;
   cudaError_t e = cudaSuccess;
   if (gs->release_pending)
     e = cudaStreamWaitEvent(g->copy, gs->released, 0);
   gs->release_pending = false;
-  bool convert = l->o.dtype != DL__DTYPE_UINT8;
+  /* The GPU's JPEGs first, so the engines start while the CPU samples are copied. A JPEG nvJPEG
+   * refuses becomes a CPU sample here, before the copies below. */
+  f->gpu_samples = -1;
+  if (!e && g->dec && has_gpu_jobs(host)) {
+    e = cudaEventRecord(f->d0, g->copy);
+    if (!e && (f->gpu_samples = dl__gpu_decode(g->dec, l, host, slot, gs->image, g->copy, g->error,
+                                               sizeof g->error)) < 0)
+      return -1;
+    if (!e)
+      e = cudaEventRecord(f->d1, g->copy);
+  }
   if (!e)
-    e = cudaMemcpyAsync(gs->label, host->label, (size_t)host->len * sizeof(int64_t),
-                        cudaMemcpyHostToDevice, g->copy);
-  /* The timing events bracket the batch's data (image and tensor fields, not the labels): the
+    e = cudaMemcpyAsync(gs->label, host->label, (size_t)host->len * sizeof(int64_t), cudaMemcpyHostToDevice,
+                        g->copy);
+  /* The timing events bracket the batch's data (images and tensor fields, not the labels): the
    * rate comparable with a plain copy. */
   if (!e)
-    e = cudaEventRecord(gs->t0, g->copy);
-  if (!e && in_bytes)
-    e = cudaMemcpyAsync(convert ? g->staging : gs->image, host->image, in_bytes, cudaMemcpyHostToDevice,
-                        g->copy);
+    e = cudaEventRecord(f->t0, g->copy);
+  size_t in_bytes = 0;
+  for (int i = 0, j; !e && cpu_run(host, &i, &j); i = j) {
+    size_t at = (size_t)i * l->sample_bytes, n = (size_t)(j - i) * l->sample_bytes;
+    e = cudaMemcpyAsync((convert ? g->staging : (uint8_t *)gs->image) + at, host->image + at, n,
+                        cudaMemcpyHostToDevice, g->copy);
+    in_bytes += n;
+  }
   if (!e && l->field_block)
     e = cudaMemcpyAsync(dev->fields, host->fields, l->field_block, cudaMemcpyHostToDevice, g->copy);
   if (!e)
-    e = cudaEventRecord(gs->t1, g->copy);
-  if (!e && convert && in_bytes)
-    e = (cudaError_t)dl__convert_launch(g->staging, gs->image, host->len, l->o.height, l->o.width,
-                                        l->o.channels, l->o.layout == DL__LAYOUT_NCHW, l->o.dtype,
+    e = cudaEventRecord(f->t1, g->copy);
+  for (int i = 0, j; !e && convert && l->sample_bytes && cpu_run(host, &i, &j); i = j)
+    e = (cudaError_t)dl__convert_launch(g->staging + (size_t)i * l->sample_bytes,
+                                        (uint8_t *)gs->image + (size_t)i * c->out_sample_bytes, j - i, l->o.height,
+                                        l->o.width, l->o.channels, l->o.layout == DL__LAYOUT_NCHW, l->o.dtype,
                                         l->o.mean, l->o.std, g->copy);
   if (!e)
     e = cudaEventRecord(gs->copied, g->copy);
+  if (!e)
+    e = cudaEventRecord(f->done, g->copy);
   if (e) {
     snprintf(g->error, sizeof g->error, "queueing the copy to cuda:%d failed: %s", g->id,
              cudaGetErrorString(e));
     return -1;
   }
-  (void)c;
   memcpy(dev->key, host->key, sizeof(*dev->key) * (size_t)host->len);
   memcpy(dev->sample_err, host->sample_err, sizeof(int) * (size_t)host->len);
-  g->q[(g->qhead + g->qlen) % PENDING_MAX] = (pending){host, gs, in_bytes + l->field_block};
-  g->qlen++;
+  f->bytes = in_bytes + l->field_block;
+  g->q[(g->qhead + g->qlen++) % l->o.prefetch] = slot;
   return 0;
 }
 
@@ -182,7 +250,8 @@ static void *copy_thread(void *arg) {
   for (int64_t k = 0;; k++) {
     if (s->sm.total >= 0 && k >= s->sm.total)
       break;
-    dl_batch *host = &s->slots[k % l->o.prefetch];
+    int slot = (int)(k % l->o.prefetch);
+    dl_batch *host = &s->slots[slot];
     dl_batch *dev = &s->dslots[k % l->o.device_slots];
     bool stop = false;
     for (;;) {
@@ -202,18 +271,27 @@ static void *copy_thread(void *arg) {
         break;
       }
       if (g->qlen) {
-        pthread_mutex_unlock(&l->mu);
-        if (reap(g, true))
-          goto failed;
-        continue;
+        /* Copies in flight: look again soon, to give their host slots back, without blocking on
+         * the GPU (the next host batch may be ready first, and the engines should not wait). */
+        struct timespec t;
+        clock_gettime(CLOCK_REALTIME, &t);
+        t.tv_nsec += 500000;
+        if (t.tv_nsec >= 1000000000)
+          t.tv_sec++, t.tv_nsec -= 1000000000;
+        pthread_cond_timedwait(&l->ready_cv, &l->mu, &t);
+      } else {
+        pthread_cond_wait(&l->ready_cv, &l->mu);
       }
-      pthread_cond_wait(&l->ready_cv, &l->mu);
       pthread_mutex_unlock(&l->mu);
     }
     if (stop)
       break;
-    /* The host batch's own error (on_error=fail) travels with the device batch. */
-    if (!host->err && enqueue(g, host, dev))
+    /* A batch that failed on the workers (on_error=fail) is not copied; one that fails in the
+     * GPU decode is copied and then reported: its host slot returns through reap. */
+    if (host->err && g->dec && has_gpu_jobs(host))
+      dl__gpu_decode_failed_batch(g->dec, l, host);
+    bool queued = !host->err;
+    if (queued && enqueue(g, host, slot, dev))
       goto failed;
     pthread_mutex_lock(&l->mu);
     dev->k = k;
@@ -224,14 +302,14 @@ static void *copy_thread(void *arg) {
     memcpy(dev->errmsg, host->errmsg, sizeof dev->errmsg);
     dev->ready = true;
     dev->state = DL__SLOT_COMPLETE;
-    if (host->err)
+    if (!queued)
       dl__slot_free_locked(host);
     pthread_cond_broadcast(&l->ready_cv);
     pthread_mutex_unlock(&l->mu);
   }
-  reap(g, true);
   while (g->qlen)
-    reap(g, true);
+    if (reap(g, true))
+      break;
   return NULL;
 failed:
   dl__log(DL__LOG_ERROR, "%s", g->error);
@@ -259,16 +337,31 @@ int dl__cuda_start(dl_loader *l) {
     gpu *g = &c->g[i];
     dl__stream *s = &l->streams[i];
     cudaError_t e = cudaSetDevice(g->id);
+    /* The highest priority: the loader's short kernels go ahead of the model's queued work. */
+    int least = 0, greatest = 0;
     if (!e)
-      e = cudaStreamCreateWithFlags(&g->copy, cudaStreamNonBlocking);
+      e = cudaDeviceGetStreamPriorityRange(&least, &greatest);
+    if (!e)
+      e = cudaStreamCreateWithPriority(&g->copy, cudaStreamNonBlocking, greatest);
     if (e)
       return cuda_fail(e, "creating the copy stream");
     s->dslots = calloc((size_t)D, sizeof *s->dslots);
     g->slots = calloc((size_t)D, sizeof *g->slots);
-    if (!s->dslots || !g->slots)
+    g->inf = calloc((size_t)l->o.prefetch, sizeof *g->inf);
+    g->q = calloc((size_t)l->o.prefetch, sizeof *g->q);
+    if (!s->dslots || !g->slots || !g->inf || !g->q)
       return dl__fail(-ENOMEM, "out of memory");
     if (l->has_image && l->o.dtype != DL__DTYPE_UINT8 && (e = cudaMalloc((void **)&g->staging, l->image_bytes)))
       return cuda_fail(e, "allocating device memory");
+    c->device_bytes += g->staging ? l->image_bytes : 0;
+    for (int j = 0; j < l->o.prefetch; j++) {
+      in_flight *f = &g->inf[j];
+      /* The copy thread sleeps on 'done' rather than spinning a core the workers need. */
+      if ((e = cudaEventCreateWithFlags(&f->done, cudaEventDisableTiming | cudaEventBlockingSync)) ||
+          (e = cudaEventCreate(&f->t0)) || (e = cudaEventCreate(&f->t1)) || (e = cudaEventCreate(&f->d0)) ||
+          (e = cudaEventCreate(&f->d1)))
+        return cuda_fail(e, "creating events");
+    }
     for (int j = 0; j < D; j++) {
       dl_batch *b = &s->dslots[j];
       gpu_slot *gs = &g->slots[j];
@@ -286,12 +379,11 @@ int dl__cuda_start(dl_loader *l) {
         return cuda_fail(e, "allocating device batch memory");
       b->image = gs->image;
       b->label = gs->label;
+      c->device_bytes += c->out_sample_bytes * (size_t)B + 1 + sizeof(int64_t) * (size_t)B + l->field_block;
       if (l->field_block && (e = cudaMalloc((void **)&b->fields, l->field_block)))
         return cuda_fail(e, "allocating device field memory");
-      /* The copy thread sleeps on 'copied' rather than spinning a core the workers need. */
-      if ((e = cudaEventCreateWithFlags(&gs->copied, cudaEventDisableTiming | cudaEventBlockingSync)) ||
-          (e = cudaEventCreateWithFlags(&gs->released, cudaEventDisableTiming)) ||
-          (e = cudaEventCreate(&gs->t0)) || (e = cudaEventCreate(&gs->t1)))
+      if ((e = cudaEventCreateWithFlags(&gs->copied, cudaEventDisableTiming)) ||
+          (e = cudaEventCreateWithFlags(&gs->released, cudaEventDisableTiming)))
         return cuda_fail(e, "creating events");
     }
   }
@@ -336,19 +428,24 @@ void dl__cuda_close(dl_loader *l) {
         cudaEventDestroy(gs->copied);
       if (gs->released)
         cudaEventDestroy(gs->released);
-      if (gs->t0)
-        cudaEventDestroy(gs->t0);
-      if (gs->t1)
-        cudaEventDestroy(gs->t1);
       if (s->dslots) {
         cudaFree(s->dslots[j].fields);
         free(s->dslots[j].key);
         free(s->dslots[j].sample_err);
       }
     }
+    for (int j = 0; g->inf && j < l->o.prefetch; j++) {
+      cudaEvent_t *ev[] = {&g->inf[j].done, &g->inf[j].t0, &g->inf[j].t1, &g->inf[j].d0, &g->inf[j].d1};
+      for (size_t k = 0; k < DL__ARRAY_LEN(ev); k++)
+        if (*ev[k])
+          cudaEventDestroy(*ev[k]);
+    }
+    dl__gpu_decoder_destroy(g->dec);
     cudaFree(g->staging);
     if (g->copy)
       cudaStreamDestroy(g->copy);
+    free(g->inf);
+    free(g->q);
     free(g->slots);
     free(s->dslots);
     s->dslots = NULL;
@@ -384,12 +481,20 @@ void dl__cuda_release_locked(dl_batch *b) {
 
 int dl__cuda_stats(dl_loader *l, char *buf, size_t cap) {
   cuda_state *c = l->cuda;
-  double ms = 0;
-  int64_t bytes = 0;
+  double ms = 0, decode_ms = 0;
+  int64_t bytes = 0, decode_batches = 0;
   for (int i = 0; i < c->n; i++) {
     ms += c->g[i].copy_ms;
     bytes += c->g[i].copy_bytes;
+    decode_ms += c->g[i].decode_ms;
+    decode_batches += c->g[i].decode_batches;
   }
-  return snprintf(buf, cap, ",\"h2d_bytes\":%lld,\"h2d_gpu_ms\":%.3f,\"h2d_gb_s\":%.3f,\"device_slots\":%d",
-                  (long long)bytes, ms, ms > 0 ? bytes / ms / 1e6 : 0.0, l->o.device_slots);
+  size_t pinned = l->image_bytes * (size_t)l->o.prefetch * (size_t)l->nstreams +
+                  (l->field_block + l->arena_bytes) * (size_t)l->o.prefetch * (size_t)l->nstreams;
+  return snprintf(buf, cap,
+                  ",\"h2d_bytes\":%lld,\"h2d_gpu_ms\":%.3f,\"h2d_gb_s\":%.3f,\"device_slots\":%d"
+                  ",\"gpu_decode_ms\":%.3f,\"gpu_decode_batches\":%lld,\"pinned_mb\":%.1f,\"device_mb\":%.1f",
+                  (long long)bytes, ms, ms > 0 ? bytes / ms / 1e6 : 0.0, l->o.device_slots,
+                  decode_batches ? decode_ms / (double)decode_batches : 0.0, (long long)decode_batches,
+                  (double)pinned / 1048576.0, (double)c->device_bytes / 1048576.0);
 }

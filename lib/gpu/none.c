@@ -1,5 +1,7 @@
 /* Built without CUDA: device=cuda fails with a clear error, host batches work as always. */
-#include "internal.h"
+#include "gpu/gpu.h"
+
+#include <stdio.h>
 
 #include <stdlib.h>
 
@@ -30,6 +32,11 @@ int dl__cuda_wait(dl_batch *b, void *stream) {
   return 0;
 }
 void dl__cuda_release_locked(dl_batch *b) { (void)b; }
+int dl__gpu_decoders_open(dl_loader *l, char *why, size_t cap) {
+  (void)l;
+  snprintf(why, cap, "this ringfeed was built without CUDA");
+  return -1;
+}
 int dl__cuda_stats(dl_loader *l, char *buf, size_t cap) {
   (void)l;
   if (cap)

@@ -1,0 +1,337 @@
+/*
+ * nvJPEG on one device. The copy thread hands it each host batch's GPU samples: the hardware
+ * engine decodes the region around each crop (batched, with ROI), nvJPEG's CUDA decoder whole
+ * images the engine does not take (progressive, 4:1:1 ...), into a pool of device memory fixed at
+ * open; then one kernel per pool's worth crops, resizes, flips and converts them into the device
+ * batch. A JPEG nvJPEG refuses is decoded on the CPU into the host slot instead, and fails there
+ * exactly as it would have on a worker. Nothing is allocated per batch.
+ *
+ * Lock order: l->mu only, briefly, to record a failed sample.
+ */
+#include "gpu/decode.h"
+#include "gpu/nvjpeg.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* One nvJPEG batched decoder: a handle, its state, and the batch size the state is set up for. */
+typedef struct engine {
+  nvjpegHandle_t h;
+  nvjpegJpegState_t state;
+  int ready_for; /* 0: initialise before the next call */
+} engine;
+
+struct dl__gpu_decoder {
+  const dl__nvjpeg *nv;
+  int device;
+  engine hw, cuda; /* hw.h is NULL without JPEG engines */
+  unsigned engines, cores;
+  bool interpolates; /* chroma upsampling by interpolation (the flag nvJPEG took) */
+  nvjpegOutputFormat_t format;
+  int channels, batch;
+  uint8_t *pool; /* decoded regions of one chunk */
+  size_t pool_cap;
+  dl__resize_job *jobs_dev;  /* one chunk's jobs, for the kernel */
+  dl__resize_job *jobs_host; /* pinned, a batch's worth per host slot: its copy may still be queued */
+  /* The arrays of one nvJPEG call, and which jobs go to which decoder. */
+  const unsigned char **data;
+  size_t *lens;
+  nvjpegImage_t *images;
+  nvjpegDecodeParams_t *params;
+  int nparams;
+  int *hw_list, *cuda_list;
+  dl__image_decoder cpu; /* the JPEGs nvJPEG refuses */
+};
+
+bool dl__gpu_decoder_has_engine(const dl__gpu_decoder *d) { return d->hw.h != NULL; }
+
+const char *dl__gpu_decoder_describe(const dl__gpu_decoder *d, char *buf, size_t cap) {
+  const char *chroma = d->interpolates ? "chroma interpolated" : "chroma replicated (no interpolation flag)";
+  if (d->hw.h)
+    snprintf(buf, cap, "nvJPEG %s (%s): hardware engine (%u engines x %u cores), CUDA decoder for what it "
+             "does not take, %s", d->nv->version, d->nv->path, d->engines, d->cores, chroma);
+  else
+    snprintf(buf, cap, "nvJPEG %s (%s): CUDA decoder (no JPEG engine on this device), %s", d->nv->version,
+             d->nv->path, chroma);
+  return buf;
+}
+
+void dl__gpu_decoder_destroy(dl__gpu_decoder *d) {
+  if (!d)
+    return;
+  cudaSetDevice(d->device);
+  for (int i = 0; i < d->nparams; i++)
+    d->nv->DecodeParamsDestroy(d->params[i]);
+  engine *engines[] = {&d->hw, &d->cuda};
+  for (int i = 0; i < 2; i++) {
+    if (engines[i]->state)
+      d->nv->JpegStateDestroy(engines[i]->state);
+    if (engines[i]->h)
+      d->nv->Destroy(engines[i]->h);
+  }
+  cudaFree(d->pool);
+  cudaFree(d->jobs_dev);
+  cudaFreeHost(d->jobs_host);
+  free(d->data);
+  free(d->lens);
+  free(d->images);
+  free(d->params);
+  free(d->hw_list);
+  free(d->cuda_list);
+  dl__image_decoder_free(&d->cpu);
+  free(d);
+}
+
+/* Strict bitstreams (a file libjpeg would complain about fails and goes to the CPU) and chroma
+ * upsampling by interpolation (libjpeg's "fancy" upsampling); older versions may lack the latter. */
+static nvjpegStatus_t create(const dl__nvjpeg *nv, nvjpegBackend_t backend, nvjpegHandle_t *h, bool *interpolates) {
+  nvjpegStatus_t st = nv->CreateEx(backend, NULL, NULL,
+                                   NVJPEG_FLAGS_BITSTREAM_STRICT | NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION, h);
+  *interpolates = st == NVJPEG_STATUS_SUCCESS;
+  if (st != NVJPEG_STATUS_SUCCESS)
+    st = nv->CreateEx(backend, NULL, NULL, NVJPEG_FLAGS_BITSTREAM_STRICT, h);
+  if (st != NVJPEG_STATUS_SUCCESS)
+    *h = NULL;
+  return st;
+}
+
+int dl__gpu_decoder_create(dl_loader *l, int device, dl__gpu_decoder **out, size_t *device_bytes, char *why,
+                           size_t cap) {
+  *out = NULL;
+  const dl__nvjpeg *nv = dl__nvjpeg_load(why, cap);
+  if (!nv)
+    return -1;
+  dl__gpu_decoder *d = calloc(1, sizeof *d);
+  if (!d) {
+    snprintf(why, cap, "out of memory");
+    return -1;
+  }
+  d->nv = nv;
+  d->device = device;
+  d->channels = l->o.channels;
+  d->batch = l->o.batch_size;
+  d->format = l->o.channels == 1 ? NVJPEG_OUTPUT_Y : NVJPEG_OUTPUT_RGBI;
+  cudaError_t ce = cudaSetDevice(device);
+  nvjpegStatus_t st = NVJPEG_STATUS_SUCCESS;
+  bool hw_interp = false, cuda_interp = false;
+  if (ce == cudaSuccess && create(nv, NVJPEG_BACKEND_HARDWARE, &d->hw.h, &hw_interp) == NVJPEG_STATUS_SUCCESS &&
+      (nv->GetHardwareDecoderInfo(d->hw.h, &d->engines, &d->cores) != NVJPEG_STATUS_SUCCESS || d->engines == 0)) {
+    nv->Destroy(d->hw.h); /* a handle without engines to drive */
+    d->hw.h = NULL;
+  }
+  if (ce == cudaSuccess && (st = create(nv, NVJPEG_BACKEND_GPU_HYBRID, &d->cuda.h, &cuda_interp)) != NVJPEG_STATUS_SUCCESS)
+    st = create(nv, NVJPEG_BACKEND_DEFAULT, &d->cuda.h, &cuda_interp);
+  d->interpolates = d->hw.h ? hw_interp : cuda_interp;
+  if (ce == cudaSuccess && st == NVJPEG_STATUS_SUCCESS) {
+    st = nv->JpegStateCreate(d->cuda.h, &d->cuda.state);
+    if (st == NVJPEG_STATUS_SUCCESS && d->hw.h)
+      st = nv->JpegStateCreate(d->hw.h, &d->hw.state);
+  }
+  if (ce != cudaSuccess || st != NVJPEG_STATUS_SUCCESS) {
+    snprintf(why, cap, "nvJPEG %s (%s) cannot start on cuda:%d: %s", nv->version, nv->path, device,
+             ce != cudaSuccess ? cudaGetErrorString(ce) : dl__nvjpeg_status_name(st));
+    dl__gpu_decoder_destroy(d);
+    return -1;
+  }
+  size_t B = (size_t)d->batch;
+  d->pool_cap = (size_t)l->o.gpu_decode_mb << 20;
+  d->pool_cap += 256; /* each region starts 256-aligned; a region of the pool's size still fits */
+  bool ok = (d->data = calloc(B, sizeof *d->data)) && (d->lens = calloc(B, sizeof *d->lens)) &&
+            (d->images = calloc(B, sizeof *d->images)) && (d->params = calloc(B, sizeof *d->params)) &&
+            (d->hw_list = calloc(B, sizeof *d->hw_list)) && (d->cuda_list = calloc(B, sizeof *d->cuda_list)) &&
+            dl__image_decoder_init(&d->cpu) == 0;
+  for (; ok && d->hw.h && d->nparams < d->batch; d->nparams++)
+    ok = nv->DecodeParamsCreate(d->hw.h, &d->params[d->nparams]) == NVJPEG_STATUS_SUCCESS;
+  if (ok && ((ce = cudaMalloc((void **)&d->pool, d->pool_cap)) ||
+             (ce = cudaMalloc((void **)&d->jobs_dev, B * sizeof *d->jobs_dev)) ||
+             (ce = cudaHostAlloc((void **)&d->jobs_host, (size_t)l->o.prefetch * B * sizeof *d->jobs_host,
+                                 cudaHostAllocPortable))))
+    ok = false;
+  if (!ok) {
+    snprintf(why, cap, "no memory for JPEG decoding on cuda:%d (gpu_decode_mb=%d): %s", device, l->o.gpu_decode_mb,
+             ce != cudaSuccess ? cudaGetErrorString(ce) : "host memory");
+    dl__gpu_decoder_destroy(d);
+    return -1;
+  }
+  *device_bytes += d->pool_cap + B * sizeof *d->jobs_dev;
+  /* The engine's own buffers, sized once for a batch of images as large as the pool allows. */
+  if (d->hw.h) {
+    double side = sqrt((double)d->pool_cap / (double)B / d->channels);
+    int hint = side > 4096 ? 4096 : side < 64 ? 64 : (int)side;
+    nv->DecodeBatchedPreAllocate(d->hw.h, d->hw.state, d->batch, hint, hint, NVJPEG_CSS_444, d->format);
+  }
+  *out = d;
+  return 0;
+}
+
+/* Decodes [0, n) of the call arrays as one batch, at index AT of them with n == 1. */
+static nvjpegStatus_t run(dl__gpu_decoder *d, engine *e, bool roi, int at, int n, cudaStream_t s) {
+  nvjpegStatus_t st = NVJPEG_STATUS_SUCCESS;
+  if (e->ready_for != n) {
+    st = d->nv->DecodeBatchedInitialize(e->h, e->state, n, 1, d->format);
+    e->ready_for = st == NVJPEG_STATUS_SUCCESS ? n : 0;
+  }
+  if (st == NVJPEG_STATUS_SUCCESS)
+    st = roi ? d->nv->DecodeBatchedEx(e->h, e->state, d->data + at, d->lens + at, d->images + at, d->params + at, s)
+             : d->nv->DecodeBatched(e->h, e->state, d->data + at, d->lens + at, d->images + at, s);
+  if (st != NVJPEG_STATUS_SUCCESS)
+    e->ready_for = 0; /* nvJPEG wants a fresh initialisation after a failed batch */
+  return st;
+}
+
+/* Sample I of HOST, refused by nvJPEG: decoded on the CPU into the host slot, or failed as a
+ * worker would have failed it. */
+static void decode_on_cpu(dl__gpu_decoder *d, dl_loader *l, dl_batch *host, int i, nvjpegStatus_t why) {
+  dl__gpu_job *g = &host->jobs[i];
+  const dl__sample *s = &l->ds.samples[g->index];
+  if (why != NVJPEG_STATUS_SUCCESS)
+    dl__log(DL__LOG_DEBUG, "shard %s member %s: nvJPEG says %s; decoding it on the CPU", l->ds.files[s->file],
+            dl__sample_name(&l->ds, s), dl__nvjpeg_status_name(why));
+  dl__err e = {0};
+  uint8_t *dst = host->image + (size_t)i * l->sample_bytes;
+  if (dl__image_decode(&d->cpu, l, host->arena + g->at, g->len, g->key, dst, &e)) {
+    dl__sample_zero(l, host, i);
+    dl__sample_failed(l, s, &e);
+    host->sample_err[i] = e.code;
+    pthread_mutex_lock(&l->mu);
+    if (l->o.on_error == DL__ON_ERROR_FAIL && i < host->err_i) {
+      host->err = e.code;
+      host->err_i = i;
+      memcpy(host->errmsg, e.msg, sizeof host->errmsg);
+    }
+    pthread_mutex_unlock(&l->mu);
+  }
+  g->len = 0;
+  atomic_fetch_add_explicit(&l->st.cpu_decoded, 1, memory_order_relaxed);
+  if (why != NVJPEG_STATUS_SUCCESS)
+    atomic_fetch_add_explicit(&l->st.gpu_fallbacks, 1, memory_order_relaxed);
+}
+
+/* Decodes the jobs KJ[LIST[0..n)] with engine E; those it refuses go to the CPU (out = -1). */
+static void decode_list(dl__gpu_decoder *d, dl_loader *l, dl_batch *host, engine *e, bool roi, dl__resize_job *kj,
+                        const int *list, int n, cudaStream_t s) {
+  if (!n)
+    return;
+  for (int j = 0; j < n; j++) {
+    dl__resize_job *k = &kj[list[j]];
+    dl__gpu_job *g = &host->jobs[k->out];
+    d->data[j] = host->arena + g->at;
+    d->lens[j] = g->len;
+    memset(&d->images[j], 0, sizeof d->images[j]);
+    d->images[j].channel[0] = (unsigned char *)k->full;
+    d->images[j].pitch[0] = (size_t)k->full_pitch;
+    bool whole = g->roi[2] == g->width && g->roi[3] == g->height;
+    if (roi) /* a whole image is decoded as such, not as a region that happens to cover it */
+      d->nv->DecodeParamsSetROI(d->params[j], whole ? 0 : g->roi[0], whole ? 0 : g->roi[1], whole ? -1 : g->roi[2],
+                                whole ? -1 : g->roi[3]);
+  }
+  nvjpegStatus_t st = run(d, e, roi, 0, n, s);
+  if (st == NVJPEG_STATUS_SUCCESS)
+    return;
+  /* Which one? Each on its own; the ones still refused are the CPU's. */
+  dl__log(DL__LOG_DEBUG, "nvJPEG refused a batch of %d (%s); decoding them one by one", n,
+          dl__nvjpeg_status_name(st));
+  for (int j = 0; j < n; j++) {
+    nvjpegStatus_t one = run(d, e, roi, j, 1, s);
+    if (one != NVJPEG_STATUS_SUCCESS) {
+      decode_on_cpu(d, l, host, kj[list[j]].out, one);
+      kj[list[j]].out = -1;
+    }
+  }
+}
+
+void dl__gpu_decode_failed_batch(dl__gpu_decoder *d, dl_loader *l, dl_batch *host) {
+  for (int i = 0; i < host->len && i < host->err_i; i++)
+    if (host->jobs[i].len)
+      decode_on_cpu(d, l, host, i, NVJPEG_STATUS_SUCCESS);
+}
+
+/* The kernels' job for G, whose region nvJPEG decodes at AT in the pool (its scaled copy after it):
+ * the crop mapped into what is resampled exactly as libjpeg maps it into a scaled decode. */
+static dl__resize_job job_for(const dl__gpu_decoder *d, const dl__gpu_job *g, uint8_t *at, int i) {
+  int s = g->scale, C = d->channels;
+  size_t full = (size_t)g->roi[2] * (size_t)g->roi[3] * (size_t)C;
+  dl__resize_job k = {.full = at, .full_pitch = g->roi[2] * C, .full_w = g->roi[2], .full_h = g->roi[3],
+                      .scale = s, .out = i, .flip = g->flip};
+  k.w = (g->roi[2] + s - 1) / s;
+  k.h = (g->roi[3] + s - 1) / s;
+  k.src = s > 1 ? at + (full + 255) / 256 * 256 : at;
+  k.pitch = k.w * C;
+  /* libjpeg's scaled image is ceil(size / s) pixels and the crop is mapped by that ratio. */
+  double sx = (double)((g->width + s - 1) / s) / g->width, sy = (double)((g->height + s - 1) / s) / g->height;
+  k.x = (float)(g->rect[0] * sx - g->roi[0] / s);
+  k.y = (float)(g->rect[1] * sy - g->roi[1] / s);
+  k.cw = (float)(g->rect[2] * sx);
+  k.ch = (float)(g->rect[3] * sy);
+  return k;
+}
+
+typedef struct chunk {
+  int first, end; /* its jobs: kj[first, end) */
+  int nhw, ncuda;
+  size_t used; /* of the pool */
+} chunk;
+
+/* Decodes a chunk and queues the kernel that turns it into batch samples. */
+static int flush(dl__gpu_decoder *d, dl_loader *l, dl_batch *host, dl__resize_job *kj, chunk *c, bool scaled,
+                 void *out, cudaStream_t s, char *why, size_t cap) {
+  decode_list(d, l, host, &d->hw, true, kj, d->hw_list, c->nhw, s);
+  decode_list(d, l, host, &d->cuda, false, kj, d->cuda_list, c->ncuda, s);
+  int m = c->first;
+  for (int k = c->first; k < c->end; k++)
+    if (kj[k].out >= 0)
+      kj[m++] = kj[k];
+  int n = m - c->first;
+  cudaError_t e = cudaSuccess;
+  if (n) {
+    e = cudaMemcpyAsync(d->jobs_dev, kj + c->first, (size_t)n * sizeof *kj, cudaMemcpyHostToDevice, s);
+    if (e == cudaSuccess && scaled)
+      e = (cudaError_t)dl__box_launch(d->jobs_dev, n, l->o.channels, s);
+    if (e == cudaSuccess)
+      e = (cudaError_t)dl__resize_launch(d->jobs_dev, n, out, l->o.height, l->o.width, l->o.channels,
+                                         l->o.layout == DL__LAYOUT_NCHW, l->o.dtype, l->o.mean, l->o.std, s);
+  }
+  if (e != cudaSuccess) {
+    snprintf(why, cap, "JPEG decoding on cuda:%d failed: %s", d->device, cudaGetErrorString(e));
+    return -1;
+  }
+  *c = (chunk){.first = c->end, .end = c->end};
+  return n;
+}
+
+int dl__gpu_decode(dl__gpu_decoder *d, dl_loader *l, dl_batch *host, int slot, void *out, cudaStream_t s, char *why,
+                   size_t cap) {
+  dl__resize_job *kj = d->jobs_host + (size_t)slot * (size_t)d->batch;
+  chunk c = {0};
+  int decoded = 0;
+  bool any_scaled = false;
+  for (int i = 0; i < host->len; i++) {
+    const dl__gpu_job *g = &host->jobs[i];
+    if (!g->len)
+      continue;
+    size_t bytes = dl__gpu_job_bytes(g->roi, g->scale, d->channels);
+    if (c.used + bytes > d->pool_cap) { /* the pool is full: decode what it holds first */
+      int n = flush(d, l, host, kj, &c, any_scaled, out, s, why, cap);
+      if (n < 0)
+        return -1;
+      decoded += n;
+      any_scaled = false;
+    }
+    kj[c.end] = job_for(d, g, d->pool + c.used, i);
+    any_scaled |= g->scale > 1;
+    c.used += bytes;
+    if (g->engine == DL__GPU_ENGINE_HW)
+      d->hw_list[c.nhw++] = c.end;
+    else
+      d->cuda_list[c.ncuda++] = c.end;
+    c.end++;
+  }
+  int n = flush(d, l, host, kj, &c, any_scaled, out, s, why, cap);
+  if (n < 0)
+    return -1;
+  decoded += n;
+  atomic_fetch_add_explicit(&l->st.gpu_decoded, decoded, memory_order_relaxed);
+  return decoded;
+}

@@ -1,0 +1,37 @@
+/*
+ * Inside the GPU stage: the copy stage (copy_stage.c) hands each host batch's GPU samples to its
+ * device's JPEG decoder (decode.c), whose output the kernels (resize.cu, convert.cu) turn into
+ * the device batch.
+ */
+#ifndef RINGFEED_GPU_DECODE_H
+#define RINGFEED_GPU_DECODE_H
+
+#include "gpu/gpu.h"
+#include "gpu/kernels.h"
+
+typedef struct dl__gpu_decoder dl__gpu_decoder;
+
+/* nvJPEG on DEVICE: the hardware engine when the card has one, the CUDA decoder always, a pool of
+ * l->o.gpu_decode_mb for decoded images and the kernel's job lists, all fixed here. Adds the
+ * device bytes it took to *DEVICE_BYTES. Fails with the reason in WHY. */
+int dl__gpu_decoder_create(dl_loader *l, int device, dl__gpu_decoder **out, size_t *device_bytes, char *why,
+                           size_t cap);
+void dl__gpu_decoder_destroy(dl__gpu_decoder *d);
+/* Which nvJPEG, from where, and which of its decoders run. */
+const char *dl__gpu_decoder_describe(const dl__gpu_decoder *d, char *buf, size_t cap);
+bool dl__gpu_decoder_has_engine(const dl__gpu_decoder *d);
+
+/* Queues on S the decode of HOST's GPU samples into OUT, the device batch (its final dtype and
+ * layout); SLOT is HOST's index among its stream's host slots. A JPEG nvJPEG refuses is decoded on
+ * the CPU into HOST's image instead (or fails as on the CPU path) and its job's len becomes 0, so
+ * the caller copies it with the other CPU samples. Returns the number decoded on the GPU, or -1
+ * with WHY when CUDA itself fails. */
+int dl__gpu_decode(dl__gpu_decoder *d, dl_loader *l, dl_batch *host, int slot, void *out, cudaStream_t s, char *why,
+                   size_t cap);
+
+/* HOST failed on a worker (on_error=fail) and is not decoded: its GPU samples before the failed
+ * one are decoded on the CPU, so that the error reported is the first in batch order, as it is
+ * when the CPU decodes everything. */
+void dl__gpu_decode_failed_batch(dl__gpu_decoder *d, dl_loader *l, dl_batch *host);
+
+#endif

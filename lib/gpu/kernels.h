@@ -1,0 +1,41 @@
+/*
+ * The GPU stage's kernels as the host code calls them (plain C: the .cu files include it too).
+ */
+#ifndef RINGFEED_GPU_KERNELS_H
+#define RINGFEED_GPU_KERNELS_H
+
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One decoded JPEG region and where its crop lands in the batch (the kernels' view). */
+typedef struct dl__resize_job {
+  const uint8_t *full;   /* the region as nvJPEG decoded it, channels interleaved (device memory) */
+  int full_pitch, full_w, full_h;
+  int scale;             /* > 1: first averaged in blocks of scale x scale into SRC */
+  uint8_t *src;          /* what is resampled: FULL itself, or its scaled copy */
+  int pitch, w, h;       /* bytes per row; the size in pixels */
+  float x, y, cw, ch;    /* the crop within SRC */
+  int out, flip;         /* the sample's place in the batch; mirrored */
+} dl__resize_job;
+
+/* uint8 NHWC samples to float32/float16/bfloat16 (dtype 1..3), NHWC or NCHW, normalised. */
+int dl__convert_launch(const uint8_t *in, void *out, int n, int h, int w, int c, int nchw, int dtype,
+                       const float *mean, const float *std, cudaStream_t s);
+/* For the N jobs with scale > 1: SRC = FULL averaged in blocks of scale x scale (a partial block at
+ * the region's edge averages what it has), as a decoder's DCT scaling would see it. */
+int dl__box_launch(const dl__resize_job *jobs, int n, int c, cudaStream_t s);
+/* Crop, antialiased resize, flip, layout and dtype/normalisation of N decoded regions straight
+ * into the batch OUT (oh x ow x c per sample), as the CPU path computes them. */
+int dl__resize_launch(const dl__resize_job *jobs, int n, void *out, int oh, int ow, int c, int nchw, int dtype,
+                      const float *mean, const float *std, cudaStream_t s);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

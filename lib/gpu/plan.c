@@ -1,0 +1,208 @@
+/*
+ * JPEG decoding on the GPU, the host's side: where JPEGs are decoded (chosen once at open), which
+ * JPEGs the GPU takes (decided by a worker from the file's markers, so the choice is a function of
+ * the bytes and never of timing), and hybrid's split of each batch between the workers and the
+ * GPU. Built with or without CUDA.
+ *
+ * Lock order: l->mu only.
+ */
+#include "gpu/gpu.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+static const char *const decode_names[] = {"auto", "cpu", "gpu", "hybrid"};
+
+/* Where the bytes of sample S go in an arena: their length and the alignment of their start. */
+static size_t arena_need(const dl_loader *l, const dl__sample *s, size_t *align) {
+  *align = 64;
+  if (l->ds.maps && l->ds.maps[s->file])
+    return s->image_len; /* mapped: only the JPEG is copied */
+  uint32_t a = l->ds.direct[s->file];
+  if (!a)
+    return (size_t)s->size;
+  *align = a; /* O_DIRECT reads start and end on the alignment */
+  return (size_t)((s->size + s->offset % a + a - 1) / a * a);
+}
+
+static bool candidate(const dl_loader *l, const dl__sample *s) {
+  return s->codec == DL__CODEC_JPEG && !(s->flags & DL__SAMPLE_IMAGE_ZST) &&
+         (int64_t)s->size <= l->o.max_member_bytes;
+}
+
+uint8_t *dl__gpu_arena_take(dl_loader *l, dl_batch *b, int i, const dl__sample *s) {
+  if (!b->arena || i < b->gpu_from || !candidate(l, s))
+    return NULL;
+  size_t align, need = arena_need(l, s, &align);
+  size_t at = (b->arena_used + align - 1) / align * align;
+  if (at + need > l->arena_bytes)
+    return NULL; /* full: this one is decoded on the CPU */
+  b->arena_used = at + need;
+  return b->arena + at;
+}
+
+/* Enough for a batch of the dataset's average JPEG with room to spare, and for the largest. */
+static size_t arena_size(const dl_loader *l) {
+  double sum = 0;
+  size_t n = 0, largest = 0;
+  for (size_t k = 0; k < l->ds.n; k++) {
+    const dl__sample *s = &l->ds.samples[k];
+    if (!candidate(l, s))
+      continue;
+    size_t align, need = arena_need(l, s, &align) + align;
+    sum += (double)need;
+    largest = need > largest ? need : largest;
+    n++;
+  }
+  if (!n)
+    return 0;
+  double bytes = (double)l->o.batch_size * (sum / (double)n) * 1.25 + 2.0 * (double)largest;
+  double cap = 1u << 30;
+  return ((size_t)(bytes < cap ? bytes : cap) + 4095) / 4096 * 4096;
+}
+
+int dl__decode_choose(dl_loader *l) {
+  int want = l->o.decode;
+  const char *asked = decode_names[want];
+  char why[200] = "";
+  l->decode = DL__DECODE_CPU;
+  if (want == DL__DECODE_CPU) {
+    snprintf(l->decode_reason, sizeof l->decode_reason, "decode=cpu");
+  } else if (!l->has_image) {
+    snprintf(l->decode_reason, sizeof l->decode_reason, "the dataset has no images");
+  } else if (!l->o.ndevices) {
+    if (want != DL__DECODE_AUTO)
+      return dl__fail(DL_ENODEVICE, "option decode=%s: JPEGs are decoded on the GPU given by device=cuda:N, "
+                                    "and this loader has device=cpu", asked);
+    snprintf(l->decode_reason, sizeof l->decode_reason, "device=cpu");
+  } else if (dl__gpu_decoders_open(l, why, sizeof why)) {
+    if (want != DL__DECODE_AUTO)
+      return dl__fail(DL_ENODEVICE, "option decode=%s: %s", asked, why);
+    snprintf(l->decode_reason, sizeof l->decode_reason, "no GPU decoder: %s", why);
+  } else {
+    l->decode = want == DL__DECODE_GPU ? DL__DECODE_GPU : DL__DECODE_HYBRID;
+    snprintf(l->decode_reason, sizeof l->decode_reason, "%s", why);
+  }
+  dl__log(DL__LOG_INFO, "decoding JPEGs: %s (%s)", decode_names[l->decode], l->decode_reason);
+  if (l->decode == DL__DECODE_CPU)
+    return 0;
+  l->arena_bytes = arena_size(l);
+  if (l->decode == DL__DECODE_GPU)
+    l->share = 1;
+  else /* a first guess from the measured rates of engines and cores; it adapts from there */
+    l->share = l->o.gpu_share >= 0 ? l->o.gpu_share : l->gpu_hw ? 0.75 : 0.5;
+  l->split.target = l->share;
+  return 0;
+}
+
+size_t dl__gpu_job_bytes(const int32_t roi[4], int scale, int channels) {
+  size_t full = (size_t)roi[2] * (size_t)roi[3] * (size_t)channels;
+  size_t scaled = scale > 1 ? (size_t)((roi[2] + scale - 1) / scale) * (size_t)((roi[3] + scale - 1) / scale) *
+                                  (size_t)channels
+                            : 0;
+  return (full + 255) / 256 * 256 + (scaled + 255) / 256 * 256;
+}
+
+/* The part of the image nvJPEG decodes: the crop, the reach of the resampling filter around it,
+ * widened to the 16-pixel grid of the largest MCU. A region that reaches an edge of the image off
+ * that grid becomes the whole image: the engine mishandles such regions (an odd height left a
+ * region undecoded on an H200), never whole images. */
+static void roi_around(const dl__rect *r, int width, int height, int ow, int oh, int32_t roi[4]) {
+  double mx = ceil(fmax(r->w / ow, 1.0)) + 2, my = ceil(fmax(r->h / oh, 1.0)) + 2;
+  int x0 = (int)floor(r->x - mx), y0 = (int)floor(r->y - my);
+  int x1 = (int)ceil(r->x + r->w + mx), y1 = (int)ceil(r->y + r->h + my);
+  x0 = x0 < 0 ? 0 : x0 / 16 * 16;
+  y0 = y0 < 0 ? 0 : y0 / 16 * 16;
+  x1 = (x1 + 15) / 16 * 16;
+  y1 = (y1 + 15) / 16 * 16;
+  x1 = x1 > width ? width : x1;
+  y1 = y1 > height ? height : y1;
+  if ((x1 == width && width % 16) || (y1 == height && height % 16))
+    x0 = y0 = 0, x1 = width, y1 = height;
+  roi[0] = x0, roi[1] = y0, roi[2] = x1 - x0, roi[3] = y1 - y0;
+}
+
+bool dl__gpu_plan(const dl_loader *l, dl_batch *b, int i, int64_t index, uint8_t *arena_at, const uint8_t *image,
+                  size_t len, uint64_t key) {
+  dl__jpeg_info j;
+  /* Whatever libjpeg might complain about stays with libjpeg, which names the problem; so do images
+   * smaller than an MCU, whose edges decoders fill in differently. */
+  if (dl__jpeg_probe(image, len, true, &j) || !j.ends || !j.tables_complete || j.precision != 8 || j.rgb ||
+      j.cmyk || (j.components != 1 && j.components != 3) || j.width < 16 || j.height < 16 ||
+      (int64_t)j.width * j.height > l->o.max_pixels)
+    return false;
+  bool single = j.scans == 1 && !j.between_scans && j.first_scan_components == j.components;
+  /* A sequential scan codes every block with at least a DC and an end-of-block code, two bits:
+   * less data than that is damage a hardware decoder would fill in silently. */
+  if (j.sof != 0xC2 && (int64_t)j.entropy_bytes * 4 < j.blocks)
+    return false;
+  bool engine_css = j.subsampling <= DL__CSS_440 || j.subsampling == DL__CSS_GRAY;
+  int engine;
+  if (l->gpu_hw && j.sof == 0xC0 && single && engine_css)
+    engine = DL__GPU_ENGINE_HW;
+  else if ((j.sof == 0xC0 || j.sof == 0xC1 || j.sof == 0xC2) && j.subsampling != DL__CSS_OTHER)
+    engine = DL__GPU_ENGINE_CUDA;
+  else
+    return false;
+  dl__rect r;
+  dl__err e = {0};
+  if (dl__crop_rect(l->o.crop, j.width, j.height, l->o.width, l->o.height, key, &r, &e))
+    return false; /* the CPU path reports it */
+  dl__gpu_job *g = &b->jobs[i];
+  int32_t roi[4] = {0, 0, j.width, j.height};
+  /* Only the engine decodes a region; nvJPEG's CUDA batch decodes whole images. */
+  if (engine == DL__GPU_ENGINE_HW)
+    roi_around(&r, j.width, j.height, l->o.width, l->o.height, roi);
+  int scale = dl__jpeg_scale(&r, l->o.width, l->o.height);
+  if (dl__gpu_job_bytes(roi, scale, l->o.channels) > l->gpu_pool)
+    return false;
+  if (image < b->arena || image >= b->arena + l->arena_bytes) {
+    memcpy(arena_at, image, len); /* from a mapped shard */
+    image = arena_at;
+  }
+  g->index = index;
+  g->at = (uint32_t)(image - b->arena);
+  g->len = (uint32_t)len;
+  g->width = j.width;
+  g->height = j.height;
+  memcpy(g->roi, roi, sizeof roi);
+  g->rect[0] = (float)r.x, g->rect[1] = (float)r.y, g->rect[2] = (float)r.w, g->rect[3] = (float)r.h;
+  g->key = key;
+  g->scale = (uint8_t)scale;
+  g->flip = dl__sample_flip(l, key);
+  g->engine = (uint8_t)engine;
+  return true;
+}
+
+void dl__gpu_share_update(dl_loader *l, int gpu_samples, double gpu_ms) {
+  if (l->decode != DL__DECODE_HYBRID || l->o.gpu_share >= 0)
+    return;
+  pthread_mutex_lock(&l->mu);
+  dl__split *s = &l->split;
+  int64_t cpu_n = atomic_load(&l->st.cpu_decoded), cpu_ns = atomic_load(&l->st.cpu_decode_ns);
+  int64_t dn = cpu_n - s->cpu_decoded, dns = cpu_ns - s->cpu_ns;
+  bool starved = l->st.starved > s->starved;
+  s->cpu_decoded = cpu_n, s->cpu_ns = cpu_ns, s->starved = l->st.starved;
+  /* The first batches carry the decoders' start-up. */
+  if (++s->updates > 2) {
+    if (gpu_samples > 0)
+      s->gpu_ms = s->gpu_ms > 0 ? 0.8 * s->gpu_ms + 0.2 * gpu_ms / gpu_samples : gpu_ms / gpu_samples;
+    if (dn > 0)
+      s->cpu_ms = s->cpu_ms > 0 ? 0.8 * s->cpu_ms + 0.2 * (double)dns / 1e6 / (double)dn : (double)dns / 1e6 / (double)dn;
+    if (s->gpu_ms > 0 && s->cpu_ms > 0) {
+      /* Images per ms: one device's decoder against its share of the workers. */
+      double gpu_rate = 1 / s->gpu_ms, cpu_rate = l->o.workers / s->cpu_ms / l->nstreams;
+      s->balanced = gpu_rate / (gpu_rate + cpu_rate);
+      if (starved)
+        s->target += 0.25 * (s->balanced - s->target);
+      else /* the loader is ahead of its consumer: the idle cores take work back from the GPU */
+        s->target = s->target > 0.01 ? s->target - 0.01 : 0;
+      /* The split moves in steps of 1/32 of a batch: nvJPEG sets up again for every new batch size. */
+      double step = round(s->target * 32) / 32;
+      if (fabs(step - l->share) >= 1.0 / 32)
+        l->share = step;
+    }
+  }
+  pthread_mutex_unlock(&l->mu);
+}

@@ -1,0 +1,25 @@
+/* Third-party JPEGs whose markers are all sound but whose entropy-coded data is damaged: libjpeg
+ * runs out of data mid-scan ("premature end of data segment") and the CPU path fails them; only
+ * a decoder sees it, and nvJPEG's hardware engine decodes them without an error. They are the one
+ * place where decode=gpu may deliver a sample the CPU path skips (test_gpu_host, test_gpu_decode). */
+#ifndef RINGFEED_TEST_ENTROPY_DAMAGED_H
+#define RINGFEED_TEST_ENTROPY_DAMAGED_H
+
+#include <string.h>
+
+static const char *const entropy_damaged[] = {
+    "pillow/Tests-images/hopper_bad_exif.jpg",
+    "jpeg-decoder/tests/crashtest/images/dc-predictor-overflow.jpg",
+    "jpeg-decoder/tests/crashtest/images/subtract-with-overflow.jpg",
+};
+
+static inline int is_entropy_damaged(const char *path) {
+  for (size_t i = 0; i < sizeof entropy_damaged / sizeof *entropy_damaged; i++) {
+    size_t n = strlen(path), m = strlen(entropy_damaged[i]);
+    if (n >= m && !strcmp(path + n - m, entropy_damaged[i]))
+      return 1;
+  }
+  return 0;
+}
+
+#endif

@@ -1,0 +1,337 @@
+// JPEG decoding on the GPU (nvJPEG, then the crop/resize kernel) against the CPU path, on a real
+// device: skipped (77) without a GPU or without nvJPEG.
+// - The same crops: every JPEG of the third-party test data and two synthetic sets (q90 4:2:0,
+//   q96 4:4:4), each image within a mean absolute difference of 2 levels of the CPU's.
+// - Bad files: every sample the CPU path skips is skipped by decode=gpu with the same code, and
+//   with on_error=fail the same messages name them; no file the CPU decodes fails on the GPU. The
+//   exception: damage inside entropy-coded data with sound markers (entropy_damaged.h), which the
+//   hardware engine decodes without a word.
+// - Determinism: the same bytes with 1 or 6 workers (decode=gpu, and hybrid with a fixed split).
+// - Float outputs and layouts from the kernel agree with its uint8 output.
+#include "cuda_batches.h"
+#include "entropy_damaged.h"
+#include "ringfeed.h"
+#include "tar_writer.h"
+#include "test.h"
+#include "test_data.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+typedef struct manifest_row {
+  char member[32], path[1024], check[512];
+} manifest_row;
+
+static manifest_row rows[1024];
+static int nrows;
+static int failures; /* comparisons over their limit: reported, the other checks still run */
+
+static void read_manifest(const char *tsv) {
+  FILE *f = fopen(tsv, "r");
+  ASSERT(f);
+  char line[4096];
+  while (nrows < 1024 && fgets(line, sizeof line, f)) {
+    char *fields[5];
+    char *p = line;
+    for (int i = 0; i < 5; i++) {
+      fields[i] = p;
+      char *end = strpbrk(p, i < 4 ? "\t" : "\n");
+      if (end)
+        *end = 0;
+      p = end ? end + 1 : p + strlen(p);
+    }
+    manifest_row *r = &rows[nrows++];
+    snprintf(r->member, sizeof r->member, "%.6s", fields[0]);
+    snprintf(r->path, sizeof r->path, "%s", fields[1]);
+    snprintf(r->check, sizeof r->check, "%s", fields[4]);
+  }
+  fclose(f);
+}
+
+static const manifest_row *row_of(const char *key) {
+  for (int i = 0; i < nrows; i++)
+    if (!strcmp(rows[i].member, key))
+      return &rows[i];
+  return NULL;
+}
+
+typedef struct diff_report {
+  int compared, errors_equal, entropy_damaged;
+  double worst, sum;
+  char worst_key[64];
+  double top[5]; /* the five largest differences, and their keys */
+  char top_key[5][64];
+} diff_report;
+
+static void note(diff_report *d, double mad, const char *key) {
+  for (int t = 0; t < 5; t++)
+    if (mad > d->top[t]) {
+      memmove(&d->top[t + 1], &d->top[t], sizeof(double) * (size_t)(4 - t));
+      memmove(d->top_key[t + 1], d->top_key[t], sizeof d->top_key[0] * (size_t)(4 - t));
+      d->top[t] = mad;
+      snprintf(d->top_key[t], sizeof d->top_key[t], "%s", key);
+      break;
+    }
+}
+
+static void print_top(const diff_report *d) {
+  for (int t = 0; t < 5 && d->top[t] > 0; t++) {
+    const manifest_row *r = row_of(d->top_key[t]);
+    printf("  %.3f  %s\n", d->top[t], r ? r->path : d->top_key[t]);
+  }
+}
+
+// Per image: the mean absolute difference between the CPU's and the GPU's pixels; the samples'
+// error codes must agree. WELL_FORMED says which images the 2-level bound applies to.
+static void compare_runs(const stream_copy *cpu, const stream_copy *gpu, bool (*well_formed)(const char *key),
+                         diff_report *d) {
+  memset(d, 0, sizeof *d);
+  ASSERT_EQ(gpu->batches, cpu->batches);
+  for (int k = 0; k < cpu->batches; k++) {
+    ASSERT_EQ(gpu->len[k], cpu->len[k]);
+    size_t per = cpu->bytes[k] / (size_t)cpu->len[k];
+    for (int i = 0; i < cpu->len[k]; i++) {
+      ASSERT_STR_EQ(gpu->key[k][i], cpu->key[k][i]);
+      ASSERT_EQ(gpu->label[k][i], cpu->label[k][i]);
+      const manifest_row *r = row_of(cpu->key[k][i]);
+      if (gpu->err[k][i] != cpu->err[k][i] && r && is_entropy_damaged(r->path) && cpu->err[k][i] == DL_ECORRUPT) {
+        d->entropy_damaged++;
+        continue;
+      }
+      if (gpu->err[k][i] != cpu->err[k][i]) {
+        FAIL_AT("sample %s (%s): the CPU path says %s, decode=gpu says %s", cpu->key[k][i], r ? r->path : "?",
+                dl_errname(cpu->err[k][i]), dl_errname(gpu->err[k][i]));
+      }
+      d->errors_equal++;
+      if (cpu->err[k][i] || (well_formed && !well_formed(cpu->key[k][i])))
+        continue;
+      const unsigned char *a = cpu->image[k] + per * (size_t)i, *b = gpu->image[k] + per * (size_t)i;
+      double sum = 0;
+      for (size_t j = 0; j < per; j++)
+        sum += abs((int)a[j] - (int)b[j]);
+      double mad = sum / (double)per;
+      d->compared++;
+      d->sum += mad;
+      note(d, mad, cpu->key[k][i]);
+      if (mad > d->worst) {
+        d->worst = mad;
+        snprintf(d->worst_key, sizeof d->worst_key, "%s", cpu->key[k][i]);
+      }
+    }
+  }
+}
+
+/* The reference JPEGs the 2-level bound is for: libjpeg-turbo's and jpeg-decoder's. Fuzzed files
+ * whose damage both decoders accept may legitimately come out differently: only their error codes
+ * are compared. */
+static bool reference(const char *key) {
+  const manifest_row *r = row_of(key);
+  return r && !strcmp(r->check, "ok") &&
+         (!strncmp(r->path, "libjpeg-turbo/", 14) || !strncmp(r->path, "jpeg-decoder/tests/reftest/", 27));
+}
+
+static void third_party(const char *shards) {
+  char tsv[4096], source[4096];
+  snprintf(tsv, sizeof tsv, "%s/jpeg-sweep.tsv", shards);
+  snprintf(source, sizeof source, "%s/jpeg-sweep.tar", shards);
+  read_manifest(tsv);
+  ASSERT_GT(nrows, 300);
+  const char *base = "batch_size=32 image_size=224 flip=1 seed=5 workers=4 shuffle=0 max_pixels=40000000";
+  char opts[512];
+  stream_copy cpu, gpu;
+  snprintf(opts, sizeof opts, "%s decode=cpu", base);
+  collect_from(source, opts, &cpu);
+  snprintf(opts, sizeof opts, "%s device=cuda:0 decode=gpu", base);
+  collect_from(source, opts, &gpu);
+  diff_report d;
+  compare_runs(&cpu, &gpu, reference, &d);
+  const manifest_row *w = row_of(d.worst_key);
+  printf("third-party JPEGs: %d samples with the CPU's error codes (%d with damaged entropy-coded data decoded "
+         "by the engine); %.0f decoded by nvJPEG, %.0f sent back to the CPU; %d reference images compared: mean "
+         "difference %.3f, worst %.3f (%s)\n",
+         d.errors_equal, d.entropy_damaged, stat_of(&gpu, "gpu_decoded"), stat_of(&gpu, "gpu_fallbacks"),
+         d.compared, d.sum / d.compared, d.worst, w ? w->path : d.worst_key);
+  print_top(&d);
+  ASSERT_GT(stat_of(&gpu, "gpu_decoded"), 50);
+  if (d.worst > 2.0) {
+    printf("FAILED: %s differs from the CPU's pixels by %.3f levels on average (limit 2)\n",
+           w ? w->path : d.worst_key, d.worst);
+    failures++;
+  }
+  free_copy(&cpu);
+  free_copy(&gpu);
+}
+
+// With on_error=fail each batch with a bad sample is an error naming its first bad sample: the same
+// message for every batch on both paths (but where the CPU's names an entropy-damaged file).
+static void same_messages(const char *shards) {
+  char source[4096];
+  snprintf(source, sizeof source, "%s/jpeg-sweep.tar", shards);
+  static char seen[2][64][600];
+  int n[2] = {0, 0};
+  const char *modes[] = {"decode=cpu", "device=cuda:0 decode=gpu"};
+  for (int m = 0; m < 2; m++) {
+    char opts[400];
+    snprintf(opts, sizeof opts, "batch_size=32 image_size=64 seed=5 workers=4 shuffle=0 max_pixels=40000000 "
+                                "on_error=fail log=quiet %s", modes[m]);
+    dl_loader *l;
+    OPEN_OK(l, source, opts);
+    dl_batch *b;
+    int r;
+    while ((r = dl_next_batch(l, &b)) != DL_EOF) {
+      ASSERT_LT(n[m], 64);
+      if (r == 0) {
+        dl_batch_release(b, NULL);
+        snprintf(seen[m][n[m]++], sizeof seen[m][0], "ok");
+      } else {
+        snprintf(seen[m][n[m]++], sizeof seen[m][0], "%s: %s", dl_errname(r), dl_last_error());
+      }
+    }
+    dl_close(l);
+  }
+  ASSERT_EQ(n[1], n[0]);
+  int errors = 0, skipped = 0;
+  const char *example = NULL;
+  for (int i = 0; i < n[0]; i++) {
+    bool damaged = false;
+    for (int f = 0; f < nrows; f++) {
+      char member[64];
+      snprintf(member, sizeof member, "member %s.", rows[f].member);
+      damaged |= is_entropy_damaged(rows[f].path) && strstr(seen[0][i], member);
+    }
+    if (damaged) {
+      skipped++;
+      continue;
+    }
+    ASSERT_STR_EQ(seen[1][i], seen[0][i]);
+    if (strcmp(seen[0][i], "ok")) {
+      errors++;
+      example = example ? example : seen[0][i];
+    }
+  }
+  ASSERT_GT(errors, 3);
+  printf("on_error=fail: the same message for %d failed batches on both paths (%d batches whose first error is "
+         "entropy damage left out), e.g. \"%s\"\n", errors, skipped, example);
+}
+
+static void synthetic_sets(const char *dir) {
+  const int codings[][2] = {{90, 420}, {96, 444}};
+  for (int c = 0; c < 2; c++) {
+    char source[600];
+    for (int s = 0; s < 3; s++) {
+      char path[600];
+      snprintf(path, sizeof path, "%s/q%d-%d-%d.tar", dir, codings[c][0], codings[c][1], s);
+      FILE *f = fopen(path, "wb");
+      ASSERT(f);
+      for (int i = 0; i < 32; i++) {
+        char key[32];
+        snprintf(key, sizeof key, "%05d", s * 32 + i);
+        test_tar_synthetic(f, key, 1000 + s * 32 + i, i, codings[c][0], codings[c][1]);
+      }
+      tar_write_end(f);
+      fclose(f);
+    }
+    snprintf(source, sizeof source, "%s/q%d-%d-{0..2}.tar", dir, codings[c][0], codings[c][1]);
+    const char *base = "batch_size=32 image_size=224 flip=1 seed=9 workers=4";
+    char opts[400];
+    stream_copy cpu, gpu, hybrid;
+    snprintf(opts, sizeof opts, "%s decode=cpu", base);
+    collect_from(source, opts, &cpu);
+    snprintf(opts, sizeof opts, "%s device=cuda:0 decode=gpu", base);
+    collect_from(source, opts, &gpu);
+    snprintf(opts, sizeof opts, "%s device=cuda:0 decode=hybrid", base);
+    collect_from(source, opts, &hybrid);
+    diff_report d, h;
+    compare_runs(&cpu, &gpu, NULL, &d);
+    compare_runs(&cpu, &hybrid, NULL, &h);
+    printf("synthetic q%d %d: %.0f of %d decoded by nvJPEG, mean difference %.3f, worst %.3f (%s); hybrid split "
+           "%.0f GPU / %.0f CPU, worst %.3f\n",
+           codings[c][0], codings[c][1], stat_of(&gpu, "gpu_decoded"), d.compared, d.sum / d.compared, d.worst,
+           d.worst_key, stat_of(&hybrid, "gpu_decoded"), stat_of(&hybrid, "cpu_decoded"), h.worst);
+    print_top(&d);
+    ASSERT_EQ(stat_of(&gpu, "gpu_decoded"), 96);
+    ASSERT_GT(stat_of(&hybrid, "gpu_decoded"), 0);
+    if (d.worst > 2.0 || h.worst > 2.0) {
+      printf("FAILED: synthetic q%d %d differs from the CPU's pixels by %.3f / %.3f levels (limit 2)\n",
+             codings[c][0], codings[c][1], d.worst, h.worst);
+      failures++;
+    }
+    free_copy(&cpu);
+    free_copy(&gpu);
+    free_copy(&hybrid);
+  }
+}
+
+static bool same_bytes(const stream_copy *a, const stream_copy *b) {
+  if (a->batches != b->batches)
+    return false;
+  for (int k = 0; k < a->batches; k++)
+    if (a->bytes[k] != b->bytes[k] || memcmp(a->image[k], b->image[k], a->bytes[k]))
+      return false;
+  return true;
+}
+
+static void determinism(const char *dir) {
+  char source[600];
+  snprintf(source, sizeof source, "%s/q90-420-{0..2}.tar", dir);
+  const char *modes[] = {"decode=gpu", "decode=hybrid gpu_share=0.5"};
+  for (int m = 0; m < 2; m++) {
+    stream_copy one, many;
+    char opts[400];
+    snprintf(opts, sizeof opts, "batch_size=16 image_size=96 flip=1 seed=3 epochs=2 device=cuda:0 %s workers=1",
+             modes[m]);
+    collect_from(source, opts, &one);
+    snprintf(opts, sizeof opts, "batch_size=16 image_size=96 flip=1 seed=3 epochs=2 device=cuda:0 %s workers=6",
+             modes[m]);
+    collect_from(source, opts, &many);
+    ASSERT(same_bytes(&one, &many));
+    printf("%s: the same bytes with 1 and 6 workers (%d batches)\n", modes[m], one.batches);
+    free_copy(&one);
+    free_copy(&many);
+  }
+}
+
+// The kernel's float outputs are its uint8 pixels, normalised, in either layout.
+static void float_outputs(const char *dir) {
+  char source[600];
+  snprintf(source, sizeof source, "%s/q96-444-{0..2}.tar", dir);
+  const char *base = "batch_size=32 image_size=40 flip=1 seed=2 workers=3 device=cuda:0 decode=gpu";
+  stream_copy ref;
+  collect_from(source, base, &ref);
+  check_conversions(source, &ref, base, 40, "decode=gpu");
+  free_copy(&ref);
+}
+
+int main(void) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    printf("skipped: no CUDA device here\n");
+    return TEST_SKIP;
+  }
+  const char *shards = test_shards();
+  char dir[] = "/tmp/ringfeed-test-gpu-decode-XXXXXX";
+  ASSERT(mkdtemp(dir));
+  char probe_src[600];
+  snprintf(probe_src, sizeof probe_src, "%s/jpeg-sweep.tar", shards);
+  dl_loader *probe;
+  int r = dl_open(&probe, probe_src, "device=cuda:0 decode=gpu");
+  if (r) {
+    ASSERT_EQ(r, DL_ENODEVICE);
+    printf("skipped: decode=gpu cannot run here: %s\n", dl_last_error());
+    return TEST_SKIP;
+  }
+  char stats[4096];
+  dl_stats_json(probe, stats, sizeof stats);
+  dl_close(probe);
+  const char *reason = strstr(stats, "\"decode_reason\"");
+  printf("decode=gpu here: %.*s\n", reason ? (int)(strchr(reason + 17, '"') - reason + 1) : 0, reason);
+  third_party(shards);
+  same_messages(shards);
+  synthetic_sets(dir);
+  determinism(dir);
+  float_outputs(dir);
+  char cmd[700];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  ASSERT_EQ(system(cmd), 0);
+  return failures ? 1 : 0;
+}

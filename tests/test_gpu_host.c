@@ -1,0 +1,213 @@
+/*
+ * The host's side of JPEG decoding on the GPU, which runs without a GPU:
+ * - every JPEG of the third-party test data that the workers would hand to nvJPEG decodes on the
+ *   CPU without complaint (so a file libjpeg rejects is never a GPU sample: it stays on the CPU,
+ *   which names it as it always has), and the usual suspects go where they should (progressive
+ *   to the CUDA decoder, arithmetic, 12-bit, CMYK and truncated files to the CPU);
+ * - the region the engine decodes holds the crop and its filter's reach, on the 16-pixel grid;
+ * - decode=gpu and decode=hybrid without a GPU fail at open with DL_ENODEVICE and the reason;
+ *   decode=auto decodes on the CPU and says so in the stats; a missing nvJPEG is named.
+ */
+#include "gpu/gpu.h"
+#include "gpu/nvjpeg.h"
+#include "internal.h"
+#include "ringfeed.h"
+#include "entropy_damaged.h"
+#include "test.h"
+
+#include <ftw.h>
+#include <math.h>
+#include <stdlib.h>
+
+static dl_loader l;
+static dl_batch slot;
+static dl__gpu_job jobs[1];
+static uint8_t *arena;
+static dl__image_decoder cpu;
+static int seen, to_engine, to_cuda, to_cpu, cpu_ok_only, entropy_faults;
+
+static uint8_t *read_file(const char *path, size_t *n) {
+  FILE *f = fopen(path, "rb");
+  if (!f)
+    return NULL;
+  fseek(f, 0, SEEK_END);
+  long len = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  uint8_t *p = len > 0 ? malloc((size_t)len) : NULL;
+  if (p && fread(p, 1, (size_t)len, f) != (size_t)len) {
+    free(p);
+    p = NULL;
+  }
+  fclose(f);
+  *n = (size_t)len;
+  return p;
+}
+
+/* Where the workers would send this file, with and without JPEG engines. */
+static int route(const uint8_t *p, size_t n, bool engines, uint64_t key) {
+  l.gpu_hw = engines;
+  memcpy(arena, p, n);
+  if (!dl__gpu_plan(&l, &slot, 0, 7, arena, arena, n, key))
+    return 0;
+  return jobs[0].engine;
+}
+
+static int visit(const char *path, const struct stat *st, int type, struct FTW *ftw) {
+  (void)ftw;
+  if (type != FTW_F || st->st_size < 4 || st->st_size > (16 << 20))
+    return 0;
+  size_t n;
+  uint8_t *p = read_file(path, &n);
+  if (!p || p[0] != 0xFF || p[1] != 0xD8) {
+    free(p);
+    return 0;
+  }
+  seen++;
+  uint64_t key = (uint64_t)seen * 7919;
+  int with = route(p, n, true, key), without = route(p, n, false, key);
+  if (with || without) {
+    /* The GPU may take it: libjpeg, the judge of every file, must find nothing wrong with its
+     * markers. Damage inside the entropy-coded data shows only to a decoder: nvJPEG's own
+     * refusal sends such a file back to the CPU (checked on a GPU by test_cuda). */
+    dl__err e = {0};
+    uint8_t *out = malloc(l.sample_bytes);
+    if (dl__image_decode(&cpu, &l, p, n, key, out, &e)) {
+      if (!strstr(e.msg, "premature end of data segment") || !is_entropy_damaged(path))
+        FAIL_AT("%s goes to the GPU, but the CPU says: %s", path, e.msg);
+      entropy_faults++;
+    }
+    free(out);
+    ASSERT_EQ(jobs[0].index, 7);
+    ASSERT_EQ(jobs[0].len, n);
+    ASSERT_EQ(jobs[0].at, 0);
+  } else {
+    dl__err e = {0};
+    uint8_t *out = malloc(l.sample_bytes);
+    if (dl__image_decode(&cpu, &l, p, n, key, out, &e) == 0)
+      cpu_ok_only++; /* fine on the CPU, unusual enough to stay there */
+    free(out);
+  }
+  to_engine += with == DL__GPU_ENGINE_HW;
+  to_cuda += with == DL__GPU_ENGINE_CUDA;
+  to_cpu += !with;
+  if (with == DL__GPU_ENGINE_HW)
+    ASSERT_EQ(without, DL__GPU_ENGINE_CUDA); /* without engines the CUDA decoder takes the same */
+  free(p);
+  return 0;
+}
+
+static int route_file(const char *testdata, const char *rel, bool engines) {
+  char path[4096];
+  snprintf(path, sizeof path, "%s/%s", testdata, rel);
+  size_t n;
+  uint8_t *p = read_file(path, &n);
+  if (!p)
+    FAIL_AT("cannot read %s", path);
+  int r = route(p, n, engines, 42);
+  free(p);
+  return r;
+}
+
+static void routes(const char *testdata) {
+  l.arena_bytes = 16 << 20;
+  l.gpu_pool = 256 << 20;
+  l.sample_bytes = (size_t)l.o.height * l.o.width * l.o.channels;
+  arena = malloc(l.arena_bytes);
+  slot.arena = arena;
+  slot.jobs = jobs;
+  ASSERT_EQ(dl__image_decoder_init(&cpu), 0);
+  ASSERT_EQ(nftw(testdata, visit, 16, FTW_PHYS), 0);
+  printf("%d JPEG-looking files: %d to the engine, %d to the CUDA decoder (%d with damaged entropy-coded "
+         "data), %d stay on the CPU (%d of those decode there)\n",
+         seen, to_engine, to_cuda, entropy_faults, to_cpu, cpu_ok_only);
+  ASSERT_GT(seen, 300);
+  ASSERT_EQ(entropy_faults, (int)(sizeof entropy_damaged / sizeof *entropy_damaged));
+  ASSERT_GT(to_engine, 20);
+  ASSERT_GT(to_cuda, 0);
+  ASSERT_EQ(route_file(testdata, "libjpeg-turbo/testimages/testorig.jpg", true), DL__GPU_ENGINE_HW);
+  ASSERT_EQ(route_file(testdata, "libjpeg-turbo/testimages-historical/testimgp.jpg", true), DL__GPU_ENGINE_CUDA);
+  ASSERT_EQ(route_file(testdata, "libjpeg-turbo/testimages/testimgari.jpg", true), 0);
+  ASSERT_EQ(route_file(testdata, "libjpeg-turbo/testimages/monkey12.jpg", true), 0);
+  ASSERT_EQ(route_file(testdata, "jpeg-decoder/tests/reftest/images/ycck.jpg", true), 0);
+  ASSERT_EQ(route_file(testdata, "jpeg-decoder/tests/reftest/images/partial_progressive.jpg", true), 0);
+  /* A baseline file cut short: the data never reaches its EOI. */
+  char path[4096];
+  snprintf(path, sizeof path, "%s/libjpeg-turbo/testimages/testorig.jpg", testdata);
+  size_t n;
+  uint8_t *p = read_file(path, &n);
+  ASSERT(p);
+  ASSERT_EQ(route(p, n - 100, true, 1), 0);
+  ASSERT_EQ(route(p, n, true, 1), DL__GPU_ENGINE_HW);
+  /* The engine's region: the crop and its filter's reach, on the 16-pixel grid, inside the image. */
+  const dl__gpu_job *g = &jobs[0];
+  double sx = fmax(g->rect[2] / l.o.width, 1), sy = fmax(g->rect[3] / l.o.height, 1);
+  ASSERT(g->roi[0] % 16 == 0 && g->roi[1] % 16 == 0);
+  ASSERT(g->roi[0] <= g->rect[0] - sx || g->roi[0] == 0);
+  ASSERT(g->roi[1] <= g->rect[1] - sy || g->roi[1] == 0);
+  ASSERT(g->roi[0] + g->roi[2] >= g->rect[0] + g->rect[2] + sx || g->roi[0] + g->roi[2] == g->width);
+  ASSERT(g->roi[1] + g->roi[3] >= g->rect[1] + g->rect[3] + sy || g->roi[1] + g->roi[3] == g->height);
+  ASSERT(g->roi[0] + g->roi[2] <= g->width && g->roi[1] + g->roi[3] <= g->height);
+  /* Too large for the pool: the CPU's. */
+  l.gpu_pool = 1000;
+  ASSERT_EQ(route(p, n, true, 1), 0);
+  free(p);
+  free(arena);
+  dl__image_decoder_free(&cpu);
+}
+
+static void choices(const char *shards) {
+  char source[4096];
+  snprintf(source, sizeof source, "%s/format-tar-gnu.tar", shards);
+  dl_loader *x;
+  const char *asks[] = {"decode=gpu", "decode=hybrid"};
+  for (int i = 0; i < 2; i++) {
+    ASSERT_EQ(dl_open(&x, source, asks[i]), DL_ENODEVICE);
+    ASSERT_CONTAINS(dl_last_error(), asks[i]);
+    ASSERT_CONTAINS(dl_last_error(), "device=cpu");
+  }
+  char opts[128];
+  snprintf(opts, sizeof opts, "%s device=cuda:0", asks[0]);
+  ASSERT_EQ(dl_open(&x, source, opts), DL_ENODEVICE); /* no GPU here, or none built in */
+  ASSERT_EQ(dl_open(&x, source, "decode=sometimes"), DL_EOPTION);
+  ASSERT_CONTAINS(dl_last_error(), "decode=sometimes");
+  ASSERT_EQ(dl_open(&x, source, "gpu_share=1.5"), DL_EOPTION);
+  ASSERT_EQ(dl_open(&x, source, "gpu_decode_mb=1"), DL_EOPTION);
+  OPEN_OK(x, source, "decode=auto batch_size=2 workers=1");
+  dl_batch *b;
+  int n = 0;
+  while (dl_next_batch(x, &b) == 0) {
+    n += dl_batch_size(b);
+    dl_batch_release(b, NULL);
+  }
+  ASSERT_EQ(n, 2);
+  char stats[4096];
+  ASSERT_GT(dl_stats_json(x, stats, sizeof stats), 0);
+  ASSERT_CONTAINS(stats, "\"decode_backend\":\"cpu\"");
+  ASSERT_CONTAINS(stats, "\"decode_reason\":\"device=cpu\"");
+  ASSERT_CONTAINS(stats, "\"cpu_decoded\":2");
+  ASSERT_CONTAINS(stats, "\"gpu_decoded\":0");
+  dl_close(x);
+  printf("decode=gpu|hybrid without a GPU: DL_ENODEVICE; decode=auto: decode_backend cpu\n");
+}
+
+/* A named library that is not there: not found, and the message says where it looked. */
+static void missing_nvjpeg(void) {
+  setenv("RINGFEED_NVJPEG", "/nonexistent/libnvjpeg.so.13", 1);
+  char why[1024] = "";
+  ASSERT(dl__nvjpeg_load(why, sizeof why) == NULL);
+  ASSERT_CONTAINS(why, "nvJPEG not found");
+  ASSERT_CONTAINS(why, "/nonexistent/libnvjpeg.so.13");
+  ASSERT_STR_EQ(dl__nvjpeg_status_name(3), "NVJPEG_STATUS_BAD_JPEG");
+  printf("nvJPEG named by RINGFEED_NVJPEG and absent: %s\n", why);
+}
+
+int main(void) {
+  const char *shards = test_shards();
+  const char *testdata = getenv("DL_TESTDATA");
+  ASSERT(testdata && *testdata);
+  ASSERT_EQ(dl__options_parse(&l.o, "image_size=64 crop=random_resized flip=1"), 0);
+  routes(testdata);
+  choices(shards);
+  missing_nvjpeg();
+  return 0;
+}
