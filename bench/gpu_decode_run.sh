@@ -1,0 +1,138 @@
+#!/bin/sh
+# JPEG decoding on the GPU: its checks and figures in one run on a GPU machine, over binaries built
+# elsewhere (`make device`) and the shards tests/make_shards.sh made. The one thing compiled here is
+# the check of ringfeed's nvJPEG declarations against this machine's nvjpeg.h. Every step has its own
+# time limit and adds its output to $OUT/run.log and its row to $OUT/table.md as it finishes (so a
+# run cut short still tells where it was); the table is printed last.
+# Usage: bench/gpu_decode_run.sh [BUILD_DIR] [SHARDS_DIR] [PARTS]
+#   PARTS: any of abi tests bench train sanitize (default: all of them); N=images per synthetic set
+set -u
+build=${1:-build-device}
+shards=${2:-$build/tests/shards}
+parts=${3:-abi tests sanitize bench train}
+n=${N:-10000}
+dest=${OUT:-out}
+out=$(mktemp -d /tmp/ringfeed-gpu-decode.XXXXXX)
+mkdir -p "$dest"
+export XDG_CACHE_HOME=${XDG_CACHE_HOME:-/tmp/ringfeed-cache}
+export DL_LOG_LEVEL=${DL_LOG_LEVEL:-1}
+workers=$(nproc)
+table="$dest/table.md"
+: > "$table"
+: > "$dest/run.log"
+row() { echo "| $1 | $2 |" >> "$table"; }
+# Appends a step's log to run.log, under its name.
+keep() { for f in "$@"; do printf '\n===== %s\n' "$(basename "$f")" >> "$dest/run.log"; tail -c 20000 "$f" >> "$dest/run.log"; done; }
+num() { sed -n "s/.*\"$2\": *\([0-9.e+-]*\).*/\1/p" "$1" | head -1; }
+str() { sed -n "s/.*\"$2\":\"\([^\"]*\)\".*/\1/p" "$1" | head -1; }
+has() { case " $parts " in *" $1 "*) return 0 ;; esac; return 1; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN{ if (b > 0) printf "%.2f", a / b; else print "-" }'; }
+
+row "GPU" "$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1)"
+
+# 1. ringfeed's own nvJPEG declarations against the header, and where nvJPEG is.
+if has abi; then
+  hdr=$(ls /usr/local/cuda/include/nvjpeg.h /usr/local/cuda/targets/*/include/nvjpeg.h 2> /dev/null | head -1)
+  if [ -n "$hdr" ]; then
+    nvcc -std=c++17 -DDL_WITH_CUDA -Ilib -I"$(dirname "$hdr")" bench/nvjpeg_abi_check.cpp -o "$out/abi_check" \
+      > "$out/abi.log" 2>&1 && "$out/abi_check" >> "$out/abi.log" 2>&1
+    row "nvJPEG declarations vs $hdr" "exit $? ($(tail -1 "$out/abi.log"))"
+    keep "$out/abi.log"
+  else
+    row "nvJPEG declarations" "no nvjpeg.h on this machine"
+  fi
+  ls -l /usr/local/cuda/lib64/libnvjpeg* > "$out/nvjpeg-files.txt" 2>&1
+  ldd /usr/local/cuda/lib64/libnvjpeg.so.* >> "$out/nvjpeg-files.txt" 2>&1
+  keep "$out/nvjpeg-files.txt"
+fi
+
+# 2. The tests: GPU decode against the CPU path, the GPU stage with both decoders.
+if has tests; then
+  for t in test_gpu_decode test_cuda; do
+    DL_TEST_SHARDS="$shards" "$build/tests/$t" > "$out/$t.log" 2>&1 &
+    pid=$!
+    waited=0
+    while kill -0 $pid 2> /dev/null && [ $waited -lt 120 ]; do sleep 1; waited=$((waited + 1)); done
+    if kill -0 $pid 2> /dev/null; then # stuck: where every thread is, then stop it
+      cuda-gdb -p $pid -batch -ex "thread apply all bt" > "$out/$t-stuck.txt" 2>&1
+      kill -9 $pid
+      keep "$out/$t-stuck.txt"
+    fi
+    wait $pid
+    row "$t" "exit $? ($(grep -vE '^ringfeed|^$|^slow consumer' "$out/$t.log" | tail -1))"
+    keep "$out/$t.log"
+  done
+  grep -E "third-party|synthetic|on_error|workers|relative|leaks|slow consumer" "$out/test_gpu_decode.log" \
+    "$out/test_cuda.log" | sed 's/^[^:]*: *//' > "$out/test_lines.txt"
+  while read -r line; do row "&nbsp;" "$line"; done < "$out/test_lines.txt"
+  if python3 -c "import torch; assert torch.cuda.is_available()" 2> /dev/null; then
+    RINGFEED_LIBRARY="$PWD/$build/libringfeed.so" timeout 120 python3 -m pytest -q \
+      bindings/python/tests/test_cuda_binding.py > "$out/pytest.log" 2>&1
+    row "pytest test_cuda_binding.py" "$(tail -1 "$out/pytest.log")"
+    keep "$out/pytest.log"
+  fi
+fi
+
+# 4. Side by side on two sets: decode=cpu, gpu, hybrid; nvJPEG alone through torchvision; the
+#    PyTorch DataLoader with torchvision.io. RandomResizedCrop(224) + flip, uint8 to cuda:0.
+if has bench; then
+  q90=$("$build/dlbench" --synthetic "$n" --make-synthetic 2> "$out/make-q90.log")
+  q96=$("$build/dlbench" --synthetic "$n" --quality 96 --subsampling 444 --make-synthetic 2> "$out/make-q96.log")
+  for set in q90 q96; do
+    eval src=\$$set
+    cat "$(dirname "$src")"/*.tar > /dev/null # into the page cache, for every contender alike
+    bench="$build/dlbench $src --workers $workers --batch 256 --size 224 --flip --device cuda:0 --json"
+    for mode in cpu gpu hybrid; do
+      timeout 120 $bench --epochs 3 --decode $mode > "$out/$set-$mode.json" 2> "$out/$set-$mode.err"
+      keep "$out/$set-$mode.json" "$out/$set-$mode.err"
+    done
+    timeout 120 python3 bench/nvjpeg_alone.py --shards "$src" --batch 256 --epochs 2 > "$out/$set-tv-alone.json" \
+      2> "$out/$set-tv-alone.err"
+    keep "$out/$set-tv-alone.json" "$out/$set-tv-alone.err"
+    timeout 150 python3 bench/compare_torch.py --only torch-tvio --shards "$src" --workers "$workers" --batch 256 \
+      --epochs 2 --device cuda:0 > "$out/$set-dataloader.json" 2> "$out/$set-dataloader.err"
+    keep "$out/$set-dataloader.json" "$out/$set-dataloader.err"
+    cpu=$(num "$out/$set-cpu.json" steady_samples_per_s)
+    dl=$(num "$out/$set-dataloader.json" images_per_s)
+    for mode in cpu gpu hybrid; do
+      j="$out/$set-$mode.json"
+      row "$set decode=$mode" "$(num "$j" steady_samples_per_s) images/s steady ($(num "$j" samples_per_s) with start-up), x$(ratio "$(num "$j" steady_samples_per_s)" "$cpu") of cpu, x$(ratio "$(num "$j" steady_samples_per_s)" "$dl") of DataLoader; first batch $(num "$j" first_batch_ms) ms; gpu $(num "$j" gpu_decoded) / cpu $(num "$j" cpu_decoded) images, fallbacks $(num "$j" gpu_fallbacks), share $(num "$j" gpu_share); GPU decode $(num "$j" gpu_decode_ms) ms/batch, copies $(num "$j" h2d_gpu_ms) ms total; pinned $(num "$j" pinned_mb) MB, device $(num "$j" device_mb) MB ours, $(num "$j" device_mem_open_mb) MB at open / $(num "$j" device_mem_end_mb) MB at the end in all, RSS $(num "$j" peak_rss_mb) MB"
+    done
+    row "$set nvJPEG alone (torchvision decode_jpeg device=cuda, batch 256, whole images)" "$(num "$out/$set-tv-alone.json" images_per_s) images/s, $(num "$out/$set-tv-alone.json" mean_jpeg_kb) KB per JPEG"
+    row "$set PyTorch DataLoader, torchvision.io, $workers workers" "$dl images/s steady"
+    hyb=$(num "$out/$set-hybrid.json" steady_samples_per_s)
+    row "$set hybrid / cpu, / DataLoader, / nvJPEG alone" "$(ratio "$hyb" "$cpu"), $(ratio "$hyb" "$dl"), $(ratio "$hyb" "$(num "$out/$set-tv-alone.json" images_per_s)")"
+    step=$(awk -v s="$hyb" 'BEGIN{ if (s > 0) printf "%.3f", 1.2 * 256 / s * 1000; else print 100 }')
+    timeout 120 $bench --epochs 3 --decode hybrid --step-ms "$step" > "$out/$set-step.json" 2> "$out/$set-step.err"
+    keep "$out/$set-step.json" "$out/$set-step.err"
+    row "$set hybrid, GPU consumer --step-ms $step (1.2 x batch time)" "gpu_idle_frac $(num "$out/$set-step.json" gpu_idle_frac), $(num "$out/$set-step.json" samples_per_s) images/s, share $(num "$out/$set-step.json" gpu_share)"
+  done
+fi
+
+# 5. Training: ResNet-50 for 300 steps, JPEGs decoded on the CPU, then as decode=auto chooses.
+if has train && python3 -c "import torch, torchvision; assert torch.cuda.is_available()" 2> /dev/null; then
+  src=$("$build/dlbench" --synthetic "$n" --make-synthetic 2> /dev/null)
+  for mode in cpu auto; do
+    RINGFEED_LIBRARY="$PWD/$build/libringfeed.so" timeout 300 python3 examples/train_imagenet.py --data "$src" \
+      --steps 300 --epochs 0 --decode $mode > "$out/train-$mode.log" 2>&1
+    row "train_imagenet.py ResNet-50 bf16, 300 steps, decode=$mode" "exit $? $(tail -1 "$out/train-$mode.log")"
+    keep "$out/train-$mode.log"
+  done
+fi
+
+# 6. Memory and race checks of the GPU tests (last: the slowest).
+if has sanitize && command -v compute-sanitizer > /dev/null; then
+  for tool in memcheck racecheck; do
+    for t in ${SANITIZE_TESTS:-test_cuda test_gpu_decode}; do
+      DL_TEST_SHARDS="$shards" RINGFEED_UNDER_SANITIZER=1 timeout ${SANITIZE_LIMIT:-240} compute-sanitizer --tool $tool \
+        --error-exitcode 9 "$build/tests/$t" > "$out/sanitizer-$tool-$t.log" 2>&1
+      row "compute-sanitizer $tool $t" "exit $? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' \
+        "$out/sanitizer-$tool-$t.log" | tail -1))"
+      keep "$out/sanitizer-$tool-$t.log"
+    done
+  done
+fi
+
+tar -czf "$dest/all.tar.gz" -C "$out" .
+echo
+cat "$table"
