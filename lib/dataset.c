@@ -43,18 +43,40 @@ int dl__dataset_add_file(dl__dataset *ds, const char *path, uint32_t *index) {
   return 0;
 }
 
-int dl__dataset_open_file(dl__dataset *ds, const char *path, uint32_t *file, uint64_t *size, int64_t *mtime_ns) {
-  int rc = dl__dataset_add_file(ds, path, file);
-  if (rc)
-    return rc;
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  struct stat st;
-  if (fd < 0 || fstat(fd, &st)) {
-    rc = dl__fail(-errno, "shard %s: %s", path, strerror(errno));
+int dl__open_regular(const char *path, const char *what, struct stat *st) {
+  /* O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer, forever. */
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  struct stat own;
+  st = st ? st : &own;
+  if (fd < 0 || fstat(fd, st)) {
+    int rc = dl__fail(-errno, "%s %s: %s", what, path, strerror(errno));
     if (fd >= 0)
       close(fd);
     return rc;
   }
+  if (!S_ISREG(st->st_mode)) {
+    close(fd);
+    return dl__fail(S_ISDIR(st->st_mode) ? -EISDIR : DL_EUNSUPPORTED, "%s %s: %s", what, path,
+                    S_ISDIR(st->st_mode) ? "is a folder" : "not a regular file (a FIFO, device or socket)");
+  }
+  /* Back to blocking reads: io_uring would answer EAGAIN instead of waiting for the disk. */
+  int flags = fcntl(fd, F_GETFL);
+  if (flags < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK)) {
+    int rc = dl__fail(-errno, "%s %s: %s", what, path, strerror(errno));
+    close(fd);
+    return rc;
+  }
+  return fd;
+}
+
+int dl__dataset_open_file(dl__dataset *ds, const char *path, uint32_t *file, uint64_t *size, int64_t *mtime_ns) {
+  int rc = dl__dataset_add_file(ds, path, file);
+  if (rc)
+    return rc;
+  struct stat st;
+  int fd = dl__open_regular(path, "shard", &st);
+  if (fd < 0)
+    return fd;
   ds->fds[*file] = fd;
   *size = (uint64_t)st.st_size;
   if (mtime_ns)

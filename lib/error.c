@@ -71,6 +71,17 @@ int dl__err_set(dl__err *e, int code, const char *fmt, ...) {
   return code;
 }
 
+int dl__err_prefix(dl__err *e, const char *fmt, ...) {
+  char prefix[DL__MSG_MAX], msg[DL__MSG_MAX];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(prefix, sizeof prefix, fmt, ap);
+  va_end(ap);
+  snprintf(msg, sizeof msg, "%s%s", prefix, e->msg);
+  memcpy(e->msg, msg, sizeof e->msg);
+  return e->code;
+}
+
 void dl__log(int level, const char *fmt, ...) {
   static const char *names[] = {"", "error", "warning", "info", "debug"};
   if (level > dl__log_level)

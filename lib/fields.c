@@ -29,18 +29,24 @@ static int payload_prefix(const dl__dataset *ds, const dl__sample *s, const dl__
                           dl__buf *out, size_t *n, size_t *total, dl__err *e) {
   /* The loader's own descriptor where it keeps one (buffered); else the file opened for this read. */
   bool own = ds->fds[s->file] < 0 || ds->direct[s->file];
-  int fd = own ? open(ds->files[s->file], O_RDONLY | O_CLOEXEC) : ds->fds[s->file];
+  int fd = own ? dl__open_regular(ds->files[s->file], "file", NULL) : ds->fds[s->file];
   if (fd < 0)
-    return dl__err_set(e, -errno, "%s", strerror(errno));
+    return dl__err_set(e, fd, "%s", dl_last_error());
   size_t want = ref->kind == DL__REF_NPY ? (ref->len < HEADER_PREFIX ? ref->len : HEADER_PREFIX) : ref->len;
   if (ref->kind == DL__REF_NPY_ZST && want > (64u << 20))
     want = 64u << 20;
-  int r = dl__buf_reserve(raw, want ? want : 1);
-  ssize_t got = r ? -1 : pread(fd, raw->p, want, (off_t)(s->offset + ref->at));
+  if (dl__buf_reserve(raw, want ? want : 1)) {
+    if (own)
+      close(fd);
+    return dl__err_set(e, -ENOMEM, "out of memory");
+  }
+  int64_t got = dl__pread_full(fd, raw->p, want, s->offset + ref->at);
   if (own)
     close(fd);
-  if (got != (ssize_t)want)
-    return dl__err_set(e, DL_ECORRUPT, "cannot read the field's %zu bytes", want);
+  if (got < 0)
+    return dl__err_set(e, (int)got, "cannot read the field's %zu bytes: %s", want, strerror((int)-got));
+  if (got != (int64_t)want)
+    return dl__err_set(e, DL_ECORRUPT, "cannot read the field's %zu bytes: the file ends early", want);
   if (ref->kind != DL__REF_NPY_ZST) {
     if (dl__buf_reserve(out, want ? want : 1))
       return dl__err_set(e, -ENOMEM, "out of memory");
@@ -50,8 +56,8 @@ static int payload_prefix(const dl__dataset *ds, const dl__sample *s, const dl__
     return 0;
   }
   unsigned long long content = ZSTD_getFrameContentSize(raw->p, want);
-  ZSTD_DStream *z = ZSTD_createDStream();
-  if (!z || dl__buf_reserve(out, HEADER_PREFIX))
+  ZSTD_DStream *z = NULL;
+  if (dl__buf_reserve(out, HEADER_PREFIX) || !(z = ZSTD_createDStream()))
     return dl__err_set(e, -ENOMEM, "out of memory");
   ZSTD_inBuffer in = {raw->p, want, 0};
   ZSTD_outBuffer o = {out->p, HEADER_PREFIX, 0};
@@ -136,11 +142,12 @@ int dl__fields_schema(dl_loader *l) {
       rc = dl__fail(DL_ECORRUPT, "field %s: no sample holds a readable .npy payload", fd->name);
       break;
     }
-    size_t count = 1;
-    for (int d = 0; d < fd->ndim; d++)
-      count *= (size_t)fd->shape[d];
-    fd->sample_bytes = count * dtype_bytes(fd->dtype);
-    if (fd->sample_bytes > (size_t)l->o.max_member_bytes)
+    uint64_t bytes = dtype_bytes(fd->dtype);
+    bool fits = true;
+    for (int d = 0; d < fd->ndim && fits; d++)
+      fits = dl__mul_ok(bytes, (uint64_t)fd->shape[d], &bytes);
+    fd->sample_bytes = fits ? (size_t)bytes : SIZE_MAX;
+    if (!rc && fd->sample_bytes > (size_t)l->o.max_member_bytes)
       rc = dl__fail(DL_ELIMIT, "field %s: %zu bytes per sample, above max_member_bytes", fd->name,
                     fd->sample_bytes);
     fd->at = at;
@@ -202,13 +209,13 @@ int dl__fields_fill(dl_loader *l, const dl__sample *s, const uint8_t *bytes, dl_
     if (ref->kind == DL__REF_NPY_ZST) {
       size_t got;
       if (dl__zstd_inflate(zctx, p, n, fd->sample_bytes + HEADER_PREFIX, zbuf, &got, e))
-        return dl__err_set(e, e->code, "field %s: %s", fd->name, e->msg);
+        return dl__err_prefix(e, "field %s: ", fd->name);
       p = zbuf->p;
       n = got;
     }
     dl__npy npy;
     if (dl__npy_parse(p, n, n, &npy, e))
-      return dl__err_set(e, e->code, "field %s: %s", fd->name, e->msg);
+      return dl__err_prefix(e, "field %s: ", fd->name);
     bool same_type = npy.dtype.code == fd->dtype.code && npy.dtype.bits == fd->dtype.bits;
     bool same_shape = npy.ndim == fd->ndim;
     for (int d = 0; same_shape && d < fd->ndim; d++)

@@ -35,6 +35,11 @@ typedef struct dl__err {
 } dl__err;
 
 int dl__err_set(dl__err *e, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Puts context before E's message ("field x: " + message); returns E's code. */
+int dl__err_prefix(dl__err *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* A * B into *OUT, or false when it overflows: every size derived from a file goes through it. */
+static inline bool dl__mul_ok(uint64_t a, uint64_t b, uint64_t *out) { return !__builtin_mul_overflow(a, b, out); }
 
 /* ---- options (options.c) ---- */
 
@@ -135,6 +140,11 @@ int dl__dataset_field(dl__dataset *ds, const char *name, size_t len);
 int dl__dataset_add_ref(dl__dataset *ds, const dl__fref *ref);
 
 int dl__dataset_add_file(dl__dataset *ds, const char *path, uint32_t *index);
+/* Opens PATH for reading if it is a regular file, never blocking on a FIFO: the descriptor, or a
+ * negative code with a message naming WHAT ("shard", "source tokens:") and PATH. ST gets its
+ * metadata (may be NULL). */
+struct stat;
+int dl__open_regular(const char *path, const char *what, struct stat *st);
 /* Adds PATH and opens it for the loader's life (ds->fds); its size and, if asked, mtime. */
 int dl__dataset_open_file(dl__dataset *ds, const char *path, uint32_t *file, uint64_t *size, int64_t *mtime_ns);
 /* io=mmap: maps every kept-open file, so workers read samples in place. */
@@ -287,6 +297,9 @@ struct dl__io {
 };
 
 extern const dl__io_ops dl__io_pread_ops;
+/* Reads N bytes at OFF, through interrupted and short reads: the bytes read (fewer only at the end
+ * of the file) or -errno (io_pread.c). */
+int64_t dl__pread_full(int fd, void *buf, size_t n, uint64_t off);
 extern const dl__io_ops dl__io_uring_ops; /* init fails with -ENOSYS when built without */
 /* Chooses the backend for MODE once; writes why into REASON. */
 const dl__io_ops *dl__io_choose(int mode, char *reason, size_t cap, int *err);

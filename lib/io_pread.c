@@ -34,25 +34,26 @@ static void pr_fini(dl__io *io) {
   io->state = NULL;
 }
 
+int64_t dl__pread_full(int fd, void *buf, size_t n, uint64_t off) {
+  size_t got = 0;
+  while (got < n) {
+    ssize_t r = pread(fd, (char *)buf + got, n - got, (off_t)(off + got));
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r < 0)
+      return -errno;
+    if (r == 0)
+      break;
+    got += (size_t)r;
+  }
+  return (int64_t)got;
+}
+
 static int pr_submit(dl__io *io, int fd, void *buf, size_t len, uint64_t off, uint64_t tag) {
   pread_state *s = io->state;
   if (s->count == s->cap)
     return -EBUSY;
-  size_t got = 0;
-  int64_t res = 0;
-  while (got < len) {
-    ssize_t n = pread(fd, (char *)buf + got, len - got, (off_t)(off + got));
-    if (n < 0 && errno == EINTR)
-      continue;
-    if (n < 0) {
-      res = -errno;
-      break;
-    }
-    if (n == 0)
-      break;
-    got += (size_t)n;
-  }
-  s->q[(s->head + s->count) % s->cap] = (done){tag, res < 0 ? res : (int64_t)got};
+  s->q[(s->head + s->count) % s->cap] = (done){tag, dl__pread_full(fd, buf, len, off)};
   s->count++;
   return 0;
 }

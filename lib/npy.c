@@ -110,10 +110,7 @@ int dl__npy_parse(const uint8_t *p, size_t n, size_t total, dl__npy *out, dl__er
     if (!digits || out->ndim == DL__NPY_MAX_DIMS)
       return dl__err_set(e, DL_ECORRUPT, ".npy shape is malformed or has over %d dimensions", DL__NPY_MAX_DIMS);
     out->shape[out->ndim++] = (int64_t)v;
-    count *= v ? v : 1;
-    if (v == 0)
-      count = 0;
-    if (count > (1ull << 40))
+    if (!dl__mul_ok(count, v, &count) || count > (1ull << 40))
       return dl__err_set(e, DL_ELIMIT, ".npy array too large");
   }
   out->data = p + start + hlen;

@@ -154,8 +154,11 @@ int dl__rfs_open(dl__rfs *r, int fd, uint64_t file_size, char *why, size_t cap) 
   uint8_t head[HEADER], tail[TRAILER];
   if (file_size < HEADER + TRAILER)
     BAD("file of %llu bytes is too short", (unsigned long long)file_size);
-  if (pread(fd, head, HEADER, 0) != HEADER || pread(fd, tail, TRAILER, (off_t)(file_size - TRAILER)) != TRAILER)
-    BAD("cannot read header and trailer: %s", strerror(errno));
+  int64_t got_head = dl__pread_full(fd, head, HEADER, 0), got_tail = dl__pread_full(fd, tail, TRAILER, file_size - TRAILER);
+  if (got_head != HEADER || got_tail != TRAILER)
+    BAD("cannot read header and trailer: %s", got_head < 0   ? strerror((int)-got_head)
+                                              : got_tail < 0 ? strerror((int)-got_tail)
+                                                             : "the file ends early (truncated?)");
   if (memcmp(head, "RFSHARD1", 8) || get32(head + 8) != 1)
     BAD("not a version-1 ringfeed shard");
   r->align = get32(head + 12);
@@ -171,9 +174,10 @@ int dl__rfs_open(dl__rfs *r, int fd, uint64_t file_size, char *why, size_t cap) 
   uint8_t *idx = malloc(isize ? isize : 1);
   if (!idx)
     return -ENOMEM;
-  if (pread(fd, idx, isize, (off_t)ioff) != (ssize_t)isize) {
+  int64_t got = dl__pread_full(fd, idx, isize, ioff);
+  if (got != (int64_t)isize) {
     free(idx);
-    BAD("cannot read the index");
+    BAD("cannot read the index: %s", got < 0 ? strerror((int)-got) : "the file ends early (truncated?)");
   }
   int rc;
   if (dl__rfs_checksum(idx, isize) != get64(tail + 16)) {

@@ -98,12 +98,17 @@ int dl__expand_braces(const char *pattern, char ***out, size_t *count) {
   return 0;
 }
 
-static bool is_rfs(const char *path) {
+/* 1 for a ringfeed shard, 0 for anything else, or a negative code when PATH cannot be read: a
+ * file that fails to open is not taken for a tar. */
+static int is_rfs(const char *path) {
+  int fd = dl__open_regular(path, "source", NULL);
+  if (fd < 0)
+    return fd;
   char magic[8] = {0};
-  FILE *f = fopen(path, "rb");
-  size_t n = f ? fread(magic, 1, sizeof magic, f) : 0;
-  if (f)
-    fclose(f);
+  int64_t n = dl__pread_full(fd, magic, sizeof magic, 0);
+  close(fd);
+  if (n < 0)
+    return dl__fail((int)n, "source %s: %s", path, strerror((int)-n));
   return n == 8 && !memcmp(magic, "RFSHARD1", 8);
 }
 
@@ -113,9 +118,10 @@ static int load_path(dl__dataset *ds, const char *path, const dl__options *o) {
     return dl__fail(-errno, "source %s: %s", path, strerror(errno));
   if (S_ISDIR(st.st_mode))
     return dl__folder_load(ds, path);
-  if (is_rfs(path))
-    return dl__rfs_load(ds, path, o->direct);
-  return dl__tar_load(ds, path, o->on_error);
+  int rfs = is_rfs(path);
+  if (rfs < 0)
+    return rfs;
+  return rfs ? dl__rfs_load(ds, path, o->direct) : dl__tar_load(ds, path, o->on_error);
 }
 
 static int load_part(dl__dataset *ds, const char *part, const dl__options *o) {
@@ -201,17 +207,16 @@ int dl__tokens_load(dl__dataset *ds, const char *paths, int token_bytes, int seq
         const char *path = globbed ? g.gl_pathv[j] : list[i];
         uint32_t file;
         struct stat st;
-        if (stat(path, &st)) {
-          r = dl__fail(-errno, "source tokens:%s: %s", path, strerror(errno));
+        int fd = dl__open_regular(path, "source tokens:", &st);
+        if (fd < 0) {
+          r = fd;
           break;
         }
-        if ((r = dl__dataset_add_file(ds, path, &file)))
-          break;
-        ds->fds[file] = open(path, O_RDONLY | O_CLOEXEC);
-        if (ds->fds[file] < 0) {
-          r = dl__fail(-errno, "source tokens:%s: %s", path, strerror(errno));
+        if ((r = dl__dataset_add_file(ds, path, &file))) {
+          close(fd);
           break;
         }
+        ds->fds[file] = fd;
         uint64_t tokens = (uint64_t)st.st_size / (uint64_t)token_bytes;
         uint64_t windows = tokens > 1 ? (tokens - 1) / (uint64_t)seq_len : 0;
         const char *base = strrchr(path, '/');

@@ -24,6 +24,7 @@ typedef struct reader {
   uint8_t *win;
   uint64_t win_off;
   size_t win_len;
+  int err; /* -errno of the last read that failed (an I/O error, not the end of the file) */
 } reader;
 
 /* Returns a pointer to LEN bytes at OFF, or NULL past the end of the file or on a read error. */
@@ -33,15 +34,9 @@ static const uint8_t *read_at(reader *r, uint64_t off, size_t len) {
   if (off >= r->win_off && off + len <= r->win_off + r->win_len)
     return r->win + (off - r->win_off);
   size_t want = (size_t)(r->size - off < WINDOW ? r->size - off : WINDOW);
-  size_t got = 0;
-  while (got < want) {
-    ssize_t n = pread(r->fd, r->win + got, want - got, (off_t)(off + got));
-    if (n < 0 && errno == EINTR)
-      continue;
-    if (n <= 0)
-      break;
-    got += (size_t)n;
-  }
+  int64_t n = dl__pread_full(r->fd, r->win, want, off);
+  size_t got = n > 0 ? (size_t)n : 0;
+  r->err = n < 0 ? (int)n : 0;
   r->win_off = off;
   r->win_len = got;
   return got >= len ? r->win : NULL;
@@ -275,6 +270,8 @@ static int add_member(dl__dataset *ds, group *g, uint32_t file, const char *name
     widen(g, off, size);
   } else if (!strcasecmp(ext, "cls") && size <= 64) {
     const uint8_t *p = read_at(r, off, (size_t)size);
+    if (!p && r->err)
+      return r->err;
     bool ok = false;
     if (p)
       g->s.label = parse_label(p, (size_t)size, &ok);
@@ -304,8 +301,10 @@ int dl__tar_scan(dl__dataset *ds, uint32_t file, int fd, uint64_t file_size, int
   const char *damage = NULL;
   while (off + BLOCK <= file_size) {
     const uint8_t *h = read_at(&r, off, BLOCK);
+    if (!h && r.err)
+      break;
     if (!h) {
-      damage = "read error";
+      damage = "the file ends early";
       break;
     }
     if (is_zero_block(h))
@@ -330,6 +329,8 @@ int dl__tar_scan(dl__dataset *ds, uint32_t file, int fd, uint64_t file_size, int
         break;
       }
       const uint8_t *p = read_at(&r, data, (size_t)size);
+      if (!p && r.err)
+        break;
       if (!p) {
         damage = "extended header unreadable";
         break;
@@ -363,6 +364,8 @@ int dl__tar_scan(dl__dataset *ds, uint32_t file, int fd, uint64_t file_size, int
     if (type == '0' || type == '\0' || type == '7') {
       const char *member = name[0] == '.' && name[1] == '/' ? name + 2 : name;
       rc = add_member(ds, g, file, member, data, (uint64_t)size, &r);
+      if (rc && r.err)
+        break;
       if (rc) {
         rc = dl__fail(rc, "out of memory scanning %s", shard);
         goto done;
@@ -374,6 +377,12 @@ int dl__tar_scan(dl__dataset *ds, uint32_t file, int fd, uint64_t file_size, int
       }
     }
     off = next;
+  }
+  /* A failing disk is not a damaged file: nothing of the shard is trusted, whatever on_error says. */
+  if (r.err) {
+    rc = dl__fail(r.err, "shard %s: read error at offset %llu while indexing it: %s", shard, (unsigned long long)off,
+                  strerror(-r.err));
+    goto done;
   }
   if (!damage && off + BLOCK > file_size && off < file_size)
     damage = "trailing partial block";

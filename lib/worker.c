@@ -190,11 +190,15 @@ static bool start(struct dl__worker *w, const dl__claim *c) {
                      : dl__buf_reserve(&f->buf, len ? len : 1);
     uint8_t *into = c->arena ? c->arena : f->buf.p;
     int fd = l->ds.fds[s->file];
-    if (!r && fd < 0)
-      fd = f->own_fd = open(l->ds.files[s->file], O_RDONLY | O_CLOEXEC);
+    if (!r && fd < 0 && (fd = f->own_fd = dl__open_regular(l->ds.files[s->file], "file", NULL)) < 0) {
+      f->own_fd = -1;
+      dl__err_set(&e, fd, "%s", dl_last_error());
+      complete(w, f, &e);
+      return false;
+    }
     f->data = into + f->skip;
     if (!r)
-      r = fd < 0 ? -errno : w->io.ops->submit(&w->io, fd, into, len, off, (uint64_t)tag);
+      r = w->io.ops->submit(&w->io, fd, into, len, off, (uint64_t)tag);
     if (r == 0)
       return true;
     dl__err_set(&e, r, "read failed: %s", strerror(-r));

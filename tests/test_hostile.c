@@ -1,0 +1,174 @@
+/*
+ * Hostile sources and inputs, each a regression test for an attack that once worked: every one
+ * ends in a clean error or a counted, named skip, within a few seconds (an alarm fails the test
+ * instead of letting a hang pass).
+ */
+#include "ringfeed.h"
+#include "tar_writer.h"
+#include "test.h"
+#include "test_data.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static char dir[256];
+
+static void on_alarm(int sig) {
+  (void)sig;
+  static const char msg[] = "test_hostile: still running after the alarm: a hang\n";
+  write(2, msg, sizeof msg - 1);
+  _exit(1);
+}
+
+/* Opens SOURCE with OPTS and runs it to the end; returns the open's code, or with a loader the
+ * first batch error; *errors gets the skipped samples and LAST the message of the last failure. */
+static int run(const char *source, const char *opts, int *errors, char *last, size_t cap) {
+  dl_loader *l;
+  int r = dl_open(&l, source, opts);
+  *errors = 0;
+  if (r) {
+    snprintf(last, cap, "%s", dl_last_error());
+    return r;
+  }
+  dl_batch *b;
+  while ((r = dl_next_batch(l, &b)) != DL_EOF) {
+    if (r) {
+      snprintf(last, cap, "%s", dl_last_error());
+      break;
+    }
+    for (int i = 0; i < dl_batch_size(b); i++)
+      *errors += dl_batch_sample_error(b, i) != 0;
+    dl_batch_release(b, NULL);
+  }
+  char stats[4096];
+  dl_stats_json(l, stats, sizeof stats);
+  dl_close(l);
+  return r == DL_EOF ? 0 : r;
+}
+
+/* A version-1 .npy payload: DICT padded to a 64-byte header, then N bytes of DATA; its size. */
+static size_t npy_bytes(const char *dict, const void *data, size_t n, unsigned char *out) {
+  size_t hlen = (10 + strlen(dict) + 1 + 63) / 64 * 64 - 10;
+  memcpy(out, "\x93NUMPY\x01\x00", 8);
+  out[8] = (unsigned char)(hlen & 255);
+  out[9] = (unsigned char)(hlen >> 8);
+  memset(out + 10, ' ', hlen);
+  memcpy(out + 10, dict, strlen(dict));
+  out[10 + hlen - 1] = '\n';
+  memcpy(out + 10 + hlen, data, n);
+  return 10 + hlen + n;
+}
+
+/* A .npy header whose shape multiplies past 64 bits over 16 bytes of data: refused, not wrapped. */
+static void npy_shape_overflow(void) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/npy.tar", dir);
+  FILE *f = fopen(path, "wb");
+  ASSERT(f);
+  unsigned char npy[256];
+  size_t n = npy_bytes("{'descr': '|u1', 'fortran_order': False, 'shape': (16777232, 1099510579201), }",
+                       "0123456789abcdef", 16, npy);
+  ASSERT_EQ(tar_write_member(f, "a.x.npy", npy, n), 0);
+  ASSERT_EQ(tar_write_member(f, "a.cls", "1", 1), 0);
+  ASSERT_EQ(tar_write_end(f), 0);
+  fclose(f);
+  int errors;
+  char last[1024] = "";
+  int r = run(path, "batch_size=1 workers=1 on_error=fail log=quiet", &errors, last, sizeof last);
+  ASSERT_NE(r, 0);
+  ASSERT_CONTAINS(last, "too large");
+  printf(".npy shape (16777232, 1099510579201): %s\n", last);
+}
+
+/* FIFOs are not read as shards or token files: an error at open, never a wait for a writer. */
+static void fifos(void) {
+  char fifo[512], src[600];
+  snprintf(fifo, sizeof fifo, "%s/pipe.tar", dir);
+  ASSERT_EQ(mkfifo(fifo, 0644), 0);
+  int errors;
+  char last[1024] = "";
+  ASSERT_EQ(run(fifo, "log=quiet", &errors, last, sizeof last), DL_EUNSUPPORTED);
+  ASSERT_CONTAINS(last, "not a regular file");
+  ASSERT_CONTAINS(last, fifo);
+  snprintf(src, sizeof src, "tokens:%s", fifo);
+  ASSERT_EQ(run(src, "dtype=uint16 seq_len=8 log=quiet", &errors, last, sizeof last), DL_EUNSUPPORTED);
+  ASSERT_CONTAINS(last, "not a regular file");
+  /* A token "file" that is a folder: one error at open, not an error per window. */
+  snprintf(src, sizeof src, "tokens:%s", dir);
+  ASSERT_EQ(run(src, "dtype=uint16 seq_len=8 log=quiet", &errors, last, sizeof last), -EISDIR);
+  ASSERT_CONTAINS(last, "is a folder");
+  /* An ImageFolder entry that is a FIFO is no sample; an image replaced by one after the listing
+   * fails when it is read, named, and the rest decode. */
+  char folder[512], path[600];
+  snprintf(folder, sizeof folder, "%s/folder", dir);
+  unsigned char *jpg;
+  unsigned long len;
+  FILE *f = fopen("/dev/null", "wb");
+  test_tar_sample(f, "x", 3, 0, &jpg, &len);
+  fclose(f);
+  for (int i = 0; i < 6; i++) {
+    snprintf(path, sizeof path, "%s/a/img%d.jpg", folder, i);
+    test_write_file(path, jpg, len);
+  }
+  free(jpg);
+  snprintf(path, sizeof path, "%s/a/pipe.jpg", folder);
+  ASSERT_EQ(mkfifo(path, 0644), 0);
+  dl_loader *l;
+  /* One slot, one worker: image 4 is read only after batch 3 is handed out, long after the swap. */
+  OPEN_OK(l, folder, "batch_size=1 prefetch=1 workers=1 shuffle=0 log=quiet");
+  char fifo2[600];
+  snprintf(fifo2, sizeof fifo2, "%s/fifo.tmp", dir);
+  snprintf(path, sizeof path, "%s/a/img4.jpg", folder);
+  ASSERT_EQ(mkfifo(fifo2, 0644), 0);
+  ASSERT_EQ(rename(fifo2, path), 0);
+  dl_batch *b;
+  int k = 0;
+  while (dl_next_batch(l, &b) == 0) {
+    ASSERT_EQ(dl_batch_sample_error(b, 0), k == 4 ? DL_EUNSUPPORTED : 0);
+    dl_batch_release(b, NULL);
+    k++;
+  }
+  ASSERT_EQ(k, 6);
+  dl_close(l);
+  printf("FIFOs: shards, token files and ImageFolder entries fail cleanly (%s)\n", last);
+}
+
+/* A zstd field that does not inflate: its message names the field once, readable. */
+static void message_not_into_itself(void) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/zst.tar", dir);
+  FILE *f = fopen(path, "wb");
+  ASSERT(f);
+  unsigned char npy[256];
+  size_t n = npy_bytes("{'descr': '|u1', 'fortran_order': False, 'shape': (2,), }", "\x01\x02", 2, npy);
+  /* The good one first: the batch's schema comes from it, and the bad one fails on a worker. */
+  ASSERT_EQ(tar_write_member(f, "b.depth.npy", npy, n), 0);
+  ASSERT_EQ(tar_write_member(f, "c.depth.npy.zst", "\x28\xb5\x2f\xfd garbage garbage", 20), 0);
+  ASSERT_EQ(tar_write_end(f), 0);
+  fclose(f);
+  int errors;
+  char last[1024] = "";
+  int r = run(path, "batch_size=2 workers=1 shuffle=0 on_error=fail log=quiet", &errors, last, sizeof last);
+  ASSERT_NE(r, 0);
+  ASSERT_CONTAINS(last, "member c");
+  ASSERT_CONTAINS(last, "field depth: zstd");
+  ASSERT(!strstr(strstr(last, "field depth: ") + 13, "field depth: "));
+  printf("a bad zstd field: %s\n", last);
+}
+
+int main(void) {
+  signal(SIGALRM, on_alarm);
+  alarm(60);
+  snprintf(dir, sizeof dir, "/tmp/ringfeed-test-hostile-XXXXXX");
+  ASSERT(mkdtemp(dir));
+  npy_shape_overflow();
+  fifos();
+  message_not_into_itself();
+  char cmd[600];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  ASSERT_EQ(system(cmd), 0);
+  return 0;
+}
