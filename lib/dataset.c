@@ -69,7 +69,7 @@ int dl__open_regular(const char *path, const char *what, struct stat *st) {
   return fd;
 }
 
-int dl__dataset_open_file(dl__dataset *ds, const char *path, uint32_t *file, uint64_t *size, int64_t *mtime_ns) {
+int dl__dataset_open_file(dl__dataset *ds, const char *path, uint32_t *file, uint64_t *size, dl__shard_id *id) {
   int rc = dl__dataset_add_file(ds, path, file);
   if (rc)
     return rc;
@@ -79,8 +79,19 @@ int dl__dataset_open_file(dl__dataset *ds, const char *path, uint32_t *file, uin
     return fd;
   ds->fds[*file] = fd;
   *size = (uint64_t)st.st_size;
-  if (mtime_ns)
-    *mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
+  if (id) {
+    *id = (dl__shard_id){.size = (uint64_t)st.st_size,
+                         .ino = (uint64_t)st.st_ino,
+                         .mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec,
+                         .ctime_ns = (int64_t)st.st_ctim.tv_sec * 1000000000 + st.st_ctim.tv_nsec};
+    uint8_t edge[8192];
+    size_t half = st.st_size < 8192 ? (size_t)st.st_size / 2 : 4096;
+    int64_t a = dl__pread_full(fd, edge, half, 0);
+    int64_t b = dl__pread_full(fd, edge + half, half, (uint64_t)st.st_size - half);
+    if (a < 0 || b < 0)
+      return dl__fail(a < 0 ? (int)a : (int)b, "shard %s: %s", path, strerror(-(a < 0 ? (int)a : (int)b)));
+    id->edges = dl__rfs_checksum(edge, (size_t)(a + b));
+  }
   return 0;
 }
 
@@ -171,4 +182,17 @@ void dl__dataset_free(dl__dataset *ds) {
   for (int i = 0; i < ds->nfield_names; i++)
     free(ds->field_names[i]);
   memset(ds, 0, sizeof *ds);
+}
+
+uint64_t dl__dataset_fingerprint(const dl__dataset *ds) {
+  dl__hasher *h = dl__hasher_new();
+  if (!h)
+    return 0;
+  for (size_t i = 0; i < ds->n; i++) {
+    const char *key = ds->pool + ds->samples[i].key;
+    dl__hasher_update(h, key, strlen(key) + 1);
+  }
+  uint64_t fp = dl__hasher_digest(h);
+  dl__hasher_free(h);
+  return fp;
 }

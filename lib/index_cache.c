@@ -1,9 +1,12 @@
 /*
  * The cached member index of a tar shard, kept beside it (<shard>.rfidx) or, when that folder is
- * not writable, in $XDG_CACHE_HOME/ringfeed. Valid while the shard's size and mtime match. The
- * cache file is untrusted input like the shard: every field is checked, and an XXH64 covers it.
+ * not writable, in $XDG_CACHE_HOME/ringfeed. Valid while the shard is the one it was made from:
+ * the same size, mtime, ctime and inode, and the same first and last 4 KiB (a shard replaced by
+ * another of the same size and mtime is not). The cache file is untrusted input like the shard:
+ * every field is checked, and an XXH64 covers it.
  *
- * Layout (little-endian): "RFTIDX03", u64 shard size, i64 mtime ns, u64 samples, u64 pool bytes,
+ * Layout (little-endian): "RFTIDX04", u64 shard size, i64 mtime ns, i64 ctime ns, u64 inode,
+ * u64 hash of the shard's edges, u64 samples, u64 pool bytes,
  * u64 record bytes, then per sample {u64 offset, u64 size, i64 label, u32 name, u32 key, u8 codec,
  * u8 nrefs, u8 flags (2: the image is zstd-compressed), u8 0, u32 image_at, u32 image_len} followed by nrefs x {u32 field name, u8 kind,
  * 3 x u8 0, u32 at, u32 len}, then the string pool (names, keys, field names), then u64 XXH64 of
@@ -23,8 +26,8 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
-#define MAGIC "RFTIDX03"
-#define HEADER_BYTES 48
+#define MAGIC "RFTIDX04"
+#define HEADER_BYTES 72
 #define RECORD_BYTES 44
 #define REF_BYTES 16
 
@@ -86,11 +89,12 @@ static int read_file(const char *path, uint8_t **out, size_t *len) {
   return 0;
 }
 
-static int parse(dl__dataset *ds, uint32_t file, const uint8_t *p, size_t len, uint64_t size,
-                 int64_t mtime_ns) {
-  if (memcmp(p, MAGIC, 8) || get64(p + 8) != size || (int64_t)get64(p + 16) != mtime_ns)
+static int parse(dl__dataset *ds, uint32_t file, const uint8_t *p, size_t len, const dl__shard_id *id) {
+  uint64_t size = id->size;
+  if (memcmp(p, MAGIC, 8) || get64(p + 8) != size || (int64_t)get64(p + 16) != id->mtime_ns ||
+      (int64_t)get64(p + 24) != id->ctime_ns || get64(p + 32) != id->ino || get64(p + 40) != id->edges)
     return -1;
-  uint64_t n = get64(p + 24), pool = get64(p + 32), recs = get64(p + 40);
+  uint64_t n = get64(p + 48), pool = get64(p + 56), recs = get64(p + 64);
   if (n > len / RECORD_BYTES || pool > len || recs > len || HEADER_BYTES + recs + pool + 8 != len)
     return -1;
   if (XXH64(p, len - 8, 0) != get64(p + len - 8))
@@ -154,8 +158,7 @@ bad:
   return -1;
 }
 
-int dl__index_cache_read(dl__dataset *ds, uint32_t file, const char *path, uint64_t size,
-                         int64_t mtime_ns) {
+int dl__index_cache_read(dl__dataset *ds, uint32_t file, const char *path, const dl__shard_id *id) {
   char cpath[PATH_MAX + 64];
   for (int attempt = 0; attempt < 2; attempt++) {
     if (attempt == 0)
@@ -166,7 +169,7 @@ int dl__index_cache_read(dl__dataset *ds, uint32_t file, const char *path, uint6
     size_t len;
     if (read_file(cpath, &p, &len))
       continue;
-    int r = parse(ds, file, p, len, size, mtime_ns);
+    int r = parse(ds, file, p, len, id);
     free(p);
     if (r == 0)
       return 0;
@@ -199,8 +202,7 @@ static int write_all(const char *target, const uint8_t *p, size_t len) {
   return 0;
 }
 
-void dl__index_cache_write(const dl__dataset *ds, size_t first, const char *path, uint64_t size,
-                           int64_t mtime_ns) {
+void dl__index_cache_write(const dl__dataset *ds, size_t first, const char *path, const dl__shard_id *id) {
   size_t n = ds->n - first, pool = 0, recs = 0;
   for (size_t i = first; i < ds->n; i++) {
     const dl__sample *s = &ds->samples[i];
@@ -214,11 +216,14 @@ void dl__index_cache_write(const dl__dataset *ds, size_t first, const char *path
   if (!p)
     return;
   memcpy(p, MAGIC, 8);
-  put64(p + 8, size);
-  put64(p + 16, (uint64_t)mtime_ns);
-  put64(p + 24, n);
-  put64(p + 32, pool);
-  put64(p + 40, recs);
+  put64(p + 8, id->size);
+  put64(p + 16, (uint64_t)id->mtime_ns);
+  put64(p + 24, (uint64_t)id->ctime_ns);
+  put64(p + 32, id->ino);
+  put64(p + 40, id->edges);
+  put64(p + 48, n);
+  put64(p + 56, pool);
+  put64(p + 64, recs);
   uint8_t *rec = p + HEADER_BYTES;
   char *names = (char *)(rec + recs);
   uint32_t at = 0;

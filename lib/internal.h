@@ -145,8 +145,15 @@ int dl__dataset_add_file(dl__dataset *ds, const char *path, uint32_t *index);
  * metadata (may be NULL). */
 struct stat;
 int dl__open_regular(const char *path, const char *what, struct stat *st);
-/* Adds PATH and opens it for the loader's life (ds->fds); its size and, if asked, mtime. */
-int dl__dataset_open_file(dl__dataset *ds, const char *path, uint32_t *file, uint64_t *size, int64_t *mtime_ns);
+/* What a shard's cached index is checked against: its size and times, its inode (a file replaced
+ * by rename has another), and a hash of its first and last 4 KiB. */
+typedef struct dl__shard_id {
+  uint64_t size, ino, edges;
+  int64_t mtime_ns, ctime_ns;
+} dl__shard_id;
+/* Adds PATH and opens it for the loader's life (ds->fds); its identity (ID may be NULL for the
+ * size alone in *SIZE). */
+int dl__dataset_open_file(dl__dataset *ds, const char *path, uint32_t *file, uint64_t *size, dl__shard_id *id);
 /* io=mmap: maps every kept-open file, so workers read samples in place. */
 int dl__dataset_map(dl__dataset *ds);
 /* mkdir -p. */
@@ -214,9 +221,8 @@ int dl__source_load(dl__dataset *ds, const char *source, const dl__options *o);
 int dl__expand_braces(const char *pattern, char ***out, size_t *count);
 
 /* Cached tar index beside the shard or in the cache folder (index_cache.c). */
-int dl__index_cache_read(dl__dataset *ds, uint32_t file, const char *path, uint64_t size, int64_t mtime_ns);
-void dl__index_cache_write(const dl__dataset *ds, size_t first, const char *path, uint64_t size,
-                           int64_t mtime_ns);
+int dl__index_cache_read(dl__dataset *ds, uint32_t file, const char *path, const dl__shard_id *id);
+void dl__index_cache_write(const dl__dataset *ds, size_t first, const char *path, const dl__shard_id *id);
 
 /* ---- .npy payloads (npy.c) ---- */
 
@@ -264,10 +270,14 @@ typedef struct dl__sampler {
   int64_t nb_first;    /* batches in the first epoch for this rank */
   int64_t nb;          /* batches in every later epoch */
   int64_t total;       /* batches in the run, -1 forever */
+  uint64_t fingerprint; /* of the dataset (its keys in order), carried by resume tokens */
 } dl__sampler;
 
 int dl__sampler_init(dl__sampler *s, int64_t n, int world, int rank, int batch, int drop_last,
-                     int shuffle, uint64_t seed, int64_t epochs, const char *resume);
+                     int shuffle, uint64_t seed, int64_t epochs, const char *resume, uint64_t fingerprint);
+/* The dataset's fingerprint: a hash of its samples' keys in order, the same for a tar and the
+ * ringfeed shard made from it. */
+uint64_t dl__dataset_fingerprint(const dl__dataset *ds);
 /* Batch K of the run: its epoch, index within the epoch, and the epoch's start offset. */
 void dl__sampler_locate(const dl__sampler *s, int64_t k, int64_t *epoch, int64_t *index, int64_t *off);
 int dl__sampler_batch_len(const dl__sampler *s, int64_t k);

@@ -126,11 +126,12 @@ int dl_open(dl_loader **out, const char *source, const char *options) {
   for (int f = 0; f < l->nfields; f++)
     snprintf(l->len_names[f], sizeof l->len_names[f], "%.72s_len", l->fields[f].name);
   l->nstreams = l->o.ndevices > 1 ? l->o.ndevices : 1;
+  uint64_t fingerprint = dl__dataset_fingerprint(&l->ds);
   for (int s = 0; s < l->nstreams; s++) {
     /* Several devices in one process split the data as if each were a rank of its own. */
     r = dl__sampler_init(&l->streams[s].sm, (int64_t)l->ds.n, l->o.world_size * l->nstreams,
                          l->o.rank * l->nstreams + s, l->o.batch_size, l->o.drop_last, l->o.shuffle,
-                         l->o.seed, l->o.epochs, l->o.resume);
+                         l->o.seed, l->o.epochs, l->o.resume, fingerprint);
     if (r)
       goto fail;
   }

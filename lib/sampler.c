@@ -9,9 +9,11 @@
  */
 #include "internal.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 int64_t dl__permute(uint64_t seed, int64_t epoch, int64_t n, int64_t pos) {
@@ -40,27 +42,60 @@ static int64_t batches_in(const dl__sampler *s, int64_t off) {
   return s->drop_last ? per_rank / s->batch : (per_rank + s->batch - 1) / s->batch;
 }
 
+/* The next '.'-separated field of T as an unsigned decimal: digits only, no sign, no overflow. */
+static bool field(const char **t, uint64_t *out, bool last) {
+  const char *p = *t;
+  uint64_t v = 0;
+  if (!isdigit((unsigned char)*p))
+    return false;
+  for (; isdigit((unsigned char)*p); p++)
+    if (!dl__mul_ok(v, 10, &v) || __builtin_add_overflow(v, (uint64_t)(*p - '0'), &v))
+      return false;
+  if (last ? *p != 0 && *p != '.' : *p != '.')
+    return false;
+  *t = *p ? p + 1 : p;
+  *out = v;
+  return true;
+}
+
+/* rf2.SEED.EPOCH.OFFSET.N.FINGERPRINT (hex), or the older rf1 without the fingerprint. */
 static int parse_token(dl__sampler *s, const char *t) {
-  unsigned long long seed, epoch, off, n;
-  char tail;
-  if (sscanf(t, "rf1.%llu.%llu.%llu.%llu%c", &seed, &epoch, &off, &n, &tail) != 4)
-    return dl__fail(DL_ESTATE, "resume token '%s' is malformed (expected rf1.SEED.EPOCH.OFFSET.N)", t);
-  if (n != (unsigned long long)s->n)
-    return dl__fail(DL_ESTATE, "resume token '%s' is for %llu samples, the source has %" PRId64, t,
-                    n, s->n);
+  uint64_t seed, epoch, off, n, fp = 0;
+  bool v2 = !strncmp(t, "rf2.", 4), v1 = !strncmp(t, "rf1.", 4);
+  const char *p = t + 4;
+  bool ok = (v1 || v2) && field(&p, &seed, false) && field(&p, &epoch, false) && field(&p, &off, false) &&
+            field(&p, &n, v1);
+  if (ok && v2) {
+    char *end;
+    ok = isxdigit((unsigned char)*p) && strlen(p) == 16;
+    fp = ok ? strtoull(p, &end, 16) : 0;
+    ok = ok && *end == 0;
+  } else if (ok) {
+    ok = *p == 0;
+  }
+  if (!ok)
+    return dl__fail(DL_ESTATE, "resume token '%s' is malformed (expected rf2.SEED.EPOCH.OFFSET.N.FINGERPRINT)", t);
+  if (n != (uint64_t)s->n)
+    return dl__fail(DL_ESTATE, "resume token '%s' is for %" PRIu64 " samples, the source has %" PRId64, t, n,
+                    s->n);
+  if (v2 && fp != s->fingerprint)
+    return dl__fail(DL_ESTATE, "resume token '%s' was saved over another dataset (its samples' keys differ)", t);
   if (seed != s->seed)
-    return dl__fail(DL_ESTATE, "resume token '%s' was saved with seed=%llu, not seed=%" PRIu64, t,
-                    seed, s->seed);
-  if (off > n || epoch > (unsigned long long)INT64_MAX / 4)
+    return dl__fail(DL_ESTATE, "resume token '%s' was saved with seed=%" PRIu64 ", not seed=%" PRIu64, t, seed,
+                    s->seed);
+  if (off > n || epoch > (uint64_t)INT64_MAX / 4)
     return dl__fail(DL_ESTATE, "resume token '%s' is out of range", t);
+  if (v1)
+    dl__log(DL__LOG_WARN, "resume token '%s' predates dataset fingerprints: it is not checked against the source", t);
   s->start_epoch = (int64_t)epoch;
   s->start_off = (int64_t)off;
   return 0;
 }
 
 int dl__sampler_init(dl__sampler *s, int64_t n, int world, int rank, int batch, int drop_last,
-                     int shuffle, uint64_t seed, int64_t epochs, const char *resume) {
+                     int shuffle, uint64_t seed, int64_t epochs, const char *resume, uint64_t fingerprint) {
   memset(s, 0, sizeof *s);
+  s->fingerprint = fingerprint;
   s->n = n;
   s->world = world;
   s->rank = rank;
@@ -80,12 +115,14 @@ int dl__sampler_init(dl__sampler *s, int64_t n, int world, int rank, int batch, 
                     "%" PRId64 " samples give no batch of %d per rank at world_size=%d%s", n, batch,
                     world, drop_last ? " with drop_last=1" : "");
   s->nb_first = batches_in(s, s->start_off);
+  int64_t later;
   if (epochs == 0)
     s->total = -1;
   else if (s->start_epoch >= epochs)
     s->total = 0;
-  else
-    s->total = s->nb_first + (epochs - 1 - s->start_epoch) * s->nb;
+  else if (__builtin_mul_overflow(epochs - 1 - s->start_epoch, s->nb, &later) ||
+           __builtin_add_overflow(later, s->nb_first, &s->total))
+    s->total = -1; /* more batches than a 64-bit count holds: as good as forever */
   return 0;
 }
 
@@ -130,7 +167,7 @@ int dl__sampler_token(const dl__sampler *s, int64_t k, char *buf, size_t cap) {
       off += (j + 1) * (int64_t)s->batch * s->world;
     }
   }
-  int n = snprintf(buf, cap, "rf1.%" PRIu64 ".%" PRId64 ".%" PRId64 ".%" PRId64, s->seed, epoch, off,
-                   s->n);
+  int n = snprintf(buf, cap, "rf2.%" PRIu64 ".%" PRId64 ".%" PRId64 ".%" PRId64 ".%016" PRIx64, s->seed, epoch,
+                   off, s->n, s->fingerprint);
   return n < 0 || (size_t)n >= cap ? -ENOSPC : n;
 }

@@ -155,6 +155,8 @@ typedef struct group {
   dl__fref refs[DL__MAX_FIELDS];
   uint64_t ref_off[DL__MAX_FIELDS];
   int nrefs;
+  uint64_t ext_hash[32]; /* the extensions it has, to catch a member that repeats one */
+  int next;
 } group;
 
 static void widen(group *g, uint64_t off, uint64_t size) {
@@ -226,7 +228,16 @@ static int add_member(dl__dataset *ds, group *g, uint32_t file, const char *name
     return 0; /* no extension: not a field of any sample */
   size_t key_len = (size_t)(dot - name);
   const char *ext = dot + 1;
-  if (!g->open || key_len != g->key_len || memcmp(name, g->key, key_len)) {
+  uint64_t eh = dl__rfs_checksum(ext, strlen(ext));
+  bool repeat = false;
+  for (int i = 0; g->open && i < g->next && !repeat; i++)
+    repeat = g->ext_hash[i] == eh;
+  if (repeat && key_len == g->key_len && !memcmp(name, g->key, key_len))
+    /* Two members of one name: WebDataset refuses the shard; here the second starts a sample of
+     * its own rather than mixing one sample's image with another's label. */
+    dl__log(DL__LOG_WARN, "shard %s: member %s repeats a member of sample %s; it starts a new sample",
+            ds->files[file], name, g->key);
+  if (repeat || !g->open || key_len != g->key_len || memcmp(name, g->key, key_len)) {
     int rc = flush(ds, g);
     if (rc)
       return rc;
@@ -241,7 +252,10 @@ static int add_member(dl__dataset *ds, group *g, uint32_t file, const char *name
     g->span_start = UINT64_MAX;
     g->span_end = 0;
     g->nrefs = 0;
+    g->next = 0;
   }
+  if (g->next < (int)DL__ARRAY_LEN(g->ext_hash))
+    g->ext_hash[g->next++] = eh;
   size_t elen = strlen(ext);
   bool zst = elen > 4 && !strcasecmp(ext + elen - 4, ".zst");
   size_t stem = zst ? elen - 4 : elen; /* the extension without a trailing .zst */
@@ -412,17 +426,17 @@ done:
 int dl__tar_load(dl__dataset *ds, const char *path, int on_error) {
   uint32_t file;
   uint64_t size;
-  int64_t mtime_ns;
-  int rc = dl__dataset_open_file(ds, path, &file, &size, &mtime_ns);
+  dl__shard_id id;
+  int rc = dl__dataset_open_file(ds, path, &file, &size, &id);
   if (rc)
     return rc;
-  if (dl__index_cache_read(ds, file, path, size, mtime_ns) == 0)
+  if (dl__index_cache_read(ds, file, path, &id) == 0)
     return 0;
   size_t first = ds->n;
   rc = dl__tar_scan(ds, file, ds->fds[file], size, on_error);
   if (rc < 0)
     return rc;
   if (rc == 0)
-    dl__index_cache_write(ds, first, path, size, mtime_ns);
+    dl__index_cache_write(ds, first, path, &id);
   return 0;
 }

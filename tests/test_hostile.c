@@ -159,6 +159,116 @@ static void message_not_into_itself(void) {
   printf("a bad zstd field: %s\n", last);
 }
 
+/* Writes a shard of N synthetic samples keyed PREFIX0000.. with labels BASE + i. */
+static void shard_of(const char *path, const char *prefix, int n, int base) {
+  FILE *f = fopen(path, "wb");
+  ASSERT(f);
+  for (int i = 0; i < n; i++) {
+    char key[64];
+    unsigned char *jpg;
+    unsigned long len;
+    snprintf(key, sizeof key, "%s%04d", prefix, i);
+    test_tar_sample(f, key, 7, base + i, &jpg, &len); /* the same image: the same sizes */
+    free(jpg);
+  }
+  ASSERT_EQ(tar_write_end(f), 0);
+  fclose(f);
+}
+
+/* The first key and label a loader over PATH delivers. */
+static void first_sample(const char *path, char *key, size_t cap, int64_t *label) {
+  dl_loader *l;
+  OPEN_OK(l, path, "batch_size=1 workers=1 shuffle=0 log=quiet");
+  dl_batch *b;
+  ASSERT_EQ(dl_next_batch(l, &b), 0);
+  snprintf(key, cap, "%s", dl_batch_key(b, 0));
+  DLTensor t;
+  ASSERT_EQ(dl_batch_field(b, "label", &t), 0);
+  *label = ((int64_t *)t.data)[0];
+  dl_batch_release(b, NULL);
+  dl_close(l);
+}
+
+/* A shard replaced by another of the same size and mtime, by rename or in place: its cached index
+ * is not used (keys and labels of one shard with the pixels of the other). */
+static void replaced_shards(void) {
+  char path[512], other[600], key[64];
+  int64_t label;
+  snprintf(path, sizeof path, "%s/same.tar", dir);
+  snprintf(other, sizeof other, "%s/other.tar", dir);
+  shard_of(path, "old", 4, 100);
+  first_sample(path, key, sizeof key, &label); /* indexes and caches it */
+  ASSERT_STR_EQ(key, "old0000");
+  struct stat st;
+  ASSERT_EQ(stat(path, &st), 0);
+  struct timespec times[2] = {st.st_atim, st.st_mtim};
+  shard_of(other, "new", 4, 200);
+  ASSERT_EQ(utimensat(AT_FDCWD, other, times, 0), 0);
+  ASSERT_EQ(rename(other, path), 0);
+  first_sample(path, key, sizeof key, &label);
+  ASSERT_STR_EQ(key, "new0000");
+  ASSERT_EQ(label, 200);
+  /* In place: the same inode, the same size and mtime, other bytes. */
+  shard_of(other, "xyz", 4, 300);
+  FILE *in = fopen(other, "rb"), *out = fopen(path, "r+b");
+  ASSERT(in && out);
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, in)) > 0)
+    ASSERT_EQ(fwrite(buf, 1, n, out), n);
+  fclose(in);
+  fclose(out);
+  ASSERT_EQ(utimensat(AT_FDCWD, path, times, 0), 0);
+  first_sample(path, key, sizeof key, &label);
+  ASSERT_STR_EQ(key, "xyz0000");
+  ASSERT_EQ(label, 300);
+  /* A resume token of one dataset does not resume another of the same size. */
+  dl_loader *l;
+  OPEN_OK(l, path, "batch_size=1 workers=1 log=quiet");
+  dl_batch *b;
+  ASSERT_EQ(dl_next_batch(l, &b), 0);
+  dl_batch_release(b, NULL);
+  char token[256], opts[400];
+  ASSERT_GT(dl_state_save(l, token, sizeof token), 0);
+  dl_close(l);
+  snprintf(other, sizeof other, "%s/peer.tar", dir);
+  shard_of(other, "peer", 4, 0);
+  snprintf(opts, sizeof opts, "batch_size=1 workers=1 log=quiet resume=%s", token);
+  ASSERT_EQ(dl_open(&l, other, opts), DL_ESTATE);
+  ASSERT_CONTAINS(dl_last_error(), "another dataset");
+  OPEN_OK(l, path, opts);
+  dl_close(l);
+  printf("replaced shards are indexed again; a token of another dataset is refused\n");
+}
+
+/* Two members of one name in a shard: two samples, not one with the first image and the last label. */
+static void repeated_members(void) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/repeat.tar", dir);
+  FILE *f = fopen(path, "wb");
+  ASSERT(f);
+  unsigned char *jpg;
+  unsigned long len;
+  test_tar_sample(f, "a", 1, 1, &jpg, &len);
+  free(jpg);
+  test_tar_sample(f, "a", 2, 2, &jpg, &len);
+  free(jpg);
+  ASSERT_EQ(tar_write_end(f), 0);
+  fclose(f);
+  dl_loader *l;
+  OPEN_OK(l, path, "batch_size=2 workers=1 shuffle=0 log=quiet");
+  dl_batch *b;
+  ASSERT_EQ(dl_next_batch(l, &b), 0);
+  ASSERT_EQ(dl_batch_size(b), 2);
+  DLTensor t;
+  ASSERT_EQ(dl_batch_field(b, "label", &t), 0);
+  ASSERT_EQ(((int64_t *)t.data)[0], 1);
+  ASSERT_EQ(((int64_t *)t.data)[1], 2);
+  dl_batch_release(b, NULL);
+  dl_close(l);
+  printf("a repeated member starts a sample of its own\n");
+}
+
 int main(void) {
   signal(SIGALRM, on_alarm);
   alarm(60);
@@ -167,6 +277,8 @@ int main(void) {
   npy_shape_overflow();
   fifos();
   message_not_into_itself();
+  replaced_shards();
+  repeated_members();
   char cmd[600];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
   ASSERT_EQ(system(cmd), 0);
