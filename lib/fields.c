@@ -68,7 +68,8 @@ static int payload_prefix(const dl__dataset *ds, const dl__sample *s, const dl__
   if (ZSTD_isError(rc))
     return dl__err_set(e, DL_ECORRUPT, "zstd: %s", ZSTD_getErrorName(rc));
   *n = o.pos;
-  *total = content == ZSTD_CONTENTSIZE_UNKNOWN || content == ZSTD_CONTENTSIZE_ERROR ? o.pos : (size_t)content;
+  /* A frame that does not say its size is checked whole when a worker inflates it. */
+  *total = content == ZSTD_CONTENTSIZE_ERROR ? o.pos : content == ZSTD_CONTENTSIZE_UNKNOWN ? SIZE_MAX / 2 : (size_t)content;
   return 0;
 }
 
@@ -83,16 +84,42 @@ int dl__zstd_inflate(void **ctx, const uint8_t *src, size_t n, size_t limit, dl_
     return dl__err_set(e, DL_ECORRUPT, "zstd: not a zstd frame");
   if (content != ZSTD_CONTENTSIZE_UNKNOWN && content > limit)
     return dl__err_set(e, DL_ELIMIT, "zstd frame holds %llu bytes, above the limit of %zu", content, limit);
-  size_t cap = content != ZSTD_CONTENTSIZE_UNKNOWN ? (size_t)content + 1 : limit + 1;
-  if (dl__buf_reserve(out, cap))
-    return dl__err_set(e, -ENOMEM, "out of memory for %zu decompressed bytes", cap);
-  size_t got = ZSTD_decompressDCtx(*ctx, out->p, cap, src, n);
-  if (ZSTD_isError(got))
-    return dl__err_set(e, ZSTD_getErrorCode(got) == ZSTD_error_dstSize_tooSmall ? DL_ELIMIT : DL_ECORRUPT,
-                       "zstd: %s", ZSTD_getErrorName(got));
-  if (got > limit)
-    return dl__err_set(e, DL_ELIMIT, "zstd frame holds more than the limit of %zu bytes", limit);
-  *len = got;
+  if (content != ZSTD_CONTENTSIZE_UNKNOWN) {
+    size_t cap = (size_t)content + 1;
+    if (dl__buf_reserve(out, cap))
+      return dl__err_set(e, -ENOMEM, "out of memory for %zu decompressed bytes", cap);
+    size_t got = ZSTD_decompressDCtx(*ctx, out->p, cap, src, n);
+    if (ZSTD_isError(got))
+      return dl__err_set(e, ZSTD_getErrorCode(got) == ZSTD_error_dstSize_tooSmall ? DL_ELIMIT : DL_ECORRUPT,
+                         "zstd: %s", ZSTD_getErrorName(got));
+    *len = got;
+    return 0;
+  }
+  /* A frame that does not say its size: the output grows as it comes, up to the limit, rather than
+   * reserving the whole limit for a few kilobytes. */
+  ZSTD_DCtx_reset(*ctx, ZSTD_reset_session_only);
+  size_t cap = n < (limit >> 3) ? n * 8 : limit;
+  cap = cap < 65536 ? (limit < 65536 ? limit : 65536) : cap;
+  ZSTD_inBuffer in = {src, n, 0};
+  size_t pos = 0;
+  for (;;) {
+    if (dl__buf_reserve(out, cap + 1))
+      return dl__err_set(e, -ENOMEM, "out of memory for %zu decompressed bytes", cap + 1);
+    ZSTD_outBuffer o = {out->p, cap + 1, pos};
+    size_t rc = ZSTD_decompressStream(*ctx, &o, &in);
+    pos = o.pos;
+    if (ZSTD_isError(rc))
+      return dl__err_set(e, DL_ECORRUPT, "zstd: %s", ZSTD_getErrorName(rc));
+    if (pos > limit)
+      return dl__err_set(e, DL_ELIMIT, "zstd frame holds more than the limit of %zu bytes", limit);
+    if (rc == 0)
+      break; /* the frame is complete */
+    if (in.pos == in.size && pos < o.size)
+      return dl__err_set(e, DL_ECORRUPT, "zstd: the frame is cut short");
+    if (pos == o.size)
+      cap = cap > limit / 2 ? limit : cap * 2;
+  }
+  *len = pos;
   return 0;
 }
 

@@ -45,9 +45,26 @@ static int image_codec(const char *name) {
   return DL__CODEC_NONE;
 }
 
-static int walk(const char *base, const char *rel, entries *out, size_t *skipped) {
+/* The folders from the class folder down to the one being listed: a symlink back to one of them
+ * would list the same images again and again. */
+typedef struct chain {
+  dev_t dev;
+  ino_t ino;
+  const struct chain *up;
+} chain;
+
+static int walk(const char *base, const char *rel, entries *out, size_t *skipped, const chain *up) {
   char path[PATH_MAX];
   snprintf(path, sizeof path, "%s%s%s", base, *rel ? "/" : "", rel);
+  struct stat here;
+  if (stat(path, &here))
+    return dl__fail(-errno, "source %s: %s", path, strerror(errno));
+  for (const chain *c = up; c; c = c->up)
+    if (c->dev == here.st_dev && c->ino == here.st_ino) {
+      dl__log(DL__LOG_WARN, "source %s: a link back to an enclosing folder; not listed again", path);
+      return 0;
+    }
+  chain me = {here.st_dev, here.st_ino, up};
   DIR *d = opendir(path);
   if (!d)
     return dl__fail(-errno, "source %s: %s", path, strerror(errno));
@@ -63,7 +80,7 @@ static int walk(const char *base, const char *rel, entries *out, size_t *skipped
     if (stat(full, &st))
       continue;
     if (S_ISDIR(st.st_mode)) {
-      rc = walk(base, sub, out, skipped);
+      rc = walk(base, sub, out, skipped, &me);
     } else if (S_ISREG(st.st_mode)) {
       if (image_codec(de->d_name) == DL__CODEC_NONE) {
         (*skipped)++;
@@ -210,7 +227,7 @@ int dl__folder_load(dl__dataset *ds, const char *root) {
     char cdir[PATH_MAX];
     snprintf(cdir, sizeof cdir, "%s/%s", root, classes[c]);
     entries es = {0};
-    rc = walk(cdir, "", &es, &skipped);
+    rc = walk(cdir, "", &es, &skipped, NULL);
     if (!rc)
       qsort(es.v, es.n, sizeof *es.v, cmp_entry);
     for (size_t i = 0; i < es.n && !rc; i++) {

@@ -86,7 +86,33 @@ static int expand_into(const char *pat, strlist *out) {
   return 0;
 }
 
+#define MAX_PATHS 1000000
+
+/* How many paths PAT expands to, without making them (saturating at MAX_PATHS + 1). */
+static uint64_t expansion_count(const char *pat) {
+  uint64_t total = 1;
+  for (const char *open = strchr(pat, '{'); open; open = strchr(open + 1, '{')) {
+    const char *close = strchr(open, '}');
+    if (!close)
+      break;
+    const char *dots = strstr(open, "..");
+    uint64_t k = 1;
+    if (dots && dots < close) {
+      long long a = strtoll(open + 1, NULL, 10), b = strtoll(dots + 2, NULL, 10);
+      k = b >= a ? (uint64_t)(b - a) + 1 : 1;
+    } else {
+      for (const char *p = open; p < close; p++)
+        k += *p == ',';
+    }
+    if (!dl__mul_ok(total, k, &total) || total > MAX_PATHS)
+      return MAX_PATHS + 1;
+  }
+  return total;
+}
+
 int dl__expand_braces(const char *pattern, char ***out, size_t *count) {
+  if (expansion_count(pattern) > MAX_PATHS)
+    return dl__fail(DL_ELIMIT, "source '%s' expands to more than %d paths", pattern, MAX_PATHS);
   strlist l = {0};
   int r = expand_into(pattern, &l);
   if (r) {

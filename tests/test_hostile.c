@@ -13,6 +13,7 @@
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zstd.h>
 
 static char dir[256];
 
@@ -269,6 +270,68 @@ static void repeated_members(void) {
   printf("a repeated member starts a sample of its own\n");
 }
 
+/* An ImageFolder with a link back to its class folder; a brace range of 10^8 paths; a zstd field
+ * that does not say its size. */
+static void expansions(void) {
+  char path[600], link[600];
+  snprintf(path, sizeof path, "%s/loop/cls/a.jpg", dir);
+  unsigned char *jpg;
+  unsigned long len;
+  FILE *f = fopen("/dev/null", "wb");
+  test_tar_sample(f, "x", 5, 0, &jpg, &len);
+  fclose(f);
+  test_write_file(path, jpg, len);
+  free(jpg);
+  snprintf(link, sizeof link, "%s/loop/cls/again", dir);
+  ASSERT_EQ(symlink(".", link), 0);
+  snprintf(path, sizeof path, "%s/loop", dir);
+  int errors;
+  char last[1024] = "";
+  dl_loader *l;
+  OPEN_OK(l, path, "batch_size=1 log=quiet");
+  ASSERT_EQ(dl_batches_per_epoch(l), 1);
+  dl_close(l);
+  snprintf(path, sizeof path, "%s/x{0..9999}{0..9999}.tar", dir);
+  ASSERT_EQ(run(path, "log=quiet", &errors, last, sizeof last), DL_ELIMIT);
+  ASSERT_CONTAINS(last, "more than");
+  /* 64 KiB of zeros as a .npy, compressed without its size: it inflates as it comes. */
+  static unsigned char zeros[65536], npy[65536 + 256], z[4096];
+  size_t n = npy_bytes("{'descr': '|u1', 'fortran_order': False, 'shape': (65536,), }", zeros, sizeof zeros, npy);
+  ZSTD_CCtx *c = ZSTD_createCCtx();
+  ASSERT_EQ(ZSTD_isError(ZSTD_CCtx_setParameter(c, ZSTD_c_contentSizeFlag, 0)), 0);
+  size_t zn = ZSTD_compress2(c, z, sizeof z, npy, n);
+  ZSTD_freeCCtx(c);
+  ASSERT_EQ(ZSTD_isError(zn), 0);
+  ASSERT_EQ(ZSTD_getFrameContentSize(z, zn), ZSTD_CONTENTSIZE_UNKNOWN);
+  snprintf(path, sizeof path, "%s/nosize.tar", dir);
+  f = fopen(path, "wb");
+  ASSERT_EQ(tar_write_member(f, "a.t.npy.zst", z, zn), 0);
+  ASSERT_EQ(tar_write_end(f), 0);
+  fclose(f);
+  OPEN_OK(l, path, "batch_size=1 workers=1 on_error=fail log=quiet");
+  dl_batch *b;
+  ASSERT_EQ(dl_next_batch(l, &b), 0);
+  DLTensor t;
+  ASSERT_EQ(dl_batch_field(b, "t", &t), 0);
+  ASSERT_EQ(t.shape[1], 65536);
+  dl_batch_release(b, NULL);
+  dl_close(l);
+  /* A frame that inflates far past what its header's shape holds: stopped at the limit. */
+  n = npy_bytes("{'descr': '|u1', 'fortran_order': False, 'shape': (16,), }", zeros, sizeof zeros, npy);
+  c = ZSTD_createCCtx();
+  ZSTD_CCtx_setParameter(c, ZSTD_c_contentSizeFlag, 0);
+  zn = ZSTD_compress2(c, z, sizeof z, npy, n);
+  ZSTD_freeCCtx(c);
+  f = fopen(path, "wb");
+  ASSERT_EQ(tar_write_member(f, "a.t.npy.zst", z, zn), 0);
+  ASSERT_EQ(tar_write_end(f), 0);
+  fclose(f);
+  ASSERT_NE(run(path, "batch_size=1 workers=1 on_error=fail log=quiet", &errors, last, sizeof last), 0);
+  ASSERT_CONTAINS(last, "more than the limit");
+  printf("a folder linking to itself lists once; 10^8 paths are refused; a zstd frame without its size "
+         "inflates within the limit\n");
+}
+
 int main(void) {
   signal(SIGALRM, on_alarm);
   alarm(60);
@@ -279,6 +342,7 @@ int main(void) {
   message_not_into_itself();
   replaced_shards();
   repeated_members();
+  expansions();
   char cmd[600];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
   ASSERT_EQ(system(cmd), 0);
