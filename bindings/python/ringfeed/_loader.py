@@ -162,12 +162,17 @@ class Loader:
             raise StopIteration
         return batch
 
-    def next_batch(self, device_index=0):
-        """The next batch as a dict, or None at the end of the last epoch."""
+    def _live(self):
+        """The C handle; a closed loader raises instead of handing C a NULL."""
         if not self._handle:
             raise Error(-9, "the loader is closed")
+        return self._handle
+
+    def next_batch(self, device_index=0):
+        """The next batch as a dict, or None at the end of the last epoch."""
+        handle = self._live()
         b = ctypes.c_void_p()
-        rc = lib.dl_next_batch_on(self._handle, device_index, ctypes.byref(b))
+        rc = lib.dl_next_batch_on(handle, device_index, ctypes.byref(b))
         if rc == _DL_EBUSY:
             raise Error(rc, (lib.dl_last_error() or b"").decode() + "; batches are zero-copy views "
                         "of the loader's slots: drop earlier batches, or keep copies (.clone(), .copy())")
@@ -218,15 +223,13 @@ class Loader:
     # -- state, stats, lifetime --------------------------------------------------------------
 
     def __len__(self):
-        if not self._handle:
-            raise Error(-9, "the loader is closed")
-        return int(lib.dl_batches_per_epoch(self._handle))
+        return int(lib.dl_batches_per_epoch(self._live()))
 
     def state_dict(self):
         """Where the stream stands: pass it back as Loader(..., state=...) to continue after the
         last batch handed out (also at another world size)."""
         buf = ctypes.create_string_buffer(512)
-        _check(lib.dl_state_save(self._handle, buf, len(buf)))
+        _check(lib.dl_state_save(self._live(), buf, len(buf)))
         return {"token": buf.value.decode()}
 
     def load_state_dict(self, state):
@@ -237,7 +240,7 @@ class Loader:
 
     def stats(self):
         buf = ctypes.create_string_buffer(8192)
-        _check(lib.dl_stats_json(self._handle, buf, len(buf)))
+        _check(lib.dl_stats_json(self._live(), buf, len(buf)))
         return json.loads(buf.value.decode())
 
     def close(self):

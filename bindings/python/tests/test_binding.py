@@ -107,6 +107,18 @@ def test_errors_are_exceptions_with_code_names(tmp_path):
         ringfeed.Loader(str(tmp_path), seed="1 2")
 
 
+@needs_testdata
+def test_calls_after_close_raise_instead_of_crashing():
+    loader = ringfeed.Loader(WDS, batch_size=16, image_size=32, workers=1, framework="numpy")
+    loader.close()
+    loader.close()  # twice is fine
+    for call in (loader.state_dict, loader.stats, lambda: len(loader), loader.next_batch,
+                 lambda: next(iter(loader))):
+        with pytest.raises(ringfeed.Error) as e:
+            call()
+        assert "closed" in e.value.message
+
+
 def _tar(path, members):
     with tarfile.open(path, "w") as t:
         for name, data in members:
