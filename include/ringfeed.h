@@ -3,9 +3,12 @@
  *
  * This header is the whole public contract: what is not declared here is not API.
  *
- * Threading: a dl_loader is driven by one consumer thread at a time (dl_next_batch, dl_state_save,
- * dl_close). dl_batch_* accessors and dl_batch_release may be called from any thread. Error
- * functions are thread-safe; dl_last_error() is per thread.
+ * Threading: dl_next_batch() and dl_next_batch_on() may be called from several threads at once
+ * (each call takes the next batch in order). dl_close() may be called from another thread while
+ * others wait in dl_next_batch(): they return DL_ECLOSED, and dl_close() returns once they have
+ * left. Other calls on a loader (dl_state_save, dl_stats_json) are made by one thread at a time and
+ * not during dl_close(). dl_batch_* accessors and dl_batch_release may be called from any thread.
+ * Error functions are thread-safe; dl_last_error() is per thread.
  *
  * Return values: every int function returns >= 0 on success and a negative code on failure,
  * either -errno or one of the DL_E* codes below. Codes are never renumbered.
@@ -49,7 +52,8 @@ extern "C" {
   X(DL_EBUSY, -1007, "the consumer holds every batch slot")                                      \
   X(DL_ENOSAMPLES, -1008, "no samples")                                                          \
   X(DL_ENODEVICE, -1009, "no such device")                                                       \
-  X(DL_ENOFIELD, -1010, "no such field")
+  X(DL_ENOFIELD, -1010, "no such field")                                                         \
+  X(DL_ECLOSED, -1011, "the loader was closed")
 
 enum dl_error {
 #define DL__ERR_ENUM(name, value, msg) name = value,
@@ -167,7 +171,9 @@ DL_EXTERN int dl_state_save(dl_loader *l, char *buf, size_t cap);
 /* Writes the loader's counters as one JSON object; returns its length or -ENOSPC. */
 DL_EXTERN int dl_stats_json(dl_loader *l, char *buf, size_t cap);
 
-/* Stops the workers and frees everything; batches still held become invalid. NULL is a no-op. */
+/* Stops the workers and frees the loader; NULL is a no-op. Calls waiting in dl_next_batch() on
+ * other threads return DL_ECLOSED first. Batches the consumer still holds become invalid, except
+ * through tensors exported with dl_batch_export(), which keep their batch until their deleter runs. */
 DL_EXTERN void dl_close(dl_loader *l);
 
 /* ---- Writing ringfeed shards (.rfs; docs/format.md) ---- */

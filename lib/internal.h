@@ -520,6 +520,8 @@ struct dl_loader {
   pthread_cond_t work_cv;  /* workers wait for a free slot */
   pthread_cond_t ready_cv; /* the consumer waits for a complete batch */
   int stop;
+  int closing;       /* dl_close() began: waiting consumers leave with DL_ECLOSED */
+  int consumers;     /* threads inside dl_next_batch_on(), which dl_close() waits out */
   int closed;        /* dl_close() ran; freed when the last export goes */
   int nworkers;
   struct dl__worker *workers;

@@ -165,22 +165,38 @@ int dl_next_batch_on(dl_loader *l, int dev, dl_batch **out) {
   dl__stream *s = &l->streams[dev];
   double t0 = dl__now();
   pthread_mutex_lock(&l->mu);
-  if (exhausted_out(s)) {
-    pthread_mutex_unlock(&l->mu);
-    return DL_EOF;
-  }
-  dl_batch *b = s->dslots ? &s->dslots[s->next_out % l->o.device_slots]
-                          : &s->slots[s->next_out % l->o.prefetch];
-  while (!(b->k == s->next_out && b->ready)) {
+  l->consumers++;
+  int r = 0;
+  dl_batch *b = NULL;
+  /* The slot is looked up again on every wake: another consumer thread may have taken the batch
+   * this one was waiting for. */
+  for (;;) {
+    if (l->closing) {
+      r = dl__fail(DL_ECLOSED, "the loader was closed while waiting for a batch");
+      break;
+    }
+    if (exhausted_out(s)) {
+      r = DL_EOF;
+      break;
+    }
+    b = s->dslots ? &s->dslots[s->next_out % l->o.device_slots] : &s->slots[s->next_out % l->o.prefetch];
+    if (b->k == s->next_out && b->ready)
+      break;
     if (b->state == DL__SLOT_HELD) {
       int held = s->dslots ? l->o.device_slots : l->o.prefetch;
-      pthread_mutex_unlock(&l->mu);
-      return dl__fail(DL_EBUSY,
-                      "batch %" PRId64 " cannot be filled: all %d batch slots are held by the consumer "
-                      "(release a batch, or raise %s)",
-                      s->next_out, held, s->dslots ? "device_slots" : "prefetch");
+      r = dl__fail(DL_EBUSY,
+                   "batch %" PRId64 " cannot be filled: all %d batch slots are held by the consumer "
+                   "(release a batch, or raise %s)",
+                   s->next_out, held, s->dslots ? "device_slots" : "prefetch");
+      break;
     }
     pthread_cond_wait(&l->ready_cv, &l->mu);
+  }
+  if (r) {
+    if (--l->consumers == 0 && l->closing)
+      pthread_cond_broadcast(&l->ready_cv); /* dl_close waits for the last one to leave */
+    pthread_mutex_unlock(&l->mu);
+    return r;
   }
   b->state = DL__SLOT_HELD;
   b->ready = false;
@@ -200,6 +216,8 @@ int dl_next_batch_on(dl_loader *l, int dev, dl_batch **out) {
     b->refs = 0;
     dl__slot_free_locked(b);
   }
+  if (--l->consumers == 0 && l->closing)
+    pthread_cond_broadcast(&l->ready_cv);
   pthread_mutex_unlock(&l->mu);
   if (err)
     return err;
@@ -459,6 +477,13 @@ int dl_stats_json(dl_loader *l, char *buf, size_t cap) {
 void dl_close(dl_loader *l) {
   if (!l)
     return;
+  /* Consumers waiting on other threads leave first, with DL_ECLOSED. */
+  pthread_mutex_lock(&l->mu);
+  l->closing = 1;
+  pthread_cond_broadcast(&l->ready_cv);
+  while (l->consumers > 0)
+    pthread_cond_wait(&l->ready_cv, &l->mu);
+  pthread_mutex_unlock(&l->mu);
   dl__workers_stop(l);
   if (l->cuda)
     dl__cuda_stop(l);
