@@ -114,6 +114,13 @@ DL_EXTERN int dl_next_batch(dl_loader *l, dl_batch **out);
  */
 DL_EXTERN int dl_next_batch_on(dl_loader *l, int dev, dl_batch **out);
 
+/*
+ * dl_next_batch_on() that waits at most TIMEOUT_MS milliseconds (negative: without a limit) and
+ * then returns -ETIMEDOUT with no batch. Lets a caller wait in slices and stay responsive (the
+ * Python binding waits this way, so that Ctrl-C interrupts a wait for a batch).
+ */
+DL_EXTERN int dl_next_batch_timed(dl_loader *l, int dev, int timeout_ms, dl_batch **out);
+
 /* Number of samples in the batch (B, or fewer in a final partial batch). */
 DL_EXTERN int dl_batch_size(const dl_batch *b);
 

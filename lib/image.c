@@ -46,7 +46,8 @@ int dl__image_decode(dl__image_decoder *d, const dl_loader *l, const uint8_t *im
                         .max_pixels = l->o.max_pixels,
                         .plan = plan,
                         .plan_arg = &pa,
-                        .scratch = &d->scratch};
+                        .scratch = &d->scratch,
+                        .cancel = &l->cancel};
   int codec = dl__sniff_codec(image, len);
   int r;
   if (codec == DL__CODEC_JPEG)

@@ -342,6 +342,7 @@ struct dl__decode_job {
   int (*plan)(dl__decode_job *job, int width, int height, dl__err *e);
   void *plan_arg;
   dl__buf *scratch;
+  const _Atomic int *cancel; /* when it turns nonzero, the decode stops with DL_ECLOSED (may be NULL) */
   /* set by plan */
   dl__rect rect;
   /* out: decoded pixels (channels interleaved) and rect mapped into them */
@@ -520,6 +521,7 @@ struct dl_loader {
   pthread_cond_t work_cv;  /* workers wait for a free slot */
   pthread_cond_t ready_cv; /* the consumer waits for a complete batch */
   int stop;
+  _Atomic int cancel; /* set as the workers stop: decodes in progress give up (read without l->mu) */
   int closing;       /* dl_close() began: waiting consumers leave with DL_ECLOSED */
   int consumers;     /* threads inside dl_next_batch_on(), which dl_close() waits out */
   int closed;        /* dl_close() ran; freed when the last export goes */

@@ -26,6 +26,7 @@ typedef struct jpeg_ctx {
   char msg[JMSG_LENGTH_MAX + 64];
   JSAMPROW rows[16];
   bool used; /* has decoded (or tried to decode) an image since it was created */
+  const _Atomic int *cancel; /* the current job's */
 } jpeg_ctx;
 
 static void on_error(j_common_ptr c) {
@@ -61,6 +62,13 @@ static void on_message(j_common_ptr c, int level) {
 static void on_progress(j_common_ptr c) {
   if (!c->is_decompressor)
     return;
+  jpeg_ctx *cx = (jpeg_ctx *)c->client_data;
+  if (cx->cancel && atomic_load_explicit(cx->cancel, memory_order_relaxed)) {
+    /* The loader is closing: a large image is not decoded to the end for nobody. */
+    cx->code = DL_ECLOSED;
+    snprintf(cx->msg, sizeof cx->msg, "the loader was closed");
+    longjmp(cx->jump, 1);
+  }
   j_decompress_ptr d = (j_decompress_ptr)c;
   if (d->input_scan_number > MAX_SCANS) {
     jpeg_ctx *x = (jpeg_ctx *)c->client_data;
@@ -147,6 +155,7 @@ static int jpeg_decode(void *p, dl__decode_job *job, dl__err *e) {
     return dl__err_set(e, x->code, "%s", x->msg);
   }
   x->used = true;
+  x->cancel = job->cancel;
   jpeg_mem_src(d, job->src, (unsigned long)job->len);
   jpeg_read_header(d, TRUE);
   int w = (int)d->image_width, h = (int)d->image_height;

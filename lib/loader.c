@@ -158,12 +158,20 @@ fail:
 
 static bool exhausted_out(const dl__stream *s) { return s->sm.total >= 0 && s->next_out >= s->sm.total; }
 
-int dl_next_batch_on(dl_loader *l, int dev, dl_batch **out) {
+int dl_next_batch_on(dl_loader *l, int dev, dl_batch **out) { return dl_next_batch_timed(l, dev, -1, out); }
+
+int dl_next_batch_timed(dl_loader *l, int dev, int timeout_ms, dl_batch **out) {
   *out = NULL;
   if (dev < 0 || dev >= l->nstreams)
     return dl__fail(DL_ENODEVICE, "device index %d: the loader has %d", dev, l->nstreams);
   dl__stream *s = &l->streams[dev];
   double t0 = dl__now();
+  struct timespec deadline;
+  clock_gettime(CLOCK_REALTIME, &deadline); /* the clock of ready_cv */
+  deadline.tv_sec += timeout_ms / 1000;
+  deadline.tv_nsec += (long)(timeout_ms % 1000) * 1000000;
+  if (deadline.tv_nsec >= 1000000000)
+    deadline.tv_sec++, deadline.tv_nsec -= 1000000000;
   pthread_mutex_lock(&l->mu);
   l->consumers++;
   int r = 0;
@@ -190,7 +198,12 @@ int dl_next_batch_on(dl_loader *l, int dev, dl_batch **out) {
                    s->next_out, held, s->dslots ? "device_slots" : "prefetch");
       break;
     }
-    pthread_cond_wait(&l->ready_cv, &l->mu);
+    if (timeout_ms < 0) {
+      pthread_cond_wait(&l->ready_cv, &l->mu);
+    } else if (pthread_cond_timedwait(&l->ready_cv, &l->mu, &deadline) == ETIMEDOUT) {
+      r = dl__fail(-ETIMEDOUT, "no batch within %d ms", timeout_ms);
+      break;
+    }
   }
   if (r) {
     if (--l->consumers == 0 && l->closing)
@@ -225,7 +238,7 @@ int dl_next_batch_on(dl_loader *l, int dev, dl_batch **out) {
   return 0;
 }
 
-int dl_next_batch(dl_loader *l, dl_batch **out) { return dl_next_batch_on(l, 0, out); }
+int dl_next_batch(dl_loader *l, dl_batch **out) { return dl_next_batch_timed(l, 0, -1, out); }
 
 int dl_batch_size(const dl_batch *b) { return b ? b->len : 0; }
 

@@ -19,6 +19,8 @@ typedef struct png_ctx {
   const uint8_t *src;
   size_t len, pos;
   char msg[256];
+  const _Atomic int *cancel; /* the current job's */
+  bool cancelled;
 } png_ctx;
 
 static int png_create(void **out) {
@@ -56,8 +58,20 @@ static void on_read(png_structp png, png_bytep out, size_t n) {
   x->pos += n;
 }
 
+/* After each row: a closing loader stops a large image partway. */
+static void on_row(png_structp png, png_uint_32 row, int pass) {
+  (void)row, (void)pass;
+  png_ctx *x = png_get_io_ptr(png);
+  if (x->cancel && atomic_load_explicit(x->cancel, memory_order_relaxed)) {
+    x->cancelled = true;
+    png_error(png, "the loader was closed");
+  }
+}
+
 static int png_decode(void *p, dl__decode_job *job, dl__err *e) {
   png_ctx *x = p;
+  x->cancel = job->cancel;
+  x->cancelled = false;
   x->src = job->src;
   x->len = job->len;
   x->pos = 0;
@@ -71,9 +85,10 @@ static int png_decode(void *p, dl__decode_job *job, dl__err *e) {
   volatile int code = DL_ECORRUPT;
   if (setjmp(png_jmpbuf(png))) {
     png_destroy_read_struct(&png, &info, NULL);
-    return dl__err_set(e, code, "%s", x->msg[0] ? x->msg : "corrupt PNG");
+    return dl__err_set(e, x->cancelled ? DL_ECLOSED : code, "%s", x->msg[0] ? x->msg : "corrupt PNG");
   }
   png_set_read_fn(png, x, on_read);
+  png_set_read_status_fn(png, on_row);
   /* Ancillary chunks that do not change the pixels we deliver are never read into memory. */
   static const png_byte skip[] = "bKGD\0cHRM\0eXIf\0gAMA\0hIST\0iCCP\0iTXt\0oFFs\0pCAL\0pHYs\0"
                                  "sBIT\0sCAL\0sPLT\0sRGB\0tEXt\0tIME\0zTXt\0";

@@ -14,6 +14,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zstd.h>
+#include <time.h>
+
+#include <jpeglib.h>
+#include <png.h>
 
 static char dir[256];
 
@@ -332,6 +336,97 @@ static void expansions(void) {
          "inflates within the limit\n");
 }
 
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+/* Noise no codec can shrink much: slow to decode, as large photos are. */
+static void noise(unsigned char *p, size_t n) {
+  uint64_t x = 88172645463325252ull;
+  for (size_t i = 0; i < n; i++) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    p[i] = (unsigned char)x;
+  }
+}
+
+/* dl_close while workers decode 12-megapixel JPEGs and 6-megapixel PNGs: under 100 ms, not the
+ * time it takes to finish every image in flight. */
+static void close_with_big_images_in_flight(void) {
+  enum { JW = 4000, JH = 3000, PW = 3000, PH = 2000, EACH = 3 };
+  unsigned char *px = malloc((size_t)JW * JH * 3);
+  ASSERT(px);
+  noise(px, (size_t)JW * JH * 3);
+  char path[512], name[64];
+  snprintf(path, sizeof path, "%s/big.tar", dir);
+  FILE *f = fopen(path, "wb");
+  ASSERT(f);
+  for (int i = 0; i < EACH; i++) {
+    unsigned char *jpg = NULL;
+    unsigned long len = 0;
+    struct jpeg_compress_struct c;
+    struct jpeg_error_mgr err;
+    c.err = jpeg_std_error(&err);
+    jpeg_create_compress(&c);
+    jpeg_mem_dest(&c, &jpg, &len);
+    c.image_width = JW, c.image_height = JH, c.input_components = 3, c.in_color_space = JCS_RGB;
+    jpeg_set_defaults(&c);
+    jpeg_set_quality(&c, 95, TRUE);
+    jpeg_start_compress(&c, TRUE);
+    while (c.next_scanline < c.image_height) {
+      JSAMPROW row = px + (size_t)c.next_scanline * JW * 3;
+      jpeg_write_scanlines(&c, &row, 1);
+    }
+    jpeg_finish_compress(&c);
+    jpeg_destroy_compress(&c);
+    snprintf(name, sizeof name, "j%d.jpg", i);
+    ASSERT_EQ(tar_write_member(f, name, jpg, len), 0);
+    free(jpg);
+    png_image img = {.version = PNG_IMAGE_VERSION, .width = PW, .height = PH, .format = PNG_FORMAT_RGB};
+    png_alloc_size_t plen = 0;
+    ASSERT(png_image_write_get_memory_size(img, plen, 0, px, 0, NULL));
+    unsigned char *png = malloc(plen);
+    ASSERT(png && png_image_write_to_memory(&img, png, &plen, 0, px, 0, NULL));
+    snprintf(name, sizeof name, "p%d.png", i);
+    ASSERT_EQ(tar_write_member(f, name, png, plen), 0);
+    free(png);
+  }
+  ASSERT_EQ(tar_write_end(f), 0);
+  fclose(f);
+  free(px);
+  /* A wait with a limit gives up on time, names the limit, and leaves the batch to a later wait. */
+  {
+    dl_loader *l;
+    OPEN_OK(l, path, "batch_size=2 workers=2 crop=center image_size=224 log=quiet");
+    dl_batch *b = (dl_batch *)1;
+    double t0 = now_s();
+    ASSERT_EQ(dl_next_batch_timed(l, 0, 5, &b), -ETIMEDOUT);
+    double took = now_s() - t0;
+    ASSERT(b == NULL);
+    ASSERT(took >= 0.004 && took < 0.5);
+    ASSERT(strstr(dl_last_error(), "no batch within 5 ms"));
+    ASSERT_EQ(dl_next_batch_timed(l, 3, 5, &b), DL_ENODEVICE);
+    ASSERT_EQ(dl_next_batch_timed(l, 0, -1, &b), 0);
+    ASSERT_EQ(dl_batch_size(b), 2);
+    dl_batch_release(b, NULL);
+    dl_close(l);
+  }
+  double worst = 0;
+  for (int round = 0; round < 3; round++) {
+    dl_loader *l;
+    OPEN_OK(l, path, "batch_size=2 workers=2 crop=center image_size=224 log=quiet");
+    struct timespec pause = {0, 30 * 1000000}; /* the workers are well into their images */
+    nanosleep(&pause, NULL);
+    double t0 = now_s();
+    dl_close(l);
+    double took = now_s() - t0;
+    worst = took > worst ? took : worst;
+  }
+  printf("dl_close with 12 MP JPEGs and 6 MP PNGs being decoded: %.1f ms at worst\n", worst * 1000);
+  ASSERT(worst < 0.1);
+}
+
 int main(void) {
   signal(SIGALRM, on_alarm);
   alarm(60);
@@ -343,6 +438,7 @@ int main(void) {
   replaced_shards();
   repeated_members();
   expansions();
+  close_with_big_images_in_flight();
   char cmd[600];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
   ASSERT_EQ(system(cmd), 0);

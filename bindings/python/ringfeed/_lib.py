@@ -79,6 +79,7 @@ _sig = {
     "dl_last_error": (_c.c_char_p, []),
     "dl_open": (_c.c_int, [_c.POINTER(_c.c_void_p), _c.c_char_p, _c.c_char_p]),
     "dl_next_batch_on": (_c.c_int, [_c.c_void_p, _c.c_int, _c.POINTER(_c.c_void_p)]),
+    "dl_next_batch_timed": (_c.c_int, [_c.c_void_p, _c.c_int, _c.c_int, _c.POINTER(_c.c_void_p)]),
     "dl_batch_size": (_c.c_int, [_c.c_void_p]),
     "dl_batch_key": (_c.c_char_p, [_c.c_void_p, _c.c_int]),
     "dl_batch_sample_error": (_c.c_int, [_c.c_void_p, _c.c_int]),

@@ -9,6 +9,8 @@ from ._lib import DLManagedTensor, K_DL_CUDA, lib
 
 _DL_EOF = 1
 _DL_EBUSY = -1007
+_ETIMEDOUT = -110
+_WAIT_SLICE_MS = 50
 
 
 class Error(RuntimeError):
@@ -172,7 +174,11 @@ class Loader:
         """The next batch as a dict, or None at the end of the last epoch."""
         handle = self._live()
         b = ctypes.c_void_p()
-        rc = lib.dl_next_batch_on(handle, device_index, ctypes.byref(b))
+        # Short waits: between them Python runs its signal handlers, so Ctrl-C interrupts a
+        # wait for a slow batch at once instead of after it.
+        rc = _ETIMEDOUT
+        while rc == _ETIMEDOUT:
+            rc = lib.dl_next_batch_timed(handle, device_index, _WAIT_SLICE_MS, ctypes.byref(b))
         if rc == _DL_EBUSY:
             raise Error(rc, (lib.dl_last_error() or b"").decode() + "; batches are zero-copy views "
                         "of the loader's slots: drop earlier batches, or keep copies (.clone(), .copy())")

@@ -119,6 +119,44 @@ def test_calls_after_close_raise_instead_of_crashing():
         assert "closed" in e.value.message
 
 
+def test_ctrl_c_interrupts_a_wait_for_a_slow_batch(tmp_path):
+    """SIGINT reaches Python within 200 ms while dl_next_batch waits, and the loader closes fast."""
+    Image = pytest.importorskip("PIL.Image")
+    noise = np.random.default_rng(0).integers(0, 255, (1500, 1500, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(noise).save(buf, format="PNG", compress_level=1)
+    shard = tmp_path / "slow.tar"
+    _tar(shard, [(f"{i:04d}.png", buf.getvalue()) for i in range(64)])
+    script = f'''
+import os, signal, sys, threading, time
+sys.path.insert(0, {os.path.dirname(os.path.dirname(ringfeed.__file__))!r})
+import ringfeed
+loader = ringfeed.Loader({str(shard)!r}, batch_size=32, workers=1, image_size=64, framework="numpy")
+fired = []
+def fire():
+    time.sleep(0.4)
+    fired.append(time.perf_counter())
+    os.kill(os.getpid(), signal.SIGINT)
+threading.Thread(target=fire, daemon=True).start()
+try:
+    for b in loader:
+        pass
+    print("finished")
+except KeyboardInterrupt:
+    waited = time.perf_counter() - fired[0]
+    t0 = time.perf_counter()
+    loader.close()
+    print(f"interrupted {{waited:.3f}} closed {{time.perf_counter() - t0:.3f}}")
+'''
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                         env=dict(os.environ))
+    words = out.stdout.split()
+    assert words and words[0] == "interrupted", out.stdout + out.stderr
+    assert float(words[1]) < 0.2 and float(words[3]) < 0.1, out.stdout
+
+
 def _tar(path, members):
     with tarfile.open(path, "w") as t:
         for name, data in members:
