@@ -4,7 +4,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <stdlib.h>
 #include <string.h>
@@ -95,24 +94,6 @@ int dl__dataset_open_file(dl__dataset *ds, const char *path, uint32_t *file, uin
   return 0;
 }
 
-int dl__dataset_map(dl__dataset *ds) {
-  ds->maps = calloc(ds->nfiles ? ds->nfiles : 1, sizeof *ds->maps);
-  ds->map_len = calloc(ds->nfiles ? ds->nfiles : 1, sizeof *ds->map_len);
-  if (!ds->maps || !ds->map_len)
-    return dl__fail(-ENOMEM, "out of memory");
-  for (uint32_t i = 0; i < ds->nfiles; i++) {
-    struct stat st;
-    if (ds->fds[i] < 0 || ds->direct[i] || fstat(ds->fds[i], &st) || st.st_size == 0)
-      continue; /* files opened per read (ImageFolder) and O_DIRECT shards are read as before */
-    void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, ds->fds[i], 0);
-    if (p == MAP_FAILED)
-      return dl__fail(-errno, "option io=mmap: cannot map %s: %s", ds->files[i], strerror(errno));
-    ds->maps[i] = p;
-    ds->map_len[i] = (uint64_t)st.st_size;
-  }
-  return 0;
-}
-
 int dl__mkdirs(const char *dir) {
   char buf[4096];
   snprintf(buf, sizeof buf, "%s", dir);
@@ -169,11 +150,7 @@ void dl__dataset_free(dl__dataset *ds) {
     free(ds->files[i]);
   }
   free(ds->files);
-  for (uint32_t i = 0; ds->maps && i < ds->nfiles; i++)
-    if (ds->maps[i])
-      munmap((void *)ds->maps[i], ds->map_len[i]);
-  free(ds->maps);
-  free(ds->map_len);
+  dl__dataset_unmap(ds);
   free(ds->fds);
   free(ds->direct);
   free(ds->samples);

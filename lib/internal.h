@@ -125,6 +125,7 @@ typedef struct dl__dataset {
   uint32_t *direct; /* per file: O_DIRECT alignment of fds[i], 0 for buffered reads */
   const uint8_t **maps; /* with io=mmap: each kept-open file mapped whole (NULL: read it) */
   uint64_t *map_len;
+  _Atomic int *map_changed; /* per file: shrank under its mapping (a SIGBUS was caught); read it */
   dl__sample *samples;
   size_t n, cap;
   char *pool;
@@ -154,8 +155,17 @@ typedef struct dl__shard_id {
 /* Adds PATH and opens it for the loader's life (ds->fds); its identity (ID may be NULL for the
  * size alone in *SIZE). */
 int dl__dataset_open_file(dl__dataset *ds, const char *path, uint32_t *file, uint64_t *size, dl__shard_id *id);
-/* io=mmap: maps every kept-open file, so workers read samples in place. */
+/* ---- io=mmap (io_mmap.c) ---- */
+/* Maps every kept-open file, so workers read samples in place, and catches the SIGBUS of a file
+ * that shrinks under its mapping (the handler of SIGBUS is chained, installed once). */
 int dl__dataset_map(dl__dataset *ds);
+void dl__dataset_unmap(dl__dataset *ds);
+/* Whether FILE is read in place: mapped, and not changed under the mapping. */
+bool dl__map_usable(const dl__dataset *ds, uint32_t file);
+/* Around every read of FILE's mapping by this thread; leave returns true when the file shrank
+ * meanwhile: bytes read may be zeros, and the read must be done again with pread. */
+void dl__map_guard_enter(dl__dataset *ds, uint32_t file);
+bool dl__map_guard_leave(dl__dataset *ds, uint32_t file);
 /* mkdir -p. */
 int dl__mkdirs(const char *dir);
 uint32_t dl__dataset_intern(dl__dataset *ds, const char *s, size_t len);

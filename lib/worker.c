@@ -139,9 +139,8 @@ static bool abandon(struct dl__worker *w, inflight *f) {
   return true;
 }
 
-static void finish(struct dl__worker *w, inflight *f, int64_t res) {
-  if (abandon(w, f))
-    return;
+/* Checks and decodes a read of RES bytes (or -errno) of F's sample; E gets what went wrong. */
+static void process(struct dl__worker *w, inflight *f, int64_t res, dl__err *err) {
   dl__err e = {0};
   const dl__sample *s = f->s;
   if (res >= 0)
@@ -163,7 +162,37 @@ static void finish(struct dl__worker *w, inflight *f, int64_t res) {
   }
   if (res > 0)
     atomic_fetch_add_explicit(&w->l->st.bytes_read, res, memory_order_relaxed);
+  *err = e;
+}
+
+static void finish(struct dl__worker *w, inflight *f, int64_t res) {
+  if (abandon(w, f))
+    return;
+  dl__err e;
+  process(w, f, res, &e);
   complete(w, f, &e);
+}
+
+/* Decodes F's sample in place from its file's mapping; false when the file shrank meanwhile and
+ * the sample must be read (its bytes may have been zeros where pages were cut off). */
+static bool finish_mapped(struct dl__worker *w, inflight *f) {
+  dl__dataset *ds = &w->l->ds;
+  const dl__sample *s = f->s;
+  uint64_t len = ds->map_len[s->file];
+  f->data = ds->maps[s->file] + (s->offset < len ? s->offset : len);
+  f->skip = 0;
+  if (abandon(w, f))
+    return true;
+  dl__err e;
+  dl__map_guard_enter(ds, s->file);
+  process(w, f, s->offset >= len ? 0 : (int64_t)(len - s->offset < s->size ? len - s->offset : s->size), &e);
+  if (dl__map_guard_leave(ds, s->file)) {
+    if (f->c.slot->jobs)
+      f->c.slot->jobs[f->c.i].len = 0;
+    return false;
+  }
+  complete(w, f, &e);
+  return true;
 }
 
 /* Starts the read for claim C; returns false when the sample was finished at once (an error). */
@@ -186,12 +215,8 @@ static bool start(struct dl__worker *w, const dl__claim *c) {
   } else if ((int64_t)s->size > l->o.max_member_bytes) {
     dl__err_set(&e, DL_ELIMIT, "member is %llu bytes, above max_member_bytes=%lld",
                 (unsigned long long)s->size, (long long)l->o.max_member_bytes);
-  } else if (l->ds.maps && l->ds.maps[s->file]) {
-    /* Mapped: the bytes are read in place, and a file shorter than its index is a short read. */
-    uint64_t len = l->ds.map_len[s->file];
-    f->data = l->ds.maps[s->file] + (s->offset < len ? s->offset : len);
-    f->skip = 0;
-    finish(w, f, s->offset >= len ? 0 : (int64_t)(len - s->offset < s->size ? len - s->offset : s->size));
+  } else if (dl__map_usable(&l->ds, s->file) && finish_mapped(w, f)) {
+    /* Mapped: the bytes were read in place, and a file shorter than its index was a short read. */
     return false;
   } else {
     /* O_DIRECT reads start and end on the alignment; the sample's bytes sit F->skip in. */
