@@ -10,6 +10,21 @@
  * not during dl_close(). dl_batch_* accessors and dl_batch_release may be called from any thread.
  * Error functions are thread-safe; dl_last_error() is per thread.
  *
+ * dl_close() returns within tens of milliseconds: decodes and reads in flight are abandoned.
+ *
+ * fork(): a child has a copy of its parent's loaders but none of their threads. There, loader
+ * calls return DL_EFORKED, dl_batch_release() and dl_close() release nothing (the copy goes with
+ * the child), and batches taken before the fork can still be read. A child opens its own loaders.
+ *
+ * Signals: the library blocks none. With io=mmap it installs a SIGBUS handler (once, chained to
+ * the one before it) so that a shard cut short under its mapping gives per-sample errors.
+ *
+ * Files changed under an open loader: each shard is read through the descriptor opened with the
+ * loader, so a deleted or renamed-over shard is still read whole; bytes overwritten in place are
+ * read as they now are (checksummed .rfs records then fail); a truncated shard makes every sample
+ * past its new end an error naming shard, member and "truncated". The next dl_open indexes a
+ * shard again when its size, mtime, ctime or inode differ from the cached index.
+ *
  * Return values: every int function returns >= 0 on success and a negative code on failure,
  * either -errno or one of the DL_E* codes below. Codes are never renumbered.
  */
@@ -53,7 +68,8 @@ extern "C" {
   X(DL_ENOSAMPLES, -1008, "no samples")                                                          \
   X(DL_ENODEVICE, -1009, "no such device")                                                       \
   X(DL_ENOFIELD, -1010, "no such field")                                                         \
-  X(DL_ECLOSED, -1011, "the loader was closed")
+  X(DL_ECLOSED, -1011, "the loader was closed")                                                 \
+  X(DL_EFORKED, -1012, "the loader belongs to the parent of this fork()")
 
 enum dl_error {
 #define DL__ERR_ENUM(name, value, msg) name = value,

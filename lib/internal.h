@@ -539,6 +539,7 @@ struct dl_loader {
   struct dl__worker *workers;
   dl__stats st;
   double open_time;
+  pid_t pid; /* the process that opened it: a child of fork() has none of its threads */
   void *cuda; /* gpu/copy_stage.c state, NULL for host batches */
   /* JPEG decoding on the GPU, chosen at open (gpu/decode.c). */
   int decode;          /* DL__DECODE_CPU, _GPU or _HYBRID: what runs */

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <sys/resource.h>
 #include <time.h>
 
@@ -113,6 +114,7 @@ int dl_open(dl_loader **out, const char *source, const char *options) {
   pthread_cond_init(&l->work_cv, NULL);
   pthread_cond_init(&l->ready_cv, NULL);
   l->open_time = t0;
+  l->pid = getpid();
   const char *env_level = getenv("DL_LOG_LEVEL");
   if (env_level && *env_level >= '0' && *env_level <= '4')
     dl__log_level = *env_level - '0';
@@ -156,12 +158,26 @@ fail:
   return r;
 }
 
+/* A child of fork() has a copy of the loader but none of its threads, and maybe a lock held by one
+ * of them: it may not use the loader. */
+static int forked(const dl_loader *l) {
+  pid_t me = getpid();
+  if (me == l->pid)
+    return 0;
+  return dl__fail(DL_EFORKED,
+                  "the loader was opened by process %d and this is its child %d, a fork() without the "
+                  "loader's threads: open another loader in the child",
+                  (int)l->pid, (int)me);
+}
+
 static bool exhausted_out(const dl__stream *s) { return s->sm.total >= 0 && s->next_out >= s->sm.total; }
 
 int dl_next_batch_on(dl_loader *l, int dev, dl_batch **out) { return dl_next_batch_timed(l, dev, -1, out); }
 
 int dl_next_batch_timed(dl_loader *l, int dev, int timeout_ms, dl_batch **out) {
   *out = NULL;
+  if (forked(l))
+    return DL_EFORKED;
   if (dev < 0 || dev >= l->nstreams)
     return dl__fail(DL_ENODEVICE, "device index %d: the loader has %d", dev, l->nstreams);
   dl__stream *s = &l->streams[dev];
@@ -373,6 +389,8 @@ void dl_batch_release(dl_batch *b, void *stream) {
     return;
   dl_loader *l = b->l;
   bool free_now = false;
+  if (getpid() != l->pid)
+    return; /* the parent's batch: nothing of it is the child's to release */
   pthread_mutex_lock(&l->mu);
   b->release_stream = stream;
   unref_locked(b, &free_now);
@@ -391,6 +409,8 @@ static void export_deleter(DLManagedTensor *m) {
   free(m);
   dl_loader *l = b->l;
   bool free_now = false;
+  if (getpid() != l->pid)
+    return; /* the parent's batch: nothing of it is the child's to release */
   pthread_mutex_lock(&l->mu);
   b->exports--;
   unref_locked(b, &free_now);
@@ -423,12 +443,16 @@ int dl_batch_export(dl_batch *b, const char *name, DLManagedTensor **out) {
 int dl_batch_wait(dl_batch *b, void *stream) {
   if (!b)
     return dl__fail(-EINVAL, "no batch");
+  if (b->is_device && forked(b->l))
+    return DL_EFORKED;
   return b->is_device ? dl__cuda_wait(b, stream) : 0;
 }
 
 int64_t dl_batches_per_epoch(const dl_loader *l) { return l->streams[0].sm.nb; }
 
 int dl_state_save(dl_loader *l, char *buf, size_t cap) {
+  if (forked(l))
+    return DL_EFORKED;
   pthread_mutex_lock(&l->mu);
   int64_t handed = l->streams[0].handed;
   pthread_mutex_unlock(&l->mu);
@@ -453,6 +477,8 @@ static const char *json_text(const char *s, char *out, size_t cap) {
 }
 
 int dl_stats_json(dl_loader *l, char *buf, size_t cap) {
+  if (forked(l))
+    return DL_EFORKED;
   static const char *const decoders[] = {"auto", "cpu", "gpu", "hybrid"};
   char device[64] = "cpu";
   if (l->o.ndevices) {
@@ -488,7 +514,9 @@ int dl_stats_json(dl_loader *l, char *buf, size_t cap) {
 }
 
 void dl_close(dl_loader *l) {
-  if (!l)
+  /* In a child of fork() the loader's memory is a copy that goes with the process; its pinned and
+   * device memory and its threads are the parent's. */
+  if (!l || getpid() != l->pid)
     return;
   /* Consumers waiting on other threads leave first, with DL_ECLOSED. */
   pthread_mutex_lock(&l->mu);

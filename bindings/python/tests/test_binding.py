@@ -119,6 +119,31 @@ def test_calls_after_close_raise_instead_of_crashing():
         assert "closed" in e.value.message
 
 
+@needs_testdata
+def test_a_forked_child_is_refused_the_parents_loader_and_opens_its_own():
+    loader = ringfeed.Loader(WDS, batch_size=8, image_size=32, workers=2, framework="numpy")
+    first = next(loader)
+    pid = os.fork()
+    if pid == 0:  # the child reports through its exit status only
+        status = 1
+        try:
+            try:
+                next(loader)
+            except ringfeed.Error as e:
+                status = 0 if e.name == "DL_EFORKED" and "fork()" in e.message else 2
+            status = status or (0 if first["image"].shape[0] == 8 else 3)
+            loader.close()
+            own = ringfeed.Loader(WDS, batch_size=8, image_size=32, workers=1, framework="numpy")
+            status = status or (0 if next(own)["image"].shape == (8, 32, 32, 3) else 4)
+            own.close()
+        finally:
+            os._exit(status)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+    assert next(loader)["image"].shape[0] == 8  # the parent's loader is untouched
+    loader.close()
+
+
 def test_ctrl_c_interrupts_a_wait_for_a_slow_batch(tmp_path):
     """SIGINT reaches Python within 200 ms while dl_next_batch waits, and the loader closes fast."""
     Image = pytest.importorskip("PIL.Image")
