@@ -321,6 +321,10 @@ extern const dl__io_ops dl__io_pread_ops;
  * of the file) or -errno (io_pread.c). */
 int64_t dl__pread_full(int fd, void *buf, size_t n, uint64_t off);
 extern const dl__io_ops dl__io_uring_ops; /* init fails with -ENOSYS when built without */
+/* Faults for tests (io_fault.c): reads DL_IO_FAULTS once; dl__io_fault(RES) is the result a raw
+ * read of RES (bytes or -errno) is to be taken as. */
+void dl__io_faults_init(void);
+int64_t dl__io_fault(int64_t res);
 /* Chooses the backend for MODE once; writes why into REASON. */
 const dl__io_ops *dl__io_choose(int mode, char *reason, size_t cap, int *err);
 

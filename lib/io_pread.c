@@ -38,13 +38,14 @@ int64_t dl__pread_full(int fd, void *buf, size_t n, uint64_t off) {
   size_t got = 0;
   while (got < n) {
     ssize_t r = pread(fd, (char *)buf + got, n - got, (off_t)(off + got));
-    if (r < 0 && errno == EINTR)
+    int64_t res = dl__io_fault(r < 0 ? -errno : (int64_t)r);
+    if (res == -EINTR || res == -EAGAIN)
       continue;
-    if (r < 0)
-      return -errno;
-    if (r == 0)
+    if (res < 0)
+      return res;
+    if (res == 0)
       break;
-    got += (size_t)r;
+    got += (size_t)res;
   }
   return (int64_t)got;
 }

@@ -101,7 +101,7 @@ static int ur_wait(dl__io *io, uint64_t *tag, int64_t *res) {
     if (r < 0)
       return r;
     op *o = io_uring_cqe_get_data(cqe);
-    int cres = cqe->res;
+    int cres = (int)dl__io_fault(cqe->res);
     io_uring_cqe_seen(&s->ring, cqe);
     if (cres == -EAGAIN || cres == -EINTR) {
       if (queue(s, o) == 0)

@@ -123,6 +123,7 @@ int dl_open(dl_loader **out, const char *source, const char *options) {
     goto fail;
   dl__log_level = l->o.log_level;
   raise_fd_limit();
+  dl__io_faults_init();
   if ((r = dl__source_load(&l->ds, source, &l->o)) || (r = dl__fields_schema(l)))
     goto fail;
   for (int f = 0; f < l->nfields; f++)

@@ -127,7 +127,8 @@ int dl__expand_braces(const char *pattern, char ***out, size_t *count) {
 /* 1 for a ringfeed shard, 0 for anything else, or a negative code when PATH cannot be read: a
  * file that fails to open is not taken for a tar. */
 static int is_rfs(const char *path) {
-  int fd = dl__open_regular(path, "source", NULL);
+  struct stat st;
+  int fd = dl__open_regular(path, "source", &st);
   if (fd < 0)
     return fd;
   char magic[8] = {0};
@@ -135,6 +136,9 @@ static int is_rfs(const char *path) {
   close(fd);
   if (n < 0)
     return dl__fail((int)n, "source %s: %s", path, strerror((int)-n));
+  if (n < (st.st_size < 8 ? st.st_size : 8))
+    return dl__fail(DL_ECORRUPT, "source %s: the file ends at offset %lld, before its size %lld (truncated meanwhile)",
+                    path, (long long)n, (long long)st.st_size);
   return n == 8 && !memcmp(magic, "RFSHARD1", 8);
 }
 

@@ -24,7 +24,8 @@ typedef struct reader {
   uint8_t *win;
   uint64_t win_off;
   size_t win_len;
-  int err; /* -errno of the last read that failed (an I/O error, not the end of the file) */
+  int err; /* -errno of the last read that failed, or DL_ECORRUPT when the file ended before its size */
+  uint64_t ended_at; /* with DL_ECORRUPT: where */
 } reader;
 
 /* Returns a pointer to LEN bytes at OFF, or NULL past the end of the file or on a read error. */
@@ -37,6 +38,10 @@ static const uint8_t *read_at(reader *r, uint64_t off, size_t len) {
   int64_t n = dl__pread_full(r->fd, r->win, want, off);
   size_t got = n > 0 ? (size_t)n : 0;
   r->err = n < 0 ? (int)n : 0;
+  if (n >= 0 && got < want) { /* the size was taken at open: the file shrank, or a read came up short */
+    r->err = DL_ECORRUPT;
+    r->ended_at = off + got;
+  }
   r->win_off = off;
   r->win_len = got;
   return got >= len ? r->win : NULL;
@@ -393,6 +398,12 @@ int dl__tar_scan(dl__dataset *ds, uint32_t file, int fd, uint64_t file_size, int
     off = next;
   }
   /* A failing disk is not a damaged file: nothing of the shard is trusted, whatever on_error says. */
+  if (r.err == DL_ECORRUPT) {
+    rc = dl__fail(r.err, "shard %s: the file ends at offset %llu while being indexed, before the %llu bytes it had "
+                  "when opened (truncated meanwhile)", shard, (unsigned long long)r.ended_at,
+                  (unsigned long long)file_size);
+    goto done;
+  }
   if (r.err) {
     rc = dl__fail(r.err, "shard %s: read error at offset %llu while indexing it: %s", shard, (unsigned long long)off,
                   strerror(-r.err));
