@@ -55,21 +55,30 @@ device: deps
 	@cmake -S . -B build-device -DDL_BUNDLE_DEPS=ON -DDL_WITH_CUDA=ON -DDL_BUILD_TESTS=ON >/dev/null
 	@cmake --build build-device -j $(JOBS)
 
-# Coverage-guided fuzzing of the tar scanner and the decoders (clang's libFuzzer), FUZZ_SECONDS each,
-# starting from the third-party corpora. Not part of `make test`, which replays those inputs.
+# Coverage-guided fuzzing of every parser (clang's libFuzzer), FUZZ_SECONDS each, starting from the
+# seeds in tests/fuzz/corpus and the third-party corpora. Not part of `make test`, which replays
+# those inputs. New finds stay in build-fuzz/corpus-TARGET.
 FUZZ_SECONDS ?= 60
 TESTDATA ?= $(CURDIR)/../shared/testdata
+FUZZ_TARGETS = options token npy fields braces rfidx rfs tar decode
+fuzz_seeds_rfs = $(wildcard build/tests/shards/rfs)
+fuzz_seeds_tar = $(TESTDATA)/webdataset
+fuzz_seeds_decode = $(TESTDATA)/jpeg-decoder $(TESTDATA)/pngsuite $(TESTDATA)/libspng-crashers
+fuzz_seeds_fields = tests/fuzz/corpus/fields $(TESTDATA)/zstd $(TESTDATA)/mds
 fuzz: test-deps
 	@cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DDL_WITH_CUDA=OFF -DDL_FUZZ=ON -DCMAKE_BUILD_TYPE=Debug \
 	  -DCMAKE_C_FLAGS="-fsanitize=fuzzer-no-link,address,undefined" >/dev/null
-	@cmake --build build-fuzz -j $(JOBS) --target fuzz_tar fuzz_decode fuzz_rfs
-	mkdir -p build-fuzz/corpus-tar build-fuzz/corpus-decode build-fuzz/corpus-rfs
-	DL_LOG_LEVEL=0 ./build-fuzz/tests/fuzz_rfs -max_total_time=$(FUZZ_SECONDS) build-fuzz/corpus-rfs \
-	  $(wildcard build/tests/shards/rfs)
-	DL_LOG_LEVEL=0 ./build-fuzz/tests/fuzz_tar -max_total_time=$(FUZZ_SECONDS) -max_len=1048576 \
-	  build-fuzz/corpus-tar $(TESTDATA)/webdataset
-	DL_LOG_LEVEL=0 ./build-fuzz/tests/fuzz_decode -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=4096 \
-	  build-fuzz/corpus-decode $(TESTDATA)/jpeg-decoder $(TESTDATA)/pngsuite $(TESTDATA)/libspng-crashers
+	@cmake --build build-fuzz -j $(JOBS) $(addprefix --target fuzz_,$(FUZZ_TARGETS))
+	@for t in $(FUZZ_TARGETS); do \
+	  mkdir -p build-fuzz/corpus-$$t; \
+	  case $$t in rfs) seeds="$(fuzz_seeds_rfs)";; tar) seeds="$(fuzz_seeds_tar)";; \
+	    decode) seeds="$(fuzz_seeds_decode)";; fields) seeds="$(fuzz_seeds_fields)";; \
+	    *) seeds=tests/fuzz/corpus/$$t;; esac; \
+	  DL_LOG_LEVEL=0 ./build-fuzz/tests/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -max_len=1048576 \
+	    -rss_limit_mb=4096 -print_final_stats=1 build-fuzz/corpus-$$t $$seeds >build-fuzz/fuzz_$$t.log 2>&1 \
+	    || { tail -40 build-fuzz/fuzz_$$t.log; echo "fuzz_$$t failed: build-fuzz/fuzz_$$t.log"; exit 1; }; \
+	  echo "fuzz_$$t: $$(grep -o 'number_of_executed_units: *[0-9]*' build-fuzz/fuzz_$$t.log | grep -o '[0-9]*$$') runs in $(FUZZ_SECONDS) s, no crash"; \
+	done
 
 clean:
 	rm -rf build build-asan build-tsan build-device build-fuzz

@@ -89,7 +89,9 @@ static int read_file(const char *path, uint8_t **out, size_t *len) {
   return 0;
 }
 
-static int parse(dl__dataset *ds, uint32_t file, const uint8_t *p, size_t len, const dl__shard_id *id) {
+int dl__index_cache_parse(dl__dataset *ds, uint32_t file, const uint8_t *p, size_t len, const dl__shard_id *id) {
+  if (len < HEADER_BYTES + 8)
+    return -1;
   uint64_t size = id->size;
   if (memcmp(p, MAGIC, 8) || get64(p + 8) != size || (int64_t)get64(p + 16) != id->mtime_ns ||
       (int64_t)get64(p + 24) != id->ctime_ns || get64(p + 32) != id->ino || get64(p + 40) != id->edges)
@@ -169,7 +171,7 @@ int dl__index_cache_read(dl__dataset *ds, uint32_t file, const char *path, const
     size_t len;
     if (read_file(cpath, &p, &len))
       continue;
-    int r = parse(ds, file, p, len, id);
+    int r = dl__index_cache_parse(ds, file, p, len, id);
     free(p);
     if (r == 0)
       return 0;

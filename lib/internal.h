@@ -233,6 +233,9 @@ int dl__expand_braces(const char *pattern, char ***out, size_t *count);
 /* Cached tar index beside the shard or in the cache folder (index_cache.c). */
 int dl__index_cache_read(dl__dataset *ds, uint32_t file, const char *path, const dl__shard_id *id);
 void dl__index_cache_write(const dl__dataset *ds, size_t first, const char *path, const dl__shard_id *id);
+/* The samples of cache bytes P (LEN of them) into DS as file FILE, when they match ID; -1 when not
+ * (the cache is untrusted: every field is checked). */
+int dl__index_cache_parse(dl__dataset *ds, uint32_t file, const uint8_t *p, size_t len, const dl__shard_id *id);
 
 /* ---- .npy payloads (npy.c) ---- */
 
