@@ -9,7 +9,7 @@ export ASAN_OPTIONS = detect_leaks=1:abort_on_error=1
 export UBSAN_OPTIONS = print_stacktrace=1:halt_on_error=1
 export TSAN_OPTIONS = halt_on_error=1:second_deadlock_stack=1
 
-.PHONY: all deps test-deps build run test test-release test-asan test-tsan test-python device fuzz clean
+.PHONY: all deps test-deps build run test test-release test-asan test-tsan test-python device fuzz soak clean
 
 all: build
 
@@ -48,6 +48,16 @@ test-python: build
 	cd build && RINGFEED_LIBRARY=$(CURDIR)/build/libringfeed.so DL_DLSHARD=$(CURDIR)/build/dlshard \
 	  DL_TEST_SHARDS=$(CURDIR)/build/tests/shards \
 	  $(PYTHON) -m pytest -q $(CURDIR)/bindings/python/tests
+
+# Long soak, SOAK_EPOCHS epochs (and as many loaders in turn) from C and from Python, sampling
+# memory, descriptors, threads and pinned bytes; make test runs a short one.
+SOAK_EPOCHS ?= 50
+soak: test-deps build
+	./build/tests/soak --epochs $(SOAK_EPOCHS)
+	cd build && RINGFEED_LIBRARY=$(CURDIR)/build/libringfeed.so \
+	  $(PYTHON) $(CURDIR)/bindings/python/tests/soak.py --epochs $(SOAK_EPOCHS) | tail -3
+	cd build && if $(PYTHON) -c "import torch" 2>/dev/null; then RINGFEED_LIBRARY=$(CURDIR)/build/libringfeed.so \
+	  $(PYTHON) $(CURDIR)/bindings/python/tests/soak.py --epochs $(SOAK_EPOCHS) --framework torch | tail -1; fi
 
 # Portable binaries for a machine without the -dev packages (the GPU machine): the shared
 # libraries ringfeed needs copied into build-device/deps, the CUDA runtime linked statically.

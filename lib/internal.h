@@ -532,6 +532,7 @@ struct dl_loader {
   uint8_t *field_mem;
   char len_names[DL__MAX_FIELDS][80];
   uint8_t *host_mem;  /* all slots' images, one allocation (pinned with CUDA) */
+  size_t host_mem_bytes; /* host_mem, field_mem and arena_mem together */
   const dl__io_ops *io_ops;
   char io_reason[160];
   pthread_mutex_t mu;

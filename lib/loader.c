@@ -22,6 +22,9 @@ double dl__now(void) {
   return (double)t.tv_sec + t.tv_nsec * 1e-9;
 }
 
+/* Pinned host memory held by all loaders of the process, for the stats: a soak test samples it. */
+static _Atomic size_t pinned_in_process;
+
 static void free_loader(dl_loader *l) {
   if (l->cuda)
     dl__cuda_stop(l);
@@ -35,6 +38,8 @@ static void free_loader(dl_loader *l) {
     }
     free(slots);
   }
+  if (l->cuda)
+    atomic_fetch_sub(&pinned_in_process, l->host_mem_bytes);
   if (l->host_mem)
     dl__host_free(l, l->host_mem);
   if (l->field_mem)
@@ -75,6 +80,9 @@ static int alloc_slots(dl_loader *l) {
   if (!ok)
     return dl__fail(-ENOMEM, "could not allocate %zu bytes of %s batch memory", total + field_total + arena_total,
                     l->o.ndevices ? "pinned" : "host");
+  l->host_mem_bytes = total + field_total + arena_total;
+  if (l->cuda)
+    atomic_fetch_add(&pinned_in_process, l->host_mem_bytes);
   size_t at = 0;
   for (int s = 0; s < l->nstreams; s++) {
     dl_batch *slots = calloc((size_t)l->o.prefetch, sizeof *slots);
@@ -502,7 +510,8 @@ int dl_stats_json(dl_loader *l, char *buf, size_t cap) {
       ",\"read_wait_s\":%.6f,\"workers\":%d,\"prefetch\":%d,\"batch_size\":%d,\"dataset_samples\":%zu"
       ",\"io_backend\":\"%s\",\"io_reason\":\"%s\",\"device\":\"%s\",\"decode_backend\":\"%s\""
       ",\"decode_reason\":\"%s\",\"cpu_decoded\":%" PRId64 ",\"gpu_decoded\":%" PRId64 ",\"gpu_fallbacks\":%" PRId64
-      ",\"gpu_share\":%.4f,\"gpu_share_balanced\":%.4f,\"arena_mb\":%.1f%s}",
+      ",\"gpu_share\":%.4f,\"gpu_share_balanced\":%.4f,\"arena_mb\":%.1f,\"host_batch_bytes\":%zu"
+      ",\"pinned_bytes_in_process\":%zu%s}",
       atomic_load(&l->st.samples), batches, atomic_load(&l->st.errors), atomic_load(&l->st.bytes_read),
       dl__now() - l->open_time, first, wait, atomic_load(&l->st.decode_ns) * 1e-9,
       atomic_load(&l->st.read_wait_ns) * 1e-9, l->o.workers, l->o.prefetch, l->o.batch_size, l->ds.n,
@@ -510,7 +519,8 @@ int dl_stats_json(dl_loader *l, char *buf, size_t cap) {
       device, decoders[l->decode], json_text(l->decode_reason, decode_reason, sizeof decode_reason),
       atomic_load(&l->st.cpu_decoded), atomic_load(&l->st.gpu_decoded), atomic_load(&l->st.gpu_fallbacks),
       l->decode == DL__DECODE_CPU ? 0.0 : share, balanced,
-      (double)l->arena_bytes * l->o.prefetch * l->nstreams / 1048576.0, gpu);
+      (double)l->arena_bytes * l->o.prefetch * l->nstreams / 1048576.0, l->host_mem_bytes,
+      atomic_load(&pinned_in_process), gpu);
   return n < 0 || (size_t)n >= cap ? dl__fail(-ENOSPC, "stats need %d bytes", n + 1) : n;
 }
 
