@@ -25,6 +25,12 @@
  * past its new end an error naming shard, member and "truncated". The next dl_open indexes a
  * shard again when its size, mtime, ctime or inode differ from the cached index.
  *
+ * Limits on untrusted input: images above max_pixels (64 MP) and members above max_member_bytes
+ * (256 MiB; also the most a zstd member may inflate to) are per-sample DL_ELIMIT errors; a source
+ * pattern may expand to at most 1,000,000 paths; .npy shapes whose size overflows are DL_ELIMIT.
+ * Failed reads and allocations are errors naming the file, never a crash; with on_error=skip each
+ * failed sample is zeros, counted in the stats and logged with shard, member and reason.
+ *
  * Return values: every int function returns >= 0 on success and a negative code on failure,
  * either -errno or one of the DL_E* codes below. Codes are never renumbered.
  */
