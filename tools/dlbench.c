@@ -1,12 +1,15 @@
 /*
  * dlbench: runs the loader over a source (or the built-in synthetic set) and reports its rate.
  * --digest prints a hash of each delivered batch's bytes, in order, and of the whole stream, so
- * two runs (other worker counts, a resumed run) can be compared line by line.
+ * two runs (other worker counts, a resumed run) can be compared line by line. With --json, stdout
+ * holds nothing but one JSON object, the digests and keys inside it.
  */
 #include "ringfeed.h"
 #include "synthetic.h"
 
 #include <errno.h>
+#include <stdarg.h>
+#include <stdbool.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <limits.h>
@@ -24,6 +27,53 @@
 #include "gpu_step.h"
 #endif
 
+/* Text gathered for the JSON object (digests, keys); a failed growth drops it and says so once. */
+typedef struct text {
+  char *p;
+  size_t len, cap;
+  bool failed;
+} text;
+
+static void text_add(text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void text_add(text *t, const char *fmt, ...) {
+  for (int attempt = 0; attempt < 2 && !t->failed; attempt++) {
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(t->p ? t->p + t->len : NULL, t->p ? t->cap - t->len : 0, fmt, ap);
+    va_end(ap);
+    if (n < 0) {
+      t->failed = true;
+    } else if (t->p && t->len + (size_t)n < t->cap) {
+      t->len += (size_t)n;
+      return;
+    } else {
+      size_t cap = (t->cap + (size_t)n + 1) * 2;
+      char *p = realloc(t->p, cap);
+      if (!p)
+        t->failed = true;
+      else
+        t->p = p, t->cap = cap;
+    }
+  }
+  if (t->failed)
+    fprintf(stderr, "dlbench: out of memory gathering the JSON output\n");
+}
+
+/* S as a JSON string, quotes included. */
+static void text_add_string(text *t, const char *s) {
+  text_add(t, "\"");
+  for (; *s; s++) {
+    unsigned char c = (unsigned char)*s;
+    if (c == '"' || c == '\\')
+      text_add(t, "\\%c", c);
+    else if (c < 0x20)
+      text_add(t, "\\u%04x", c);
+    else
+      text_add(t, "%c", c);
+  }
+  text_add(t, "\"");
+}
+
 static double now(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
@@ -32,8 +82,9 @@ static double now(void) {
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: dlbench [SOURCE] [options]\n"
-          "  SOURCE            tar shards (list with ::, globs, {000..009} ranges) or an ImageFolder;\n"
+          "usage: dlbench [SOURCE...] [options]\n"
+          "  SOURCE            tar or ringfeed shards (list with ::, globs, {000..009} ranges) or an\n"
+          "                    ImageFolder; several are read as one list (a shell-expanded glob);\n"
           "                    none: the built-in synthetic set\n"
           "  --workers N       worker threads (default: all CPUs)\n"
           "  --batch B         batch size (256)\n"
@@ -59,13 +110,14 @@ static void usage(FILE *f) {
           "  --make-synthetic  only make (once) the synthetic set and print its source pattern\n"
           "  --json            print one JSON object\n"
           "  --digest          print a hash of every batch's bytes, then of the whole stream\n"
-          "  --keys            print each batch's sample keys\n");
+          "  --keys            print each batch's sample keys\n"
+          "  --version         print the version\n");
 }
 
 int main(int argc, char **argv) {
   enum { O_BATCH = 256, O_SIZE, O_CROP, O_PREFETCH, O_EPOCHS, O_SEED, O_IO, O_ONERR, O_RANK, O_WORLD,
          O_DEVICE, O_DTYPE, O_STEP, O_RESUME, O_STOP, O_OPTION, O_SYNTH, O_JSON, O_DIGEST, O_KEYS,
-         O_FLIP, O_WORKERS, O_HELP, O_MAKE, O_DECODE, O_QUALITY, O_SUBSAMPLING };
+         O_FLIP, O_WORKERS, O_HELP, O_MAKE, O_DECODE, O_QUALITY, O_SUBSAMPLING, O_VERSION };
   static const struct option longopts[] = {
       {"workers", 1, 0, O_WORKERS}, {"batch", 1, 0, O_BATCH},      {"size", 1, 0, O_SIZE},
       {"crop", 1, 0, O_CROP},       {"prefetch", 1, 0, O_PREFETCH}, {"epochs", 1, 0, O_EPOCHS},
@@ -76,7 +128,7 @@ int main(int argc, char **argv) {
       {"json", 0, 0, O_JSON},       {"digest", 0, 0, O_DIGEST},    {"keys", 0, 0, O_KEYS},
       {"flip", 0, 0, O_FLIP},       {"help", 0, 0, O_HELP},        {"make-synthetic", 0, 0, O_MAKE},
       {"decode", 1, 0, O_DECODE},   {"quality", 1, 0, O_QUALITY},  {"subsampling", 1, 0, O_SUBSAMPLING},
-      {0, 0, 0, 0}};
+      {"version", 0, 0, O_VERSION}, {0, 0, 0, 0}};
   char opts[4096] = "";
   size_t olen = 0;
 #define ADD(...) olen += (size_t)snprintf(opts + olen, sizeof opts - olen, __VA_ARGS__)
@@ -115,6 +167,7 @@ int main(int argc, char **argv) {
     case O_KEYS: keys = 1; break;
     case O_MAKE: make_only = 1; break;
     case O_HELP: case 'h': usage(stdout); return 0;
+    case O_VERSION: printf("dlbench (ringfeed) %s\n", dl_version()); return 0;
     default: usage(stderr); return 2;
     }
   }
@@ -122,13 +175,20 @@ int main(int argc, char **argv) {
     fprintf(stderr, "dlbench: options too long\n");
     return 2;
   }
-  if (optind < argc - 1) {
-    usage(stderr);
-    return 2;
+  /* Several sources (the shell's expansion of a glob) are one list. */
+  size_t need = 1;
+  for (int i = optind; i < argc; i++)
+    need += strlen(argv[i]) + 2;
+  char *source = malloc(need > PATH_MAX * 2 ? need : PATH_MAX * 2);
+  size_t source_cap = need > PATH_MAX * 2 ? need : PATH_MAX * 2;
+  if (!source) {
+    fprintf(stderr, "dlbench: out of memory\n");
+    return 1;
   }
-  char source[PATH_MAX * 2];
-  if (optind == argc - 1) {
-    snprintf(source, sizeof source, "%s", argv[optind]);
+  source[0] = 0;
+  if (optind < argc) {
+    for (int i = optind, at = 0; i < argc; i++)
+      at += snprintf(source + at, source_cap - (size_t)at, "%s%s", i > optind ? "::" : "", argv[i]);
   } else {
     if (synthetic < 1) {
       fprintf(stderr, "dlbench: --synthetic needs at least 1 sample\n");
@@ -139,7 +199,7 @@ int main(int argc, char **argv) {
       return 2;
     }
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    if (synthetic_dataset(synthetic, coding, (int)(cpus > 0 ? cpus : 1), source, sizeof source))
+    if (synthetic_dataset(synthetic, coding, (int)(cpus > 0 ? cpus : 1), source, source_cap))
       return 1;
   }
   if (make_only) {
@@ -186,6 +246,7 @@ int main(int argc, char **argv) {
   int rc = 0;
   void *host_copy = NULL;
   size_t host_cap = 0;
+  text batch_digests = {0}, batch_keys = {0};
   (void)host_cap;
   for (;;) {
     if (stop_after >= 0 && batches >= stop_after)
@@ -234,14 +295,21 @@ int main(int argc, char **argv) {
       XXH3_64bits_update(one, data, tb);
       XXH3_64bits_update(all, data, tb);
     }
-    if (digest) {
-      int64_t ep, ix;
-      dl_batch_position(b, &ep, &ix);
+    int64_t ep, ix;
+    dl_batch_position(b, &ep, &ix);
+    if (digest && json)
+      text_add(&batch_digests, "%s\"%" PRId64 ":%" PRId64 " %016llx\"", batches ? "," : "", ep, ix,
+               (unsigned long long)XXH3_64bits_digest(one));
+    else if (digest)
       printf("batch %" PRId64 ":%" PRId64 " %016llx\n", ep, ix, (unsigned long long)XXH3_64bits_digest(one));
-    }
-    if (keys) {
-      int64_t ep, ix;
-      dl_batch_position(b, &ep, &ix);
+    if (keys && json) {
+      text_add(&batch_keys, "%s[", batches ? "," : "");
+      for (int i = 0; i < n; i++) {
+        text_add(&batch_keys, "%s", i ? "," : "");
+        text_add_string(&batch_keys, dl_batch_key(b, i));
+      }
+      text_add(&batch_keys, "]");
+    } else if (keys) {
       printf("keys %" PRId64 ":%" PRId64, ep, ix);
       for (int i = 0; i < n; i++)
         printf(" %s", dl_batch_key(b, i));
@@ -309,9 +377,9 @@ int main(int argc, char **argv) {
     sscanf(p + 18, "%15[^\"]", decode);
   /* The rate after the first batch: start-up (CUDA's included) left out. */
   double steady = wall - first_ms / 1000 > 0 ? (samples - first_samples) / (wall - first_ms / 1000) : 0;
-  if (digest)
+  if (digest && !json)
     printf("digest %016llx\n", (unsigned long long)XXH3_64bits_digest(all));
-  if (stop_after >= 0)
+  if (stop_after >= 0 && !json)
     printf("state %s\n", token);
   if (json) {
     printf("{\"samples\":%" PRId64 ",\"batches\":%" PRId64 ",\"wall_s\":%.6f,\"samples_per_s\":%.3f"
@@ -326,6 +394,11 @@ int main(int argc, char **argv) {
       printf(",\"h2d_gb_s\":%.3f", h2d);
     if (mem_before >= 0)
       printf(",\"device_mem_open_mb\":%.1f,\"device_mem_end_mb\":%.1f", mem_open - mem_before, mem_end - mem_before);
+    if (digest)
+      printf(",\"digest\":\"%016llx\",\"batch_digests\":[%s]", (unsigned long long)XXH3_64bits_digest(all),
+             batch_digests.p ? batch_digests.p : "");
+    if (keys)
+      printf(",\"keys\":[%s]", batch_keys.p ? batch_keys.p : "");
     printf(",\"state\":\"%s\",\"loader\":%s}\n", token, stats);
   } else {
     printf("%" PRId64 " samples in %" PRId64 " batches, %.2f s: %.1f samples/s (%.1f after the first batch), "
@@ -340,6 +413,9 @@ int main(int argc, char **argv) {
       printf("host-to-device copies %.2f GB/s\n", h2d);
   }
   free(host_copy);
+  free(batch_digests.p);
+  free(batch_keys.p);
+  free(source);
   XXH3_freeState(all);
   XXH3_freeState(one);
   dl_close(l);

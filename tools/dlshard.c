@@ -16,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <glob.h>
 #include <zstd.h>
 
 static void usage(FILE *f) {
@@ -28,7 +29,60 @@ static void usage(FILE *f) {
           "  dlshard index SHARD...     build and cache the member index of tar shards\n"
           "  dlshard verify SHARD...    read and decode everything, check every checksum;\n"
           "                             exits 1 naming each bad record\n"
-          "  dlshard ls SHARD [-v]      records, fields, sizes and codecs (-v: every record)\n");
+          "  dlshard ls SHARD [-v]      records, fields, sizes and codecs (-v: every record)\n"
+          "  dlshard --version\n"
+          "  SHARD arguments of index and verify take brace ranges and globs, as the loader does.\n");
+}
+
+/* The paths ARG names: brace ranges ({000..146}, {a,b}) expanded, then globs; *N of them, or
+ * NULL with a message printed. The caller frees each and the array. */
+static char **paths_of(const char *arg, size_t *n) {
+  char **braced = NULL, **out = NULL;
+  size_t nb = 0, count = 0, cap = 0;
+  if (dl__expand_braces(arg, &braced, &nb)) {
+    fprintf(stderr, "dlshard: %s\n", dl_last_error());
+    return NULL;
+  }
+  bool ok = true;
+  for (size_t i = 0; i < nb; i++) {
+    glob_t g = {0};
+    bool pattern = strpbrk(braced[i], "*?[") != NULL;
+    if (pattern && glob(braced[i], 0, NULL, &g)) {
+      fprintf(stderr, "dlshard: %s: no file matches\n", braced[i]);
+      ok = false;
+    }
+    size_t add = pattern ? g.gl_pathc : 1;
+    if (ok && count + add > cap) {
+      cap = (count + add) * 2;
+      char **grown = realloc(out, cap * sizeof *out);
+      if (!grown)
+        ok = false;
+      else
+        out = grown;
+    }
+    for (size_t j = 0; ok && j < add; j++)
+      if (!(out[count++] = strdup(pattern ? g.gl_pathv[j] : braced[i])))
+        ok = false;
+    if (pattern)
+      globfree(&g);
+  }
+  for (size_t i = 0; i < nb; i++)
+    free(braced[i]);
+  free(braced);
+  if (!ok) {
+    for (size_t i = 0; i < count; i++)
+      free(out[i]);
+    free(out);
+    return NULL;
+  }
+  *n = count;
+  return out;
+}
+
+static void free_paths(char **p, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    free(p[i]);
+  free(p);
 }
 
 static double now(void) {
@@ -445,19 +499,30 @@ static int cmd_verify(int argc, char **argv) {
   dl__png_ops.create(&png);
   dl__log_level = DL__LOG_QUIET;
   long bad = 0, shards = 0;
-  for (int i = 1; i < argc; i++) {
-    int fd = open(argv[i], O_RDONLY | O_CLOEXEC);
-    struct stat st;
-    if (fd < 0 || fstat(fd, &st)) {
-      printf("%s: %s\n", argv[i], strerror(errno));
+  for (int a = 1; a < argc; a++) {
+    size_t n = 0;
+    char **paths = paths_of(argv[a], &n);
+    if (!paths) {
       bad++;
       continue;
     }
-    char magic[8] = {0};
-    bool rfs = pread(fd, magic, 8, 0) == 8 && !memcmp(magic, "RFSHARD1", 8);
-    (rfs ? verify_rfs : verify_tar)(argv[i], fd, (uint64_t)st.st_size, jpeg, png, &bad);
-    close(fd);
-    shards++;
+    for (size_t i = 0; i < n; i++) {
+      int fd = open(paths[i], O_RDONLY | O_CLOEXEC);
+      struct stat st;
+      if (fd < 0 || fstat(fd, &st)) {
+        printf("%s: %s\n", paths[i], strerror(errno));
+        if (fd >= 0)
+          close(fd);
+        bad++;
+        continue;
+      }
+      char magic[8] = {0};
+      bool rfs = pread(fd, magic, 8, 0) == 8 && !memcmp(magic, "RFSHARD1", 8);
+      (rfs ? verify_rfs : verify_tar)(paths[i], fd, (uint64_t)st.st_size, jpeg, png, &bad);
+      close(fd);
+      shards++;
+    }
+    free_paths(paths, n);
   }
   dl__jpeg_ops.destroy(jpeg);
   dl__png_ops.destroy(png);
@@ -475,16 +540,25 @@ static int cmd_index(int argc, char **argv) {
     return 2;
   }
   int rc = 0;
-  for (int i = 1; i < argc; i++) {
-    dl__dataset ds = {0};
-    int r = dl__tar_load(&ds, argv[i], DL__ON_ERROR_FAIL);
-    if (r) {
-      fprintf(stderr, "dlshard: %s\n", dl_last_error());
+  for (int a = 1; a < argc; a++) {
+    size_t n = 0;
+    char **paths = paths_of(argv[a], &n);
+    if (!paths) {
       rc = 1;
-    } else {
-      printf("%s: %zu samples indexed\n", argv[i], ds.n);
+      continue;
     }
-    dl__dataset_free(&ds);
+    for (size_t i = 0; i < n; i++) {
+      dl__dataset ds = {0};
+      int r = dl__tar_load(&ds, paths[i], DL__ON_ERROR_FAIL);
+      if (r) {
+        fprintf(stderr, "dlshard: %s\n", dl_last_error());
+        rc = 1;
+      } else {
+        printf("%s: %zu samples indexed\n", paths[i], ds.n);
+      }
+      dl__dataset_free(&ds);
+    }
+    free_paths(paths, n);
   }
   return rc;
 }
@@ -557,6 +631,10 @@ static int cmd_ls(int argc, char **argv) {
 }
 
 int main(int argc, char **argv) {
+  if (argc == 2 && !strcmp(argv[1], "--version")) {
+    printf("dlshard (ringfeed) %s\n", dl_version());
+    return 0;
+  }
   if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
     usage(argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;

@@ -1,0 +1,67 @@
+"""The command-line tools as a shell user meets them: several sources (a glob the shell expanded),
+--version, every io mode in --help, nothing but JSON on stdout with --json, brace ranges and globs
+in dlshard."""
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+
+import ringfeed
+from conftest import TESTDATA
+
+WDS = os.path.join(TESTDATA, "webdataset", "WebDataset.jl-test-sample.tar")
+BUILD = os.path.dirname(os.environ.get("DL_DLSHARD") or os.environ.get("RINGFEED_LIBRARY", ""))
+DLBENCH, DLSHARD = os.path.join(BUILD, "dlbench"), os.path.join(BUILD, "dlshard")
+needs_tools = pytest.mark.skipif(not (os.path.exists(DLBENCH) and os.path.exists(DLSHARD) and os.path.exists(WDS)),
+                                 reason="tools not built or test data absent")
+SMALL = ["--batch", "8", "--size", "32", "--crop", "resize", "--workers", "2"]
+
+
+def run(*args, ok=True):
+    out = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=120)
+    if ok:
+        assert out.returncode == 0, out.stderr
+    return out
+
+
+@pytest.fixture
+def two_shards(tmp_path):
+    for i in range(2):
+        shutil.copy(WDS, tmp_path / f"s-{i}.tar")
+    return tmp_path
+
+
+@needs_tools
+def test_several_sources_read_as_one_list_and_json_alone_on_stdout(two_shards):
+    a, b = two_shards / "s-0.tar", two_shards / "s-1.tar"
+    one = json.loads(run(DLBENCH, a, *SMALL, "--json").stdout)
+    both = run(DLBENCH, a, b, *SMALL, "--json", "--digest", "--keys").stdout
+    got = json.loads(both)  # the whole of stdout is one object
+    assert got["samples"] == 2 * one["samples"] and got["errors"] == 0
+    assert len(got["batch_digests"]) == got["batches"] and len(got["keys"]) == got["batches"]
+    assert sum(len(k) for k in got["keys"]) == got["samples"]
+    listed = json.loads(run(DLBENCH, f"{a}::{b}", *SMALL, "--json", "--digest").stdout)
+    assert listed["digest"] == got["digest"]
+    text = run(DLBENCH, a, b, *SMALL, "--digest").stdout.splitlines()
+    assert text[-3] == f"digest {got['digest']}"
+
+
+@needs_tools
+def test_version_and_help():
+    for tool, name in ((DLBENCH, "dlbench"), (DLSHARD, "dlshard")):
+        assert run(tool, "--version").stdout.strip() == f"{name} (ringfeed) {ringfeed.version()}"
+    help_text = run(DLBENCH, "--help").stdout
+    for mode in ("auto", "uring", "pread", "mmap"):
+        assert mode in help_text.split("--io")[1].splitlines()[0]
+
+
+@needs_tools
+def test_dlshard_takes_brace_ranges_and_globs(two_shards):
+    out = run(DLSHARD, "index", f"{two_shards}/s-{{0..1}}.tar").stdout.splitlines()
+    assert [line.split(":")[0] for line in out] == [str(two_shards / "s-0.tar"), str(two_shards / "s-1.tar")]
+    out = run(DLSHARD, "verify", f"{two_shards}/s-*.tar").stdout
+    assert "2 shards verified: ok" in out
+    missing = run(DLSHARD, "index", f"{two_shards}/t-*.tar", ok=False)
+    assert missing.returncode == 1 and "no file matches" in missing.stderr
