@@ -85,7 +85,7 @@ fuzz: test-deps
 	    decode) seeds="$(fuzz_seeds_decode)";; fields) seeds="$(fuzz_seeds_fields)";; \
 	    *) seeds=tests/fuzz/corpus/$$t;; esac; \
 	  DL_LOG_LEVEL=0 ./build-fuzz/tests/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -max_len=1048576 \
-	    -rss_limit_mb=4096 -print_final_stats=1 build-fuzz/corpus-$$t $$seeds >build-fuzz/fuzz_$$t.log 2>&1 \
+	    -rss_limit_mb=4096 -print_final_stats=1 -artifact_prefix=build-fuzz/ build-fuzz/corpus-$$t $$seeds >build-fuzz/fuzz_$$t.log 2>&1 \
 	    || { tail -40 build-fuzz/fuzz_$$t.log; echo "fuzz_$$t failed: build-fuzz/fuzz_$$t.log"; exit 1; }; \
 	  echo "fuzz_$$t: $$(grep -o 'number_of_executed_units: *[0-9]*' build-fuzz/fuzz_$$t.log | grep -o '[0-9]*$$') runs in $(FUZZ_SECONDS) s, no crash"; \
 	done

@@ -1,6 +1,6 @@
 /* libFuzzer entry point for resume tokens: the first bytes choose the dataset and the run, the
- * rest is the token. A token accepted must resume inside the run it names: every batch it leads
- * to is one of the run's, with samples of the dataset. */
+ * rest is the token. A token accepted must resume inside the run (or at its end): every batch it
+ * leads to is one of the run's, with samples of the dataset. */
 #include "internal.h"
 
 #include <stdlib.h>
@@ -20,7 +20,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   token[size - 4] = 0;
   dl__sampler s;
   if (dl__sampler_init(&s, n, world, rank, batch, data[3] & 16, data[3] & 32, 7, 3, token, 0x1234) == 0) {
-    if (s.total < 0 || s.start_epoch < 0 || s.start_epoch > 3 || s.start_off < 0 || s.start_off > n)
+    /* A token past the run's last epoch (saved by a longer run) resumes a finished run. */
+    if (s.total < 0 || s.start_epoch < 0 || s.start_off < 0 || s.start_off > n || (s.start_epoch >= 3 && s.total))
       abort();
     for (int64_t k = 0; k < s.total && k < 64; k++) {
       int len = dl__sampler_batch_len(&s, k);
