@@ -1,5 +1,6 @@
 /*
  * ringfeed: a data loader that keeps GPUs fed.
+ * SPDX-License-Identifier: MIT (see LICENSE)
  *
  * This header is the whole public contract: what is not declared here is not API.
  *
