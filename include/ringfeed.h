@@ -108,7 +108,7 @@ DL_EXTERN const char *dl_last_error(void);
  * (root/<class>/<image>).
  * OPTIONS are "key=value" words separated by spaces (NULL or "" for defaults):
  *   batch_size workers prefetch image_size(N or HxW) crop(random_resized|center|resize|none)
- *   flip channels(1|3) layout(NHWC|NCHW) seed shuffle epochs(0 = forever) drop_last rank
+ *   flip channels(1|3) layout(NHWC|NCHW) seed shuffle epochs(0 = forever) start_epoch drop_last rank
  *   world_size device(cpu|cuda|cuda:N[,M...]) dtype(uint8|float32|float16|bfloat16) mean std
  *   device_slots on_error(skip|fail) io(auto|uring|pread|mmap) io_depth max_pixels max_member_bytes
  *   direct(0|1: O_DIRECT reads of ringfeed shards) pad(0|1) seq_len resume(TOKEN)
@@ -155,6 +155,11 @@ DL_EXTERN int dl_batch_sample_error(const dl_batch *b, int i);
 
 /* Position of the batch: epoch and index within that epoch for this rank. */
 DL_EXTERN int dl_batch_position(const dl_batch *b, int64_t *epoch, int64_t *index);
+
+/* Batches this rank (device 0 of the process) gets in EPOCH of the run: dl_batches_per_epoch(),
+ * fewer in a first epoch resumed part-way, 0 for epochs outside the run. A batch at index
+ * dl_epoch_batches(l, epoch) - 1 ends its epoch. */
+DL_EXTERN int64_t dl_epoch_batches(const dl_loader *l, int64_t epoch);
 
 /*
  * Describes field NAME ("image", "label") as a DLTensor whose data, shape and strides point into

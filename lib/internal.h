@@ -63,6 +63,7 @@ typedef struct dl__options {
   uint64_t seed;
   int shuffle;
   int64_t epochs; /* 0: forever */
+  int64_t start_epoch; /* the run's first epoch (without a resume token) */
   int drop_last;
   int rank, world_size;
   int ndevices; /* 0: host batches */
@@ -287,7 +288,10 @@ typedef struct dl__sampler {
 } dl__sampler;
 
 int dl__sampler_init(dl__sampler *s, int64_t n, int world, int rank, int batch, int drop_last,
-                     int shuffle, uint64_t seed, int64_t epochs, const char *resume, uint64_t fingerprint);
+                     int shuffle, uint64_t seed, int64_t epochs, int64_t start_epoch, const char *resume,
+                     uint64_t fingerprint);
+/* Batches this rank gets in EPOCH of the run: fewer in a resumed first epoch, 0 outside the run. */
+int64_t dl__sampler_epoch_batches(const dl__sampler *s, int64_t epoch);
 /* The dataset's fingerprint: a hash of its samples' keys in order, the same for a tar and the
  * ringfeed shard made from it. */
 uint64_t dl__dataset_fingerprint(const dl__dataset *ds);

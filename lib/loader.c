@@ -142,7 +142,7 @@ int dl_open(dl_loader **out, const char *source, const char *options) {
     /* Several devices in one process split the data as if each were a rank of its own. */
     r = dl__sampler_init(&l->streams[s].sm, (int64_t)l->ds.n, l->o.world_size * l->nstreams,
                          l->o.rank * l->nstreams + s, l->o.batch_size, l->o.drop_last, l->o.shuffle,
-                         l->o.seed, l->o.epochs, l->o.resume, fingerprint);
+                         l->o.seed, l->o.epochs, l->o.start_epoch, l->o.resume, fingerprint);
     if (r)
       goto fail;
   }
@@ -458,6 +458,10 @@ int dl_batch_wait(dl_batch *b, void *stream) {
 }
 
 int64_t dl_batches_per_epoch(const dl_loader *l) { return l->streams[0].sm.nb; }
+
+int64_t dl_epoch_batches(const dl_loader *l, int64_t epoch) {
+  return dl__sampler_epoch_batches(&l->streams[0].sm, epoch);
+}
 
 int dl_state_save(dl_loader *l, char *buf, size_t cap) {
   if (forked(l))

@@ -182,6 +182,7 @@ static int apply(dl__options *o, const char *key, const char *v) {
   INT_OPT("workers", workers, 1, 1024)
   INT_OPT("prefetch", prefetch, 1, 1024)
   INT_OPT("epochs", epochs, 0, INT64_MAX / 2)
+  INT_OPT("start_epoch", start_epoch, 0, INT64_MAX / 4)
   INT_OPT("rank", rank, 0, 1 << 20)
   INT_OPT("world_size", world_size, 1, 1 << 20)
   INT_OPT("device_slots", device_slots, 1, 64)
@@ -296,6 +297,9 @@ int dl__options_parse(dl__options *o, const char *text) {
   if (o->rank >= o->world_size)
     return dl__fail(DL_EOPTION, "option rank=%d: must be below world_size=%d", o->rank,
                     o->world_size);
+  if (o->start_epoch && o->resume[0])
+    return dl__fail(DL_EOPTION, "options start_epoch and resume: the token already says where the run "
+                                "starts; give one of them");
   /* uint16/uint32 name a token source's elements; the image stays uint8 then. */
   if (o->dtype == DL__DTYPE_UINT16 || o->dtype == DL__DTYPE_UINT32) {
     o->token_dtype = o->dtype;

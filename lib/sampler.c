@@ -93,7 +93,8 @@ static int parse_token(dl__sampler *s, const char *t) {
 }
 
 int dl__sampler_init(dl__sampler *s, int64_t n, int world, int rank, int batch, int drop_last,
-                     int shuffle, uint64_t seed, int64_t epochs, const char *resume, uint64_t fingerprint) {
+                     int shuffle, uint64_t seed, int64_t epochs, int64_t start_epoch, const char *resume,
+                     uint64_t fingerprint) {
   memset(s, 0, sizeof *s);
   s->fingerprint = fingerprint;
   s->n = n;
@@ -104,6 +105,7 @@ int dl__sampler_init(dl__sampler *s, int64_t n, int world, int rank, int batch, 
   s->shuffle = shuffle;
   s->seed = seed;
   s->epochs = epochs;
+  s->start_epoch = start_epoch;
   if (resume && *resume) {
     int r = parse_token(s, resume);
     if (r)
@@ -124,6 +126,12 @@ int dl__sampler_init(dl__sampler *s, int64_t n, int world, int rank, int batch, 
            __builtin_add_overflow(later, s->nb_first, &s->total))
     s->total = -1; /* more batches than a 64-bit count holds: as good as forever */
   return 0;
+}
+
+int64_t dl__sampler_epoch_batches(const dl__sampler *s, int64_t epoch) {
+  if (epoch < s->start_epoch || (s->epochs && epoch >= s->epochs))
+    return 0;
+  return epoch == s->start_epoch ? s->nb_first : s->nb;
 }
 
 void dl__sampler_locate(const dl__sampler *s, int64_t k, int64_t *epoch, int64_t *index, int64_t *off) {

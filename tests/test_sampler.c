@@ -44,7 +44,7 @@ int main(void) {
     int64_t total = -1, buf[N];
     for (int r = 0; r < W; r++) {
       dl__sampler s;
-      ASSERT_EQ(dl__sampler_init(&s, N, W, r, B, 0, 1, 7, 1, NULL, 0), 0);
+      ASSERT_EQ(dl__sampler_init(&s, N, W, r, B, 0, 1, 7, 1, 0, NULL, 0), 0);
       if (total < 0)
         total = s.total;
       ASSERT_EQ(s.total, total);
@@ -62,7 +62,7 @@ int main(void) {
   for (int W = 1; W <= 4; W++)
     for (int W2 = 1; W2 <= 4; W2++) {
       dl__sampler s;
-      ASSERT_EQ(dl__sampler_init(&s, N, W, 0, B, 0, 1, 3, 2, NULL, 0), 0);
+      ASSERT_EQ(dl__sampler_init(&s, N, W, 0, B, 0, 1, 3, 2, 0, NULL, 0), 0);
       int64_t c = 7; /* batches every rank consumed */
       char tok[128];
       ASSERT_GT(dl__sampler_token(&s, c, tok, sizeof tok), 0);
@@ -70,7 +70,7 @@ int main(void) {
       int64_t before = 0;
       for (int r = 0; r < W; r++) {
         dl__sampler sr;
-        dl__sampler_init(&sr, N, W, r, B, 0, 1, 3, 2, NULL, 0);
+        dl__sampler_init(&sr, N, W, r, B, 0, 1, 3, 2, 0, NULL, 0);
         for (int64_t k = 0; k < c; k++)
           for (int i = 0; i < dl__sampler_batch_len(&sr, k); i++) {
             int64_t e, v = dl__sampler_sample(&sr, k, i, &e);
@@ -82,7 +82,7 @@ int main(void) {
       int64_t after = 0;
       for (int r = 0; r < W2; r++) {
         dl__sampler s2;
-        ASSERT_EQ(dl__sampler_init(&s2, N, W2, r, B, 0, 1, 3, 2, tok, 0), 0);
+        ASSERT_EQ(dl__sampler_init(&s2, N, W2, r, B, 0, 1, 3, 2, 0, tok, 0), 0);
         ASSERT_EQ(s2.start_epoch, 0);
         for (int64_t k = 0; k < s2.nb_first; k++)
           for (int i = 0; i < dl__sampler_batch_len(&s2, k); i++) {
@@ -99,8 +99,8 @@ int main(void) {
       if (W == W2) {
         /* At the same world size the resumed stream is exactly the rest of the original. */
         dl__sampler a, b;
-        dl__sampler_init(&a, N, W, W - 1, B, 0, 1, 3, 2, NULL, 0);
-        dl__sampler_init(&b, N, W, W - 1, B, 0, 1, 3, 2, tok, 0);
+        dl__sampler_init(&a, N, W, W - 1, B, 0, 1, 3, 2, 0, NULL, 0);
+        dl__sampler_init(&b, N, W, W - 1, B, 0, 1, 3, 2, 0, tok, 0);
         ASSERT_EQ(b.total, a.total - c);
         for (int64_t k = 0; k < b.total; k++) {
           ASSERT_EQ(dl__sampler_batch_len(&b, k), dl__sampler_batch_len(&a, k + c));
@@ -115,43 +115,58 @@ int main(void) {
 
   /* A token at an epoch's end moves to the next epoch; bad tokens are refused with reasons. */
   dl__sampler s;
-  ASSERT_EQ(dl__sampler_init(&s, 100, 1, 0, 10, 0, 0, 0, 3, NULL, 0), 0);
+  ASSERT_EQ(dl__sampler_init(&s, 100, 1, 0, 10, 0, 0, 0, 3, 0, NULL, 0), 0);
   char tok[128];
   dl__sampler_token(&s, 10, tok, sizeof tok);
   ASSERT_STR_EQ(tok, "rf2.0.1.0.100.0000000000000000");
   dl__sampler_token(&s, 3, tok, sizeof tok);
   ASSERT_STR_EQ(tok, "rf2.0.0.30.100.0000000000000000");
-  ASSERT_EQ(dl__sampler_init(&s, 100, 1, 0, 10, 0, 0, 0, 3, "rf2.0.0.30.99.0000000000000000", 0), DL_ESTATE);
+  ASSERT_EQ(dl__sampler_init(&s, 100, 1, 0, 10, 0, 0, 0, 3, 0, "rf2.0.0.30.99.0000000000000000", 0), DL_ESTATE);
   ASSERT_CONTAINS(dl_last_error(), "99 samples");
-  ASSERT_EQ(dl__sampler_init(&s, 100, 1, 0, 10, 0, 0, 5, 3, "rf2.0.0.30.100.0000000000000000", 0), DL_ESTATE);
+  ASSERT_EQ(dl__sampler_init(&s, 100, 1, 0, 10, 0, 0, 5, 3, 0, "rf2.0.0.30.100.0000000000000000", 0), DL_ESTATE);
   ASSERT_CONTAINS(dl_last_error(), "seed=0");
-  ASSERT_EQ(dl__sampler_init(&s, 100, 1, 0, 10, 0, 0, 0, 3, "garbage", 0), DL_ESTATE);
-  ASSERT_EQ(dl__sampler_init(&s, 100, 1, 0, 10, 0, 0, 0, 3, "rf2.0.0.30.100.0000000000000000x", 0), DL_ESTATE);
+  ASSERT_EQ(dl__sampler_init(&s, 100, 1, 0, 10, 0, 0, 0, 3, 0, "garbage", 0), DL_ESTATE);
+  ASSERT_EQ(dl__sampler_init(&s, 100, 1, 0, 10, 0, 0, 0, 3, 0, "rf2.0.0.30.100.0000000000000000x", 0), DL_ESTATE);
   /* Tokens of another dataset of the same size, with signs, or with wrapped numbers: refused. */
-  ASSERT_EQ(dl__sampler_init(&s, 100, 1, 0, 10, 0, 0, 0, 3, "rf2.0.0.30.100.00000000000000ab", 0), DL_ESTATE);
+  ASSERT_EQ(dl__sampler_init(&s, 100, 1, 0, 10, 0, 0, 0, 3, 0, "rf2.0.0.30.100.00000000000000ab", 0), DL_ESTATE);
   ASSERT_CONTAINS(dl_last_error(), "another dataset");
-  ASSERT_EQ(dl__sampler_init(&s, 100, 1, 0, 10, 0, 0, 0, 3, "rf2.0.0.+30.100.0000000000000000", 0), DL_ESTATE);
-  ASSERT_EQ(dl__sampler_init(&s, 100, 1, 0, 10, 0, 0, 0, 3, "rf2.0.0.-18446744073709551586.100.0000000000000000", 0),
+  ASSERT_EQ(dl__sampler_init(&s, 100, 1, 0, 10, 0, 0, 0, 3, 0, "rf2.0.0.+30.100.0000000000000000", 0), DL_ESTATE);
+  ASSERT_EQ(dl__sampler_init(&s, 100, 1, 0, 10, 0, 0, 0, 3, 0, "rf2.0.0.-18446744073709551586.100.0000000000000000", 0),
             DL_ESTATE);
-  ASSERT_EQ(dl__sampler_init(&s, 100, 1, 0, 10, 0, 0, 0, 3, "rf2.0.0.18446744073709551646.100.0000000000000000", 0),
+  ASSERT_EQ(dl__sampler_init(&s, 100, 1, 0, 10, 0, 0, 0, 3, 0, "rf2.0.0.18446744073709551646.100.0000000000000000", 0),
             DL_ESTATE);
+  /* start_epoch: the run begins there; epochs outside the run have no batches. A resumed first
+   * epoch has fewer. */
+  ASSERT_EQ(dl__sampler_init(&s, 100, 1, 0, 10, 0, 1, 0, 5, 2, NULL, 0), 0);
+  ASSERT_EQ(s.total, 30);
+  int64_t first_epoch, ix, off;
+  dl__sampler_locate(&s, 0, &first_epoch, &ix, &off);
+  ASSERT_EQ(first_epoch, 2);
+  ASSERT_EQ(dl__sampler_epoch_batches(&s, 1), 0);
+  ASSERT_EQ(dl__sampler_epoch_batches(&s, 2), 10);
+  ASSERT_EQ(dl__sampler_epoch_batches(&s, 4), 10);
+  ASSERT_EQ(dl__sampler_epoch_batches(&s, 5), 0);
+  ASSERT_EQ(dl__sampler_init(&s, 100, 1, 0, 10, 0, 1, 0, 5, 0, "rf2.0.3.40.100.0000000000000000", 0), 0);
+  ASSERT_EQ(dl__sampler_epoch_batches(&s, 3), 6);
+  ASSERT_EQ(dl__sampler_epoch_batches(&s, 4), 10);
+  ASSERT_EQ(s.total, 16);
   /* The older rf1 tokens (no fingerprint) still resume. */
-  ASSERT_EQ(dl__sampler_init(&s, 100, 1, 0, 10, 0, 0, 0, 3, "rf1.0.0.30.100", 7), 0);
+  ASSERT_EQ(dl__sampler_init(&s, 100, 1, 0, 10, 0, 0, 0, 3, 0, "rf1.0.0.30.100", 7), 0);
   ASSERT_EQ(s.start_off, 30);
   /* Epochs past what a 64-bit batch count holds run as if forever, instead of wrapping. */
-  ASSERT_EQ(dl__sampler_init(&s, 100, 1, 0, 1, 0, 0, 0, 4611686018427387903ll, NULL, 0), 0);
+  ASSERT_EQ(dl__sampler_init(&s, 100, 1, 0, 1, 0, 0, 0, 4611686018427387903ll, 0, NULL, 0), 0);
   ASSERT_EQ(s.total, -1);
   /* shuffle=0 keeps index order; epochs=0 runs forever; drop_last drops the partial batch. */
-  ASSERT_EQ(dl__sampler_init(&s, 95, 1, 0, 10, 0, 0, 0, 0, NULL, 0), 0);
+  ASSERT_EQ(dl__sampler_init(&s, 95, 1, 0, 10, 0, 0, 0, 0, 0, NULL, 0), 0);
   ASSERT_EQ(s.total, -1);
   int64_t e;
   ASSERT_EQ(dl__sampler_sample(&s, 3, 4, &e), 34);
   ASSERT_EQ(dl__sampler_sample(&s, 12, 0, &e), 20);
   ASSERT_EQ(e, 1);
   ASSERT_EQ(dl__sampler_batch_len(&s, 9), 5);
-  ASSERT_EQ(dl__sampler_init(&s, 95, 1, 0, 10, 1, 0, 0, 1, NULL, 0), 0);
+  ASSERT_EQ(dl__sampler_init(&s, 95, 1, 0, 10, 1, 0, 0, 1, 0, NULL, 0), 0);
   ASSERT_EQ(s.total, 9);
-  ASSERT_EQ(dl__sampler_init(&s, 5, 1, 0, 10, 1, 0, 0, 1, NULL, 0), DL_ENOSAMPLES);
+  ASSERT_EQ(dl__sampler_init(&s, 5, 1, 0, 10, 1, 0, 0, 1, 0, NULL, 0), DL_ENOSAMPLES);
   printf("sampler: ok\n");
   return 0;
 }

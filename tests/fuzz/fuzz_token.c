@@ -19,7 +19,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   memcpy(token, data + 4, size - 4);
   token[size - 4] = 0;
   dl__sampler s;
-  if (dl__sampler_init(&s, n, world, rank, batch, data[3] & 16, data[3] & 32, 7, 3, token, 0x1234) == 0) {
+  if (dl__sampler_init(&s, n, world, rank, batch, data[3] & 16, data[3] & 32, 7, 3, 0, token, 0x1234) == 0) {
     /* A token past the run's last epoch (saved by a longer run) resumes a finished run. */
     if (s.total < 0 || s.start_epoch < 0 || s.start_off < 0 || s.start_off > n || (s.start_epoch >= 3 && s.total))
       abort();

@@ -89,6 +89,7 @@ _sig = {
     "dl_batch_wait": (_c.c_int, [_c.c_void_p, _c.c_void_p]),
     "dl_batch_release": (None, [_c.c_void_p, _c.c_void_p]),
     "dl_batches_per_epoch": (_c.c_int64, [_c.c_void_p]),
+    "dl_epoch_batches": (_c.c_int64, [_c.c_void_p, _c.c_int64]),
     "dl_state_save": (_c.c_int, [_c.c_void_p, _c.c_char_p, _c.c_size_t]),
     "dl_stats_json": (_c.c_int, [_c.c_void_p, _c.c_char_p, _c.c_size_t]),
     "dl_close": (None, [_c.c_void_p]),

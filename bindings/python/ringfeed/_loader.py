@@ -3,6 +3,7 @@
 import ctypes
 import json
 import os
+from typing import Iterator
 
 from . import _dlpack
 from ._lib import DLManagedTensor, K_DL_CUDA, lib
@@ -121,12 +122,17 @@ class Writer:
 
 
 class Loader:
-    """Iterates batches of SOURCE: tar shards (a path, a list, globs, brace ranges) or an
-    ImageFolder. Keywords are the C options (batch_size, workers, prefetch, image_size, crop, flip,
-    channels, layout, seed, shuffle, epochs, drop_last, rank, world_size, device, dtype, mean, std,
-    on_error, io, ...); rank and world_size default to torchrun's RANK and WORLD_SIZE, and
+    """Batches of SOURCE: tar shards (a path, a list, globs, brace ranges) or an ImageFolder.
+    Keywords are the C options (batch_size, workers, prefetch, image_size, crop, flip, channels,
+    layout, seed, shuffle, epochs, start_epoch, drop_last, rank, world_size, device, dtype, mean,
+    std, on_error, io, ...); rank and world_size default to torchrun's RANK and WORLD_SIZE, and
     device="cuda" to cuda:$LOCAL_RANK. state= resumes from a state_dict(). framework= picks
-    "torch", "numpy" or "dlpack" (default: torch if importable, else numpy, else dlpack)."""
+    "torch", "numpy" or "dlpack" (default: torch if importable, else numpy, else dlpack).
+
+    Each `for batch in loader` yields one epoch (len(loader) batches), the next `for` the next
+    epoch, while the workers prefetch across the boundary; after the last of epochs=E nothing;
+    with epochs=0 epochs without end. next(loader) takes batches regardless of epochs. A Loader
+    has its own workers: iterate it directly, not through torch.utils.data.DataLoader."""
 
     def __init__(self, source, *, state=None, framework=None, **options):
         self._handle = ctypes.c_void_p()
@@ -144,6 +150,8 @@ class Loader:
         self._source = source
         text = " ".join(f"{k}={_format(k, v)}" for k, v in options.items() if v is not None)
         _check(lib.dl_open(ctypes.byref(self._handle), source.encode(), text.encode()))
+        # The epoch the next batch belongs to: the token names where the run starts.
+        self._epoch = int(self.state_dict()["token"].split(".")[2])
         self._device = str(options.get("device", "cpu"))
         self._torch = None
         if self._framework == "torch":
@@ -155,14 +163,48 @@ class Loader:
 
     # -- iteration -------------------------------------------------------------------------
 
-    def __iter__(self):
-        return self
+    def __iter__(self) -> "Iterator[dict]":
+        """One epoch: the batches up to the end of the epoch the next batch belongs to."""
+        while True:
+            batch = self.next_batch()
+            if batch is None:
+                return
+            yield batch
+            if batch["index"] == lib.dl_epoch_batches(self._live(), batch["epoch"]) - 1:
+                return
 
-    def __next__(self):
+    def __next__(self) -> dict:
         batch = self.next_batch()
         if batch is None:
             raise StopIteration
         return batch
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next batch belongs to."""
+        return self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Makes the next batches those of EPOCH, from its start (DistributedSampler.set_epoch's
+        habit: calling it with the epoch that comes next anyway changes nothing)."""
+        epoch = int(epoch)
+        if epoch == self._epoch:
+            return
+        if epoch < 0:
+            raise ValueError(f"ringfeed: set_epoch({epoch}): epochs count from 0")
+        self._live()
+        self.close()
+        options = {k: v for k, v in self._options.items() if k not in ("resume", "start_epoch")}
+        self.__init__(self._source, framework=self._framework, start_epoch=epoch, **options)
+
+    def __getitem__(self, index):
+        raise TypeError("ringfeed.Loader is a loader with its own workers, not a dataset: iterate it "
+                        "directly (for batch in loader) instead of wrapping it in torch.utils.data.DataLoader")
+
+    def __repr__(self) -> str:
+        options = "".join(f", {k}={v!r}" for k, v in self._options.items() if k != "resume")
+        state = "closed" if not self._handle else f"epoch {self._epoch}"
+        return f"ringfeed.Loader({self._source!r}{options}, framework={self._framework!r}) <{state}>"
 
     def _live(self):
         """The C handle; a closed loader raises instead of handing C a NULL."""
@@ -195,6 +237,11 @@ class Loader:
                 name = lib.dl_batch_field_name(b, i)
                 out[name.decode()] = self._export(b, name)
             out["key"] = [lib.dl_batch_key(b, i).decode(errors="replace") for i in range(n)]
+            epoch, index = ctypes.c_int64(), ctypes.c_int64()
+            lib.dl_batch_position(b, ctypes.byref(epoch), ctypes.byref(index))
+            out["epoch"], out["index"] = epoch.value, index.value
+            last = index.value == lib.dl_epoch_batches(handle, epoch.value) - 1
+            self._epoch = epoch.value + 1 if last else epoch.value
             errors = [lib.dl_batch_sample_error(b, i) for i in range(n)]
             if any(errors):
                 out["error"] = errors

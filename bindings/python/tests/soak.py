@@ -40,11 +40,10 @@ def soak(source, epochs, framework="numpy", device="cpu", log=print):
     before = sample()
     loader = ringfeed.Loader(source, epochs=epochs, **kw)
     per_epoch = len(loader)
-    it = iter(loader)
     warm = last = None
     for e in range(epochs):
         for _ in range(per_epoch):
-            batch = next(it)
+            batch = next(loader)
             assert batch["image"].shape[0] == 16
             del batch
         s = sample(loader)
@@ -54,7 +53,7 @@ def soak(source, epochs, framework="numpy", device="cpu", log=print):
             log(f"epoch  {e:4d} {s}")
     flat("epochs of one Loader", warm, last)
     loader.close()
-    del loader, it
+    del loader
     for c in range(epochs):
         with ringfeed.Loader(source, epochs=1, **kw) as loader:
             for batch in loader:

@@ -230,7 +230,8 @@ def _rss_mb():
 @needs_testdata
 def test_no_growth_over_many_epochs():
     loader = ringfeed.Loader(WDS, batch_size=16, image_size=32, epochs=40, workers=2, framework="numpy")
-    for i, b in enumerate(loader):
+    i = -1
+    for i, b in enumerate(b for _ in range(40) for b in loader):
         if i == 6 * 5:
             start = _rss_mb()
     assert i + 1 == 40 * 6
