@@ -171,9 +171,21 @@ DL_EXTERN int64_t dl_epoch_batches(const dl_loader *l, int64_t epoch);
  */
 DL_EXTERN int dl_batch_field(const dl_batch *b, const char *name, DLTensor *out);
 
-/* Number of fields every batch of this loader has, and the name of field I (0 <= I < count). */
+/* Number of tensor fields every batch of this loader has, and the name of field I (0 <= I < count). */
 DL_EXTERN int dl_batch_field_count(const dl_batch *b);
 DL_EXTERN const char *dl_batch_field_name(const dl_batch *b, int i);
+
+/*
+ * Members delivered as they are: every member of a sample that is not its image, its label or a
+ * tensor, named as WebDataset names them (everything after the first dot of the base name:
+ * "000123.caption.txt" is field "caption.txt"). dl_batch_bytes() gives sample I's bytes of field
+ * NAME and their length in *LEN (followed by a NUL not counted), or NULL when the sample has no
+ * such member; valid until the batch is released. The option fields=a,b keeps only the fields
+ * named (tensors and bytes alike); the others are then not read.
+ */
+DL_EXTERN int dl_batch_bytes_count(const dl_batch *b);
+DL_EXTERN const char *dl_batch_bytes_name(const dl_batch *b, int f);
+DL_EXTERN const void *dl_batch_bytes(const dl_batch *b, const char *name, int i, size_t *len);
 
 /*
  * Exports field NAME as a DLManagedTensor. Each export holds a reference to the batch; the batch

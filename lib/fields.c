@@ -123,14 +123,67 @@ int dl__zstd_inflate(void **ctx, const uint8_t *src, size_t n, size_t limit, dl_
   return 0;
 }
 
+/* Whether fields=a,b names NAME (an empty list names every field). */
+static bool wanted(const dl__options *o, const char *name) {
+  if (!o->fields[0])
+    return true;
+  size_t n = strlen(name);
+  for (const char *p = o->fields; *p;) {
+    size_t len = strcspn(p, ",");
+    if (len == n && !memcmp(p, name, n))
+      return true;
+    p += len + (p[len] == ',');
+  }
+  return false;
+}
+
+/* Every name of fields=a,b must be a field of the dataset. */
+static int check_wanted(const dl__options *o, const dl__dataset *ds) {
+  for (const char *p = o->fields; *p;) {
+    size_t len = strcspn(p, ",");
+    bool found = false;
+    for (int f = 0; f < ds->nfield_names && !found; f++)
+      found = strlen(ds->field_names[f]) == len && !memcmp(ds->field_names[f], p, len);
+    if (!found) {
+      char have[512] = "";
+      for (int f = 0; f < ds->nfield_names; f++)
+        snprintf(have + strlen(have), sizeof have - strlen(have), "%s%s", f ? ", " : "", ds->field_names[f]);
+      return dl__fail(DL_EOPTION, "option fields: no sample has a field '%.*s' (the dataset's fields: %s)",
+                      (int)len, p, have[0] ? have : "none");
+    }
+    p += len + (p[len] == ',');
+  }
+  return 0;
+}
+
+/* The kind of field F where a sample first holds it: bytes, or a tensor. */
+static bool is_bytes_field(const dl__dataset *ds, int f) {
+  for (size_t i = 0; i < ds->n; i++) {
+    const dl__fref *ref = find_ref(ds, &ds->samples[i], f);
+    if (ref)
+      return ref->kind == DL__REF_BYTES;
+  }
+  return false;
+}
+
 int dl__fields_schema(dl_loader *l) {
   dl__dataset *ds = &l->ds;
   for (size_t i = 0; i < ds->n && !l->has_image; i++)
     l->has_image = ds->samples[i].codec != DL__CODEC_NONE;
+  int rc = check_wanted(&l->o, ds);
+  if (rc)
+    return rc;
   dl__buf raw = {0}, pre = {0};
   size_t at = 0;
-  int rc = 0;
   for (int f = 0; f < ds->nfield_names && !rc; f++) {
+    if (!wanted(&l->o, ds->field_names[f]))
+      continue;
+    if (is_bytes_field(ds, f)) {
+      dl__bfield *bf = &l->bfields[l->nbfields++];
+      snprintf(bf->name, sizeof bf->name, "%s", ds->field_names[f]);
+      bf->ds_index = f;
+      continue;
+    }
     dl__field *fd = &l->fields[l->nfields++];
     memset(fd, 0, sizeof *fd);
     snprintf(fd->name, sizeof fd->name, "%s", ds->field_names[f]);
@@ -139,8 +192,8 @@ int dl__fields_schema(dl_loader *l) {
     for (size_t i = 0; i < ds->n && !rc && (!found || l->o.pad); i++) {
       const dl__sample *s = &ds->samples[i];
       const dl__fref *ref = find_ref(ds, s, f);
-      if (!ref)
-        continue;
+      if (!ref || ref->kind == DL__REF_BYTES)
+        continue; /* bytes where others hold a tensor: the worker reports that sample */
       dl__npy npy;
       if (ref->kind == DL__REF_TOKENS) {
         npy.dtype = (DLDataType){kDLUInt, (uint8_t)(l->o.token_dtype == DL__DTYPE_UINT16 ? 16 : 32), 1};
@@ -190,6 +243,65 @@ int dl__fields_schema(dl_loader *l) {
   return rc;
 }
 
+void dl__fields_narrow(dl_loader *l) {
+  if (!l->o.fields[0])
+    return;
+  dl__dataset *ds = &l->ds;
+  for (size_t i = 0; i < ds->n; i++) {
+    dl__sample *s = &ds->samples[i];
+    if (s->flags & DL__SAMPLE_CHECKSUM)
+      continue; /* a checksummed record is read whole to be checked */
+    uint64_t lo = UINT64_MAX, hi = 0;
+    if (s->codec != DL__CODEC_NONE)
+      lo = s->image_at, hi = (uint64_t)s->image_at + s->image_len;
+    bool tokens = false;
+    for (uint8_t r = 0; r < s->nrefs; r++) {
+      const dl__fref *ref = &ds->refs[s->first_ref + r];
+      tokens |= ref->kind == DL__REF_TOKENS;
+      if (!wanted(&l->o, ds->field_names[ref->name]))
+        continue;
+      lo = ref->at < lo ? ref->at : lo;
+      hi = (uint64_t)ref->at + ref->len > hi ? (uint64_t)ref->at + ref->len : hi;
+    }
+    if (tokens || lo == UINT64_MAX || (lo == 0 && hi == s->size))
+      continue;
+    /* Read [lo, hi) of the sample; what is kept moves down by lo. */
+    s->offset += lo;
+    s->size = hi - lo;
+    if (s->codec != DL__CODEC_NONE)
+      s->image_at -= (uint32_t)lo;
+    for (uint8_t r = 0; r < s->nrefs; r++) {
+      dl__fref *ref = &ds->refs[s->first_ref + r];
+      if (wanted(&l->o, ds->field_names[ref->name]))
+        ref->at -= (uint32_t)lo;
+    }
+  }
+}
+
+int dl__slot_bytes_alloc(const dl_loader *l, dl_batch *b) {
+  if (!l->nbfields)
+    return 0;
+  b->blobs = calloc((size_t)l->o.batch_size, sizeof *b->blobs);
+  b->brefs = calloc((size_t)l->o.batch_size * (size_t)l->nbfields, sizeof *b->brefs);
+  return b->blobs && b->brefs ? 0 : -ENOMEM;
+}
+
+void dl__slot_bytes_free(const dl_loader *l, dl_batch *b) {
+  for (int i = 0; b->blobs && i < l->o.batch_size; i++)
+    dl__buf_free(&b->blobs[i]);
+  free(b->blobs);
+  free(b->brefs);
+  b->blobs = NULL;
+  b->brefs = NULL;
+}
+
+void dl__slot_bytes_hand_over(dl_batch *from, dl_batch *to) {
+  dl__buf *blobs = to->blobs;
+  dl__bytes_ref *brefs = to->brefs;
+  to->blobs = from->blobs, to->brefs = from->brefs;
+  from->blobs = blobs, from->brefs = brefs;
+}
+
 int dl__fields_fill(dl_loader *l, const dl__sample *s, const uint8_t *bytes, dl_batch *b, int i, void **zctx,
                     dl__buf *zbuf, dl__hasher *verify, dl__err *e) {
   const dl__dataset *ds = &l->ds;
@@ -209,8 +321,32 @@ int dl__fields_fill(dl_loader *l, const dl__sample *s, const uint8_t *bytes, dl_
     dl__hasher_reset(verify);
   uint64_t pos = 0;
   unsigned filled = 0;
+  size_t blob_used = 0;
+  dl__bytes_ref *brefs = l->nbfields ? b->brefs + (size_t)i * l->nbfields : NULL;
+  for (int k = 0; k < l->nbfields; k++)
+    brefs[k] = (dl__bytes_ref){0};
   for (int r = 0; r < n_order; r++) {
     const dl__fref *ref = order[r];
+    int k = 0;
+    while (k < l->nbfields && l->bfields[k].ds_index != ref->name)
+      k++;
+    if (k < l->nbfields) { /* a member delivered as it is, NUL-terminated for C callers */
+      if (verify && ref->at > pos)
+        dl__hasher_update(verify, bytes + pos, ref->at - pos);
+      if (verify)
+        dl__hasher_update(verify, bytes + ref->at, ref->len);
+      pos = ref->at + ref->len > pos ? ref->at + ref->len : pos;
+      if (ref->len > (uint64_t)l->o.max_member_bytes)
+        return dl__err_set(e, DL_ELIMIT, "field %s: member of %u bytes, above max_member_bytes", l->bfields[k].name,
+                           ref->len);
+      if (dl__buf_reserve(&b->blobs[i], blob_used + ref->len + 1))
+        return dl__err_set(e, -ENOMEM, "out of memory");
+      memcpy(b->blobs[i].p + blob_used, bytes + ref->at, ref->len);
+      b->blobs[i].p[blob_used + ref->len] = 0;
+      brefs[k] = (dl__bytes_ref){(uint32_t)blob_used, ref->len, true};
+      blob_used += ref->len + 1;
+      continue;
+    }
     int f = 0;
     while (f < l->nfields && l->fields[f].ds_index != ref->name)
       f++;

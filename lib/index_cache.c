@@ -5,11 +5,11 @@
  * another of the same size and mtime is not). The cache file is untrusted input like the shard:
  * every field is checked, and an XXH64 covers it.
  *
- * Layout (little-endian): "RFTIDX04", u64 shard size, i64 mtime ns, i64 ctime ns, u64 inode,
+ * Layout (little-endian): "RFTIDX05", u64 shard size, i64 mtime ns, i64 ctime ns, u64 inode,
  * u64 hash of the shard's edges, u64 samples, u64 pool bytes,
  * u64 record bytes, then per sample {u64 offset, u64 size, i64 label, u32 name, u32 key, u8 codec,
- * u8 nrefs, u8 flags (2: the image is zstd-compressed), u8 0, u32 image_at, u32 image_len} followed by nrefs x {u32 field name, u8 kind,
- * 3 x u8 0, u32 at, u32 len}, then the string pool (names, keys, field names), then u64 XXH64 of
+ * u8 nrefs, u8 flags (2: the image is zstd-compressed), u8 0, u32 image_at, u32 image_len} followed
+ * by nrefs x {u32 field name, u8 kind (0 .npy, 1 .npy.zst, 3 bytes), 3 x u8 0, u32 at, u32 len}, then the string pool (names, keys, field names), then u64 XXH64 of
  * everything before it. (String fields are offsets into the pool.)
  */
 #include "internal.h"
@@ -26,7 +26,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
-#define MAGIC "RFTIDX04"
+#define MAGIC "RFTIDX05" /* 05: members other than images, labels and tensors are indexed */
 #define HEADER_BYTES 72
 #define RECORD_BYTES 44
 #define REF_BYTES 16
@@ -139,7 +139,7 @@ int dl__index_cache_parse(dl__dataset *ds, uint32_t file, const uint8_t *p, size
       memcpy(&fname, rec, 4);
       memcpy(&f.at, rec + 8, 4);
       memcpy(&f.len, rec + 12, 4);
-      if (fname >= pool || f.kind > DL__REF_NPY_ZST || (uint64_t)f.at + f.len > s.size)
+      if (fname >= pool || f.kind > DL__REF_BYTES || f.kind == DL__REF_TOKENS || (uint64_t)f.at + f.len > s.size)
         goto bad;
       int idx = dl__dataset_field(ds, names + fname, strlen(names + fname));
       if (idx < 0)

@@ -77,6 +77,7 @@ typedef struct dl__options {
   int64_t max_pixels;
   int64_t max_member_bytes;
   char resume[256];
+  char fields[512]; /* fields=a,b: the only fields delivered (and read); empty: all */
   int log_level;
   int direct;
   int pad;
@@ -95,14 +96,15 @@ enum { DL__CODEC_NONE, DL__CODEC_JPEG, DL__CODEC_PNG, DL__CODEC_OTHER };
 
 enum { DL__SAMPLE_CHECKSUM = 1, DL__SAMPLE_IMAGE_ZST = 2 };
 
-/* A tensor field of a sample, within the bytes a worker reads for it. */
-enum { DL__REF_NPY, DL__REF_NPY_ZST, DL__REF_TOKENS };
+/* A field of a sample, within the bytes a worker reads for it: a tensor, or a member's bytes as
+ * they are (captions, JSON, anything else a WebDataset sample holds). */
+enum { DL__REF_NPY, DL__REF_NPY_ZST, DL__REF_TOKENS, DL__REF_BYTES };
 typedef struct dl__fref {
   uint16_t name; /* index into dl__dataset.field_names */
   uint8_t kind;
   uint32_t at, len;
 } dl__fref;
-#define DL__MAX_FIELDS 8
+#define DL__MAX_FIELDS 16
 
 typedef struct dl__sample {
   uint64_t offset; /* of the bytes a worker reads: a tar member's data, or a whole .rfs record */
@@ -474,9 +476,25 @@ struct dl_batch {
   int gpu_from;      /* samples [gpu_from, len) may go to the GPU (hybrid's split) */
   dl__gpu_job *jobs;
   uint8_t *fields;   /* this slot's tensor fields (loader.fields layout); host or device memory */
+  /* Bytes fields: per sample a grow-only buffer holding its members, and per sample and field
+   * where in it (brefs[i * nbfields + f]); host memory, handed to the device slot with the batch. */
+  dl__buf *blobs;
+  struct dl__bytes_ref *brefs;
   int64_t field_shape[DL__MAX_FIELDS][DL__NPY_MAX_DIMS + 1];
   int64_t len_shape[1];
 };
+
+/* Where a bytes field of one sample lies in the sample's blob (len 0 and !present: absent). */
+typedef struct dl__bytes_ref {
+  uint32_t at, len;
+  bool present;
+} dl__bytes_ref;
+
+/* A bytes field of every batch: a member delivered as it is. */
+typedef struct dl__bfield {
+  char name[72];
+  int ds_index;
+} dl__bfield;
 
 /* A tensor field of every batch: its type and per-sample shape (leading dimension padded to the
  * dataset's largest with pad=1), and where it sits in a slot's field block. */
@@ -531,6 +549,8 @@ struct dl_loader {
   size_t sample_bytes;
   bool has_image;     /* the dataset has images: the "image" field exists */
   dl__field fields[DL__MAX_FIELDS];
+  dl__bfield bfields[DL__MAX_FIELDS];
+  int nbfields;
   int nfields;
   size_t field_block; /* bytes of one slot's tensor fields (and lengths) */
   uint8_t *field_mem;
@@ -585,6 +605,13 @@ int dl__fields_schema(dl_loader *l);
 /* Decompresses one zstd frame into OUT (at most LIMIT bytes, or DL_ELIMIT). */
 int dl__zstd_inflate(void **ctx, const uint8_t *src, size_t n, size_t limit, dl__buf *out, size_t *len,
                      dl__err *e);
+/* fields=a,b: shrinks each sample's read to its image and the fields kept. */
+void dl__fields_narrow(dl_loader *l);
+/* A slot's storage for bytes fields (none without them), freed with the slot. */
+int dl__slot_bytes_alloc(const dl_loader *l, dl_batch *b);
+void dl__slot_bytes_free(const dl_loader *l, dl_batch *b);
+/* Swaps the bytes of FROM's batch into TO (a device slot taking over a host slot's batch). */
+void dl__slot_bytes_hand_over(dl_batch *from, dl_batch *to);
 int dl__fields_fill(dl_loader *l, const dl__sample *s, const uint8_t *bytes, dl_batch *b, int i, void **zctx,
                     dl__buf *zbuf, dl__hasher *verify, dl__err *e);
 

@@ -35,6 +35,7 @@ static void free_loader(dl_loader *l) {
       free(slots[i].key);
       free(slots[i].sample_err);
       free(slots[i].jobs);
+      dl__slot_bytes_free(l, &slots[i]);
     }
     free(slots);
   }
@@ -105,7 +106,7 @@ static int alloc_slots(dl_loader *l) {
       b->label = calloc((size_t)l->o.batch_size, sizeof *b->label);
       b->key = calloc((size_t)l->o.batch_size, sizeof *b->key);
       b->sample_err = calloc((size_t)l->o.batch_size, sizeof *b->sample_err);
-      if (!b->label || !b->key || !b->sample_err)
+      if (!b->label || !b->key || !b->sample_err || dl__slot_bytes_alloc(l, b))
         return dl__fail(-ENOMEM, "out of memory");
     }
   }
@@ -134,6 +135,7 @@ int dl_open(dl_loader **out, const char *source, const char *options) {
   dl__io_faults_init();
   if ((r = dl__source_load(&l->ds, source, &l->o)) || (r = dl__fields_schema(l)))
     goto fail;
+  dl__fields_narrow(l);
   for (int f = 0; f < l->nfields; f++)
     snprintf(l->len_names[f], sizeof l->len_names[f], "%.72s_len", l->fields[f].name);
   l->nstreams = l->o.ndevices > 1 ? l->o.ndevices : 1;
@@ -338,6 +340,31 @@ int dl_batch_field(const dl_batch *b, const char *name, DLTensor *t) {
   if (b->is_device)
     return dl__cuda_field(b, name, t);
   return dl__batch_describe(b, name, (DLDevice){kDLCPU, 0}, t);
+}
+
+int dl_batch_bytes_count(const dl_batch *b) { return b ? b->l->nbfields : 0; }
+
+const char *dl_batch_bytes_name(const dl_batch *b, int f) {
+  return b && f >= 0 && f < b->l->nbfields ? b->l->bfields[f].name : NULL;
+}
+
+const void *dl_batch_bytes(const dl_batch *b, const char *name, int i, size_t *len) {
+  if (len)
+    *len = 0;
+  if (!b || !name || i < 0 || i >= b->len)
+    return NULL;
+  const dl_loader *l = b->l;
+  for (int f = 0; f < l->nbfields; f++) {
+    if (strcmp(l->bfields[f].name, name))
+      continue;
+    const dl__bytes_ref *r = &b->brefs[(size_t)i * l->nbfields + f];
+    if (!r->present)
+      return NULL;
+    if (len)
+      *len = r->len;
+    return b->blobs[i].p + r->at;
+  }
+  return NULL;
 }
 
 int dl_batch_field_count(const dl_batch *b) {

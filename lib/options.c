@@ -266,6 +266,14 @@ static int apply(dl__options *o, const char *key, const char *v) {
     strcpy(o->resume, v);
     return 0;
   }
+  if (!strcmp(key, "fields")) {
+    if (strlen(v) >= sizeof o->fields)
+      return bad(key, v, "list too long");
+    if (!*v || strstr(v, ",,") || *v == ',' || v[strlen(v) - 1] == ',')
+      return bad(key, v, "expected field names separated by commas");
+    strcpy(o->fields, v);
+    return 0;
+  }
   return dl__fail(DL_EOPTION, "unknown option '%s'", key);
 }
 

@@ -156,12 +156,13 @@ typedef struct group {
   dl__sample s;
   char image_name[NAME_MAX_LEN];
   uint64_t image_off, image_size;
-  uint64_t span_start, span_end; /* the sample's bytes a worker reads: its image and tensors */
+  uint64_t span_start, span_end; /* the sample's bytes a worker reads: its image and fields */
   dl__fref refs[DL__MAX_FIELDS];
   uint64_t ref_off[DL__MAX_FIELDS];
   int nrefs;
   uint64_t ext_hash[32]; /* the extensions it has, to catch a member that repeats one */
   int next;
+  bool warned_fields; /* said once per shard that fields past DL__MAX_FIELDS are left out */
 } group;
 
 static void widen(group *g, uint64_t off, uint64_t size) {
@@ -299,6 +300,20 @@ static int add_member(dl__dataset *ds, group *g, uint32_t file, const char *name
       dl__log(DL__LOG_WARN, "shard %s member %s: label is not an integer; using -1",
               ds->files[file], name);
     }
+  } else if (g->nrefs < DL__MAX_FIELDS && size < UINT32_MAX) {
+    /* Any other member (a caption, JSON, a second image) is field EXT, delivered as its bytes:
+     * "000123.caption.txt" is field "caption.txt", as WebDataset names it. */
+    int f = dl__dataset_field(ds, ext, strlen(ext));
+    if (f < 0) {
+      if (!g->warned_fields)
+        dl__log(DL__LOG_WARN, "shard %s member %s: more than %d distinct fields; the others are left out",
+                ds->files[file], name, DL__MAX_FIELDS);
+      g->warned_fields = true;
+      return 0;
+    }
+    g->refs[g->nrefs] = (dl__fref){.name = (uint16_t)f, .kind = DL__REF_BYTES, .len = (uint32_t)size};
+    g->ref_off[g->nrefs++] = off;
+    widen(g, off, size);
   }
   return 0;
 }

@@ -77,6 +77,8 @@ void dl__sample_zero(const dl_loader *l, dl_batch *b, int i) {
     if (l->o.pad)
       ((int64_t *)(b->fields + fd->len_at))[i] = 0;
   }
+  for (int k = 0; k < l->nbfields; k++)
+    b->brefs[(size_t)i * l->nbfields + k] = (dl__bytes_ref){0};
 }
 
 void dl__sample_failed(dl_loader *l, const dl__sample *s, dl__err *e) {
@@ -96,7 +98,7 @@ static void decode(struct dl__worker *w, inflight *f, bool verify, dl__err *e) {
   const dl__claim *c = &f->c;
   struct timespec t0;
   clock_gettime(CLOCK_MONOTONIC, &t0);
-  if (l->nfields &&
+  if ((l->nfields || l->nbfields) &&
       dl__fields_fill(l, f->s, f->data, c->slot, c->i, &w->zctx, &w->zbuf, verify ? w->hasher : NULL, e))
     return;
   if (!l->has_image) {

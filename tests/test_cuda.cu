@@ -3,6 +3,7 @@
 // whose kernels still read batches it released never sees them overwritten; no device or pinned
 // memory leaks over many loaders and epochs.
 #include "cuda_batches.h"
+#include "members_check.h"
 #include "ringfeed.h"
 #include "synthetic.h"
 #include "tar_writer.h"
@@ -189,6 +190,16 @@ static void no_leaks(const char *decode) {
     ASSERT_LE(rss1 - rss0, 16 * 1024);
 }
 
+/* Bytes fields of device batches: they stay on the host, handed from slot to slot with their batch. */
+static void members_on_device(const char *dir, const char *decode) {
+  char path[600], opts[200];
+  snprintf(path, sizeof path, "%s/members.tar", dir);
+  members_write(path);
+  snprintf(opts, sizeof opts, "device=cuda:0 %s batch_size=5 workers=3 image_size=16 shuffle=1 log=quiet", decode);
+  ASSERT_EQ(members_run(path, opts), MEMBERS_SAMPLES);
+  printf("device batches (%s): captions, JSON and binary members with their samples\n", decode);
+}
+
 int main(void) {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
@@ -214,6 +225,7 @@ int main(void) {
   conversion();
   slow_consumer("decode=cpu");
   no_leaks("decode=cpu");
+  members_on_device(dir, "decode=cpu");
   // The same with JPEGs decoded by nvJPEG, where it is there (test_gpu_decode checks its pixels).
   dl_loader *probe;
   if (dl_open(&probe, source, "device=cuda:0 decode=gpu") == 0) {
@@ -221,6 +233,7 @@ int main(void) {
     slow_consumer("decode=gpu");
     no_leaks("decode=gpu");
     no_leaks("decode=hybrid");
+    members_on_device(dir, "decode=hybrid");
   } else {
     printf("no nvJPEG here (%s): the decode=gpu variants did not run\n", dl_last_error());
   }

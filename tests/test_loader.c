@@ -12,6 +12,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <time.h>
 #include <stdbool.h>
 #include <sys/stat.h>
@@ -428,6 +430,7 @@ static double now_s(void) {
 
 typedef struct consumer {
   dl_loader *l;
+  _Atomic int waiting; /* about to make its one call (wait_once) */
   int batches, result;
   char keys[N][16];
   int nkeys;
@@ -442,6 +445,18 @@ static void *consume(void *arg) {
     c->batches++;
     dl_batch_release(b, NULL);
   }
+  return NULL;
+}
+
+/* One call that waits for the first batch: dl_close must end it. (Only one: a second call after
+ * the loader closed would be the caller's error.) */
+static void *wait_once(void *arg) {
+  consumer *c = arg;
+  dl_batch *b;
+  atomic_store(&c->waiting, 1);
+  c->result = dl_next_batch(c->l, &b);
+  if (c->result == 0)
+    dl_batch_release(b, NULL);
   return NULL;
 }
 
@@ -473,9 +488,13 @@ static void consumer_threads(void) {
     ASSERT(strcmp(all[k - 1], all[k]) != 0);
   /* A consumer waiting for a slow batch (one worker, large images) when another thread closes. */
   OPEN_OK(l, source, "batch_size=64 image_size=256 workers=1 prefetch=1 log=quiet");
-  consumer w = {.l = l};
+  static consumer w;
+  memset(&w, 0, sizeof w);
+  w.l = l;
   pthread_t waiter;
-  ASSERT_EQ(pthread_create(&waiter, NULL, consume, &w), 0);
+  ASSERT_EQ(pthread_create(&waiter, NULL, wait_once, &w), 0);
+  while (!atomic_load(&w.waiting)) /* a loaded machine may start the thread late */
+    sched_yield();
   struct timespec pause = {0, 20 * 1000000};
   nanosleep(&pause, NULL);
   double t0 = now_s();

@@ -237,6 +237,7 @@ static int enqueue(gpu *g, dl_batch *host, int slot, dl_batch *dev) {
   }
   memcpy(dev->key, host->key, sizeof(*dev->key) * (size_t)host->len);
   memcpy(dev->sample_err, host->sample_err, sizeof(int) * (size_t)host->len);
+  dl__slot_bytes_hand_over(host, dev); /* bytes fields stay on the host, with the batch */
   f->bytes = in_bytes + l->field_block;
   g->q[(g->qhead + g->qlen++) % l->o.prefetch] = slot;
   return 0;
@@ -372,7 +373,7 @@ int dl__cuda_start(dl_loader *l) {
       b->gpu = gs;
       b->key = calloc((size_t)B, sizeof *b->key);
       b->sample_err = calloc((size_t)B, sizeof *b->sample_err);
-      if (!b->key || !b->sample_err)
+      if (!b->key || !b->sample_err || dl__slot_bytes_alloc(l, b))
         return dl__fail(-ENOMEM, "out of memory");
       if ((e = cudaMalloc(&gs->image, c->out_sample_bytes * (size_t)B + 1)) ||
           (e = cudaMalloc((void **)&gs->label, sizeof(int64_t) * (size_t)B)))
@@ -432,6 +433,7 @@ void dl__cuda_close(dl_loader *l) {
         cudaFree(s->dslots[j].fields);
         free(s->dslots[j].key);
         free(s->dslots[j].sample_err);
+        dl__slot_bytes_free(l, &s->dslots[j]);
       }
     }
     for (int j = 0; g->inf && j < l->o.prefetch; j++) {

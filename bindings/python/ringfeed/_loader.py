@@ -34,6 +34,27 @@ def version():
     return lib.dl_version().decode()
 
 
+_TEXT = ("txt", "text")
+
+
+def _member(name, pointer, size):
+    """A member's bytes as Python takes them, by the field's last extension: text as str, JSON
+    parsed (left as str when it does not parse), anything else bytes; None when absent."""
+    if not pointer:
+        return None
+    data = ctypes.string_at(pointer, size)
+    ext = name.rsplit(".", 1)[-1].lower()
+    if ext in _TEXT:
+        return data.decode("utf-8", errors="replace")
+    if ext == "json":
+        text = data.decode("utf-8", errors="replace")
+        try:
+            return json.loads(text)
+        except ValueError:
+            return text
+    return data
+
+
 def _format(key, value):
     if isinstance(value, bool):
         return "1" if value else "0"
@@ -232,10 +253,15 @@ class Loader:
             if stream is not None:
                 _check(lib.dl_batch_wait(b, stream))
             n = lib.dl_batch_size(b)
+            size = ctypes.c_size_t()
             out = {}
             for i in range(lib.dl_batch_field_count(b)):
                 name = lib.dl_batch_field_name(b, i)
                 out[name.decode()] = self._export(b, name)
+            for k in range(lib.dl_batch_bytes_count(b)):
+                name = lib.dl_batch_bytes_name(b, k)
+                out[name.decode()] = [_member(name.decode(), lib.dl_batch_bytes(b, name, i, ctypes.byref(size)),
+                                              size.value) for i in range(n)]
             out["key"] = [lib.dl_batch_key(b, i).decode(errors="replace") for i in range(n)]
             epoch, index = ctypes.c_int64(), ctypes.c_int64()
             lib.dl_batch_position(b, ctypes.byref(epoch), ctypes.byref(index))

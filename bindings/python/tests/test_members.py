@@ -1,0 +1,93 @@
+"""Image-text shards: captions, JSON and binary members reach the consumer with their samples,
+under shuffling and rank splits; fields= keeps only what is named and reads no more."""
+import io
+import json
+import os
+import random
+import tarfile
+
+import pytest
+
+import ringfeed
+
+np = pytest.importorskip("numpy")
+Image = pytest.importorskip("PIL.Image")
+
+CAPTIONS = ["a café in Zürich, crème brûlée", "東京の夜景と桜", "서울의 가을", "emoji 🐈‍⬛🚀✨ end",
+            "Ελληνικά και русский текст", "plain ascii", "", "עברית ומספרים 123"]
+
+
+def expected(i):
+    rng = random.Random(i)
+    return {"caption.txt": CAPTIONS[i % len(CAPTIONS)],
+            "json": {"i": i, "tags": [CAPTIONS[(i + 1) % len(CAPTIONS)]], "score": i / 7} if i % 5 else None,
+            "bin": bytes(rng.randrange(256) for _ in range(rng.randrange(0, 300)))}
+
+
+@pytest.fixture(scope="module")
+def shard(tmp_path_factory):
+    path = tmp_path_factory.mktemp("members") / "captions.tar"
+    with tarfile.open(path, "w") as t:
+        for i in range(48):
+            buf = io.BytesIO()
+            Image.fromarray(np.full((24, 24, 3), i * 5, np.uint8)).save(buf, format="PNG")
+            want = expected(i)
+            members = [("png", buf.getvalue()), ("cls", str(i).encode()),
+                       ("caption.txt", want["caption.txt"].encode()), ("bin", want["bin"])]
+            if want["json"] is not None:
+                members.append(("json", json.dumps(want["json"], ensure_ascii=False).encode()))
+            for ext, data in members:
+                info = tarfile.TarInfo(f"{i:05d}.{ext}")
+                info.size = len(data)
+                t.addfile(info, io.BytesIO(data))
+    return str(path)
+
+
+def check(batch):
+    for j, key in enumerate(batch["key"]):
+        i = int(key)
+        assert batch["label"][j] == i
+        want = expected(i)
+        assert batch["caption.txt"][j] == want["caption.txt"]
+        assert batch["json"][j] == want["json"]
+        assert batch["bin"][j] == want["bin"]
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_members_stay_with_their_samples_shuffled_and_split(shard, world_size):
+    seen = []
+    for rank in range(world_size):
+        with ringfeed.Loader(shard, batch_size=5, image_size=16, shuffle=True, seed=3, rank=rank,
+                             world_size=world_size, workers=3, framework="numpy") as loader:
+            for batch in loader:
+                check(batch)
+                seen += batch["key"]
+    assert len(seen) == len(set(seen)) and len(seen) >= 48 - world_size * 5
+
+
+def test_fields_keeps_only_what_is_named_and_reads_less(shard):
+    with ringfeed.Loader(shard, batch_size=8, image_size=16, shuffle=False, framework="numpy") as loader:
+        for batch in loader:
+            check(batch)
+        everything = loader.stats()["bytes_read"]
+    with ringfeed.Loader(shard, batch_size=8, image_size=16, shuffle=False, framework="numpy",
+                         fields="caption.txt") as loader:
+        for batch in loader:
+            assert "json" not in batch and "bin" not in batch
+            assert batch["caption.txt"] == [expected(int(k))["caption.txt"] for k in batch["key"]]
+        assert loader.stats()["bytes_read"] < everything
+    with pytest.raises(ringfeed.Error) as e:
+        ringfeed.Loader(shard, fields="caption")
+    assert e.value.name == "DL_EOPTION" and "caption.txt" in e.value.message
+
+
+def test_real_webdataset_members():
+    from conftest import TESTDATA
+    kamil = os.path.join(TESTDATA, "webdataset", "kamildre-example", "dataset_shard_000000.tar")
+    if not os.path.exists(kamil):
+        pytest.skip("third-party test data absent")
+    with ringfeed.Loader(kamil, batch_size=3, image_size=32, shuffle=False, framework="numpy") as loader:
+        batch = next(loader)
+    maps = batch["instance_attribute_maps.json"]
+    assert len(maps) == 3 and all(isinstance(m, list) and m[0]["name"] == "World" for m in maps)
+    assert batch["depth"].shape[0] == 3
