@@ -73,7 +73,7 @@ TESTDATA ?= $(CURDIR)/../shared/testdata
 FUZZ_TARGETS = options token npy fields braces rfidx rfs tar decode
 fuzz_seeds_rfs = $(wildcard build/tests/shards/rfs)
 fuzz_seeds_tar = $(TESTDATA)/webdataset
-fuzz_seeds_decode = $(TESTDATA)/jpeg-decoder $(TESTDATA)/pngsuite $(TESTDATA)/libspng-crashers
+fuzz_seeds_decode = tests/fuzz/corpus/decode $(TESTDATA)/jpeg-decoder $(TESTDATA)/pngsuite $(TESTDATA)/libspng-crashers
 fuzz_seeds_fields = tests/fuzz/corpus/fields $(TESTDATA)/zstd $(TESTDATA)/mds
 fuzz: test-deps
 	@cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DDL_WITH_CUDA=OFF -DDL_FUZZ=ON -DCMAKE_BUILD_TYPE=Debug \
@@ -84,8 +84,9 @@ fuzz: test-deps
 	  case $$t in rfs) seeds="$(fuzz_seeds_rfs)";; tar) seeds="$(fuzz_seeds_tar)";; \
 	    decode) seeds="$(fuzz_seeds_decode)";; fields) seeds="$(fuzz_seeds_fields)";; \
 	    *) seeds=tests/fuzz/corpus/$$t;; esac; \
+	  present=""; for d in $$seeds; do [ -e "$$d" ] && present="$$present $$d"; done; \
 	  DL_LOG_LEVEL=0 ./build-fuzz/tests/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -max_len=1048576 \
-	    -rss_limit_mb=4096 -print_final_stats=1 -artifact_prefix=build-fuzz/ build-fuzz/corpus-$$t $$seeds >build-fuzz/fuzz_$$t.log 2>&1 \
+	    -rss_limit_mb=4096 -print_final_stats=1 -artifact_prefix=build-fuzz/ build-fuzz/corpus-$$t $$present >build-fuzz/fuzz_$$t.log 2>&1 \
 	    || { tail -40 build-fuzz/fuzz_$$t.log; echo "fuzz_$$t failed: build-fuzz/fuzz_$$t.log"; exit 1; }; \
 	  echo "fuzz_$$t: $$(grep -o 'number_of_executed_units: *[0-9]*' build-fuzz/fuzz_$$t.log | grep -o '[0-9]*$$') runs in $(FUZZ_SECONDS) s, no crash"; \
 	done

@@ -4,6 +4,7 @@
  */
 #include "internal.h"
 
+#include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
 #include <limits.h>
@@ -34,16 +35,7 @@ static int cmp_entry(const void *a, const void *b) {
   return c ? c : strcmp(x->name, y->name);
 }
 
-static int image_codec(const char *name) {
-  const char *dot = strrchr(name, '.');
-  if (!dot)
-    return DL__CODEC_NONE;
-  if (!strcasecmp(dot, ".jpg") || !strcasecmp(dot, ".jpeg"))
-    return DL__CODEC_JPEG;
-  if (!strcasecmp(dot, ".png"))
-    return DL__CODEC_PNG;
-  return DL__CODEC_NONE;
-}
+static int image_codec(const char *name) { return strrchr(name, '.') ? dl__codec_of_ext(name) : DL__CODEC_NONE; }
 
 /* The folders from the class folder down to the one being listed: a symlink back to one of them
  * would list the same images again and again. */
@@ -53,7 +45,33 @@ typedef struct chain {
   const struct chain *up;
 } chain;
 
-static int walk(const char *base, const char *rel, entries *out, size_t *skipped, const chain *up) {
+/* Files an ImageFolder leaves out, by extension (the first few kinds), for one warning. */
+typedef struct left_out {
+  size_t n;
+  char ext[6][16];
+  size_t count[6];
+  int kinds;
+} left_out;
+
+static void leave_out(left_out *lo, const char *name) {
+  const char *dot = strrchr(name, '.');
+  char ext[16];
+  snprintf(ext, sizeof ext, "%s", dot ? dot : "(no extension)");
+  for (char *c = ext; *c; c++)
+    *c = (char)tolower((unsigned char)*c);
+  lo->n++;
+  for (int k = 0; k < lo->kinds; k++)
+    if (!strcmp(lo->ext[k], ext)) {
+      lo->count[k]++;
+      return;
+    }
+  if (lo->kinds < (int)DL__ARRAY_LEN(lo->ext)) {
+    memcpy(lo->ext[lo->kinds], ext, sizeof ext);
+    lo->count[lo->kinds++] = 1;
+  }
+}
+
+static int walk(const char *base, const char *rel, entries *out, left_out *skipped, const chain *up) {
   char path[PATH_MAX];
   snprintf(path, sizeof path, "%s%s%s", base, *rel ? "/" : "", rel);
   struct stat here;
@@ -83,7 +101,7 @@ static int walk(const char *base, const char *rel, entries *out, size_t *skipped
       rc = walk(base, sub, out, skipped, &me);
     } else if (S_ISREG(st.st_mode)) {
       if (image_codec(de->d_name) == DL__CODEC_NONE) {
-        (*skipped)++;
+        leave_out(skipped, de->d_name);
         continue;
       }
       if (out->n == out->cap) {
@@ -163,7 +181,8 @@ int dl__folder_load(dl__dataset *ds, const char *root) {
   if (!d)
     return dl__fail(-errno, "source %s: %s", root, strerror(errno));
   char **classes = NULL;
-  size_t nclasses = 0, cap = 0, skipped = 0;
+  size_t nclasses = 0, cap = 0;
+  left_out skipped = {0};
   int rc = 0;
   struct dirent *de;
   while ((de = readdir(d))) {
@@ -254,8 +273,13 @@ int dl__folder_load(dl__dataset *ds, const char *root) {
   for (size_t c = 0; c < nclasses; c++)
     free(classes[c]);
   free(classes);
-  if (!rc && skipped)
-    dl__log(DL__LOG_INFO, "source %s: %zu files that are not .jpg/.jpeg/.png were left out", root,
-            skipped);
+  if (!rc && skipped.n) {
+    char kinds[256] = "";
+    for (int k = 0; k < skipped.kinds; k++)
+      snprintf(kinds + strlen(kinds), sizeof kinds - strlen(kinds), "%s%zu %s", k ? ", " : "", skipped.count[k],
+               skipped.ext[k]);
+    dl__log(DL__LOG_WARN, "source %s: %zu files that are not .jpg/.jpeg/.png/.webp were left out (%s%s)", root,
+            skipped.n, kinds, skipped.kinds == (int)DL__ARRAY_LEN(skipped.ext) ? ", ..." : "");
+  }
   return rc;
 }

@@ -6,10 +6,34 @@
 #include "internal.h"
 
 #include <errno.h>
+#include <string.h>
+#include <strings.h>
+
+int dl__sniff_codec(const uint8_t *p, size_t n) {
+  if (n >= 3 && p[0] == 0xFF && p[1] == 0xD8 && p[2] == 0xFF)
+    return DL__CODEC_JPEG;
+  if (n >= 8 && !memcmp(p, "\x89PNG\r\n\x1a\n", 8))
+    return DL__CODEC_PNG;
+  if (n >= 12 && !memcmp(p, "RIFF", 4) && !memcmp(p + 8, "WEBP", 4))
+    return DL__CODEC_WEBP;
+  return DL__CODEC_OTHER;
+}
+
+int dl__codec_of_ext(const char *name) {
+  const char *dot = strrchr(name, '.');
+  const char *ext = dot ? dot + 1 : name;
+  if (!strcasecmp(ext, "jpg") || !strcasecmp(ext, "jpeg"))
+    return DL__CODEC_JPEG;
+  if (!strcasecmp(ext, "png"))
+    return DL__CODEC_PNG;
+  if (!strcasecmp(ext, "webp"))
+    return DL__CODEC_WEBP;
+  return DL__CODEC_NONE;
+}
 
 int dl__image_decoder_init(dl__image_decoder *d) {
   *d = (dl__image_decoder){0};
-  if (dl__jpeg_ops.create(&d->jpeg) || dl__png_ops.create(&d->png)) {
+  if (dl__jpeg_ops.create(&d->jpeg) || dl__png_ops.create(&d->png) || dl__webp_ops.create(&d->webp)) {
     dl__image_decoder_free(d);
     return -ENOMEM;
   }
@@ -19,10 +43,24 @@ int dl__image_decoder_init(dl__image_decoder *d) {
 void dl__image_decoder_free(dl__image_decoder *d) {
   dl__jpeg_ops.destroy(d->jpeg);
   dl__png_ops.destroy(d->png);
+  dl__webp_ops.destroy(d->webp);
   dl__buf_free(&d->scratch);
   dl__buf_free(&d->rs.tmp);
   dl__buf_free(&d->rs.coef);
   *d = (dl__image_decoder){0};
+}
+
+int dl__image_decode_job(dl__image_decoder *d, dl__decode_job *job, dl__err *e) {
+  switch (dl__sniff_codec(job->src, job->len)) {
+  case DL__CODEC_JPEG:
+    return dl__jpeg_ops.decode(d->jpeg, job, e);
+  case DL__CODEC_PNG:
+    return dl__png_ops.decode(d->png, job, e);
+  case DL__CODEC_WEBP:
+    return dl__webp_ops.decode(d->webp, job, e);
+  default:
+    return dl__err_set(e, DL_EUNSUPPORTED, "not a JPEG, PNG or WebP (unrecognised leading bytes)");
+  }
 }
 
 typedef struct plan_arg {
@@ -48,14 +86,7 @@ int dl__image_decode(dl__image_decoder *d, const dl_loader *l, const uint8_t *im
                         .plan_arg = &pa,
                         .scratch = &d->scratch,
                         .cancel = &l->cancel};
-  int codec = dl__sniff_codec(image, len);
-  int r;
-  if (codec == DL__CODEC_JPEG)
-    r = dl__jpeg_ops.decode(d->jpeg, &job, e);
-  else if (codec == DL__CODEC_PNG)
-    r = dl__png_ops.decode(d->png, &job, e);
-  else
-    r = dl__err_set(e, DL_EUNSUPPORTED, "not a JPEG or PNG (unrecognised leading bytes)");
+  int r = dl__image_decode_job(d, &job, e);
   if (r)
     return r;
   /* Float output is converted on the GPU from NHWC uint8, whatever layout it ends in. */

@@ -92,7 +92,7 @@ int dl__options_parse(dl__options *o, const char *text);
 
 /* ---- the sample table (dataset.c, tar.c, folder.c, source.c) ---- */
 
-enum { DL__CODEC_NONE, DL__CODEC_JPEG, DL__CODEC_PNG, DL__CODEC_OTHER };
+enum { DL__CODEC_NONE, DL__CODEC_JPEG, DL__CODEC_PNG, DL__CODEC_WEBP, DL__CODEC_OTHER };
 
 enum { DL__SAMPLE_CHECKSUM = 1, DL__SAMPLE_IMAGE_ZST = 2 };
 
@@ -187,7 +187,7 @@ int dl__folder_load(dl__dataset *ds, const char *root);
 int dl__rfs_load(dl__dataset *ds, const char *path, int direct);
 
 /* A parsed .rfs index (rfs.c), for the loader, dlshard and the fuzz harness. */
-enum { DL__RFS_RAW, DL__RFS_ZSTD, DL__RFS_JPEG, DL__RFS_PNG };
+enum { DL__RFS_RAW, DL__RFS_ZSTD, DL__RFS_JPEG, DL__RFS_PNG, DL__RFS_WEBP, DL__RFS_BYTES };
 typedef struct dl__rfs_field {
   uint16_t name;
   uint8_t codec;
@@ -228,7 +228,7 @@ void dl__hasher_reset(dl__hasher *h);
 void dl__hasher_update(dl__hasher *h, const void *p, size_t n);
 void dl__hasher_copy(dl__hasher *h, void *dst, const void *src, size_t n);
 uint64_t dl__hasher_digest(dl__hasher *h);
-extern const char *const dl__rfs_codec_names[4];
+extern const char *const dl__rfs_codec_names[6];
 /* Expands SOURCE ("::" lists, brace ranges, globs) and loads every part. */
 int dl__source_load(dl__dataset *ds, const char *source, const dl__options *o);
 int dl__expand_braces(const char *pattern, char ***out, size_t *count);
@@ -385,7 +385,10 @@ typedef struct dl__decoder_ops {
 
 extern const dl__decoder_ops dl__jpeg_ops;
 extern const dl__decoder_ops dl__png_ops;
+extern const dl__decoder_ops dl__webp_ops;
+/* The codec of an image by its leading bytes, or by a name's last extension (image.c). */
 int dl__sniff_codec(const uint8_t *p, size_t n);
+int dl__codec_of_ext(const char *name);
 
 /* The DCT scaling (1, 2, 4 or 8) the JPEG decoder uses for CROP at the output size (jpeg.c). */
 int dl__jpeg_scale(const dl__rect *crop, int out_w, int out_h);
@@ -430,13 +433,15 @@ int dl__resize(const uint8_t *src, int w, int h, size_t stride, int ch, dl__rect
 /* ---- one image into its place in a batch on the CPU (image.c) ---- */
 
 typedef struct dl__image_decoder {
-  void *jpeg, *png;
+  void *jpeg, *png, *webp;
   dl__buf scratch;
   dl__resize_scratch rs;
 } dl__image_decoder;
 
 int dl__image_decoder_init(dl__image_decoder *d);
 void dl__image_decoder_free(dl__image_decoder *d);
+/* JOB decoded by the decoder its bytes call for (JPEG, PNG or WebP). */
+int dl__image_decode_job(dl__image_decoder *d, dl__decode_job *job, dl__err *e);
 /* Decodes IMAGE (LEN bytes) of the sample whose draws come from KEY into DST: the crop, resized,
  * maybe flipped, in the slot's layout. */
 int dl__image_decode(dl__image_decoder *d, const dl_loader *l, const uint8_t *image, size_t len, uint64_t key,
@@ -458,6 +463,7 @@ struct dl_batch {
   bool ready;        /* complete (host) or its copy queued (device): the consumer may take it */
   bool is_device;    /* a device slot of the copy stage rather than a host slot */
   int refs;          /* the consumer's hold (until release) + exports */
+  pthread_t holder;  /* the thread it was handed to */
   int exports;       /* DLManagedTensors still alive */
   void *release_stream;
   int64_t image_shape[4], label_shape[1];

@@ -244,10 +244,3 @@ int dl__jpeg_scale(const dl__rect *crop, int out_w, int out_h) {
 
 const dl__decoder_ops dl__jpeg_ops = {"jpeg", jpeg_create, jpeg_destroy_ctx, jpeg_decode};
 
-int dl__sniff_codec(const uint8_t *p, size_t n) {
-  if (n >= 3 && p[0] == 0xFF && p[1] == 0xD8 && p[2] == 0xFF)
-    return DL__CODEC_JPEG;
-  if (n >= 8 && !memcmp(p, "\x89PNG\r\n\x1a\n", 8))
-    return DL__CODEC_PNG;
-  return DL__CODEC_OTHER;
-}

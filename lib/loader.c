@@ -124,9 +124,6 @@ int dl_open(dl_loader **out, const char *source, const char *options) {
   pthread_cond_init(&l->ready_cv, NULL);
   l->open_time = t0;
   l->pid = getpid();
-  const char *env_level = getenv("DL_LOG_LEVEL");
-  if (env_level && *env_level >= '0' && *env_level <= '4')
-    dl__log_level = *env_level - '0';
   int r = dl__options_parse(&l->o, options);
   if (r)
     goto fail;
@@ -217,12 +214,14 @@ int dl_next_batch_timed(dl_loader *l, int dev, int timeout_ms, dl_batch **out) {
     b = s->dslots ? &s->dslots[s->next_out % l->o.device_slots] : &s->slots[s->next_out % l->o.prefetch];
     if (b->k == s->next_out && b->ready)
       break;
-    if (b->state == DL__SLOT_HELD) {
-      int held = s->dslots ? l->o.device_slots : l->o.prefetch;
+    /* Held by this very thread: waiting cannot end (it would have to release it first). Held by
+     * another consumer thread: that one releases it in its own time. */
+    if (b->state == DL__SLOT_HELD && pthread_equal(b->holder, pthread_self())) {
+      int slots = s->dslots ? l->o.device_slots : l->o.prefetch;
       r = dl__fail(DL_EBUSY,
-                   "batch %" PRId64 " cannot be filled: all %d batch slots are held by the consumer "
-                   "(release a batch, or raise %s)",
-                   s->next_out, held, s->dslots ? "device_slots" : "prefetch");
+                   "batch %" PRId64 " cannot be filled: its slot (one of %d) still has batch %" PRId64
+                   ", held by the consumer (release batches sooner, or raise %s)",
+                   s->next_out, slots, b->k, s->dslots ? "device_slots" : "prefetch");
       break;
     }
     if (timeout_ms < 0) {
@@ -239,6 +238,7 @@ int dl_next_batch_timed(dl_loader *l, int dev, int timeout_ms, dl_batch **out) {
     return r;
   }
   b->state = DL__SLOT_HELD;
+  b->holder = pthread_self();
   b->ready = false;
   b->refs = 1;
   s->next_out++;

@@ -30,7 +30,10 @@ static void set_defaults(dl__options *o) {
   o->io_depth = 16;
   o->max_pixels = 64ll << 20;
   o->max_member_bytes = 256ll << 20;
-  o->log_level = dl__log_level;
+  /* DL_LOG_LEVEL, else warn: not whatever the last loader asked for (log=quiet there would
+   * silence every loader opened after it). */
+  const char *env = getenv("DL_LOG_LEVEL");
+  o->log_level = env && *env >= '0' && *env <= '4' && !env[1] ? *env - '0' : DL__LOG_WARN;
   o->decode = DL__DECODE_AUTO;
   o->gpu_decode_mb = 256;
   o->gpu_share = -1;

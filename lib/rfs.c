@@ -16,7 +16,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
-const char *const dl__rfs_codec_names[4] = {"raw", "zstd", "jpeg", "png"};
+const char *const dl__rfs_codec_names[6] = {"raw", "zstd", "jpeg", "png", "webp", "bytes"};
 
 
 #define TRAILER 32
@@ -139,7 +139,7 @@ int dl__rfs_parse_index(dl__rfs *r, const uint8_t *p, size_t n, uint64_t first, 
       fd->offset = get32(q + 4);
       fd->size = get32(q + 8);
       fd->raw_size = get64(q + 12);
-      if (fd->name >= nnames || fd->codec > DL__RFS_PNG || fd->offset > rec->size ||
+      if (fd->name >= nnames || fd->codec > DL__RFS_BYTES || fd->offset > rec->size ||
           fd->size > rec->size - fd->offset)
         BAD("record %llu field %u is malformed", (unsigned long long)i, f);
     }
@@ -223,14 +223,14 @@ int dl__rfs_load(dl__dataset *ds, const char *path, int direct) {
     s.first_ref = (uint32_t)ds->nrefs;
     for (uint16_t f = 0; f < rec->nfields; f++) {
       const dl__rfs_field *fd_ = &r.fields[rec->first_field + f];
-      bool image = fd_->codec == DL__RFS_JPEG || fd_->codec == DL__RFS_PNG;
+      bool image = fd_->codec == DL__RFS_JPEG || fd_->codec == DL__RFS_PNG || fd_->codec == DL__RFS_WEBP;
       if (image && (!img || !strcmp(r.names[fd_->name], "image")))
         img = fd_;
-      if (!image && s.nrefs < DL__MAX_FIELDS) { /* tensors: NPY payloads, stored or zstd */
+      if (!image && s.nrefs < DL__MAX_FIELDS) { /* tensors (NPY payloads, stored or zstd) and bytes */
         const char *fname = r.names[fd_->name];
         int idx = dl__dataset_field(ds, fname, strlen(fname));
-        dl__fref ref = {.name = (uint16_t)idx, .kind = fd_->codec == DL__RFS_ZSTD ? DL__REF_NPY_ZST : DL__REF_NPY,
-                        .at = fd_->offset, .len = fd_->size};
+        uint8_t kind = fd_->codec == DL__RFS_ZSTD ? DL__REF_NPY_ZST : fd_->codec == DL__RFS_BYTES ? DL__REF_BYTES : DL__REF_NPY;
+        dl__fref ref = {.name = (uint16_t)idx, .kind = kind, .at = fd_->offset, .len = fd_->size};
         if (idx >= 0 && dl__dataset_add_ref(ds, &ref) == 0)
           s.nrefs++;
       }
@@ -238,7 +238,7 @@ int dl__rfs_load(dl__dataset *ds, const char *path, int direct) {
     if (img) {
       s.image_at = img->offset;
       s.image_len = img->size;
-      s.codec = img->codec == DL__RFS_JPEG ? DL__CODEC_JPEG : DL__CODEC_PNG;
+      s.codec = img->codec == DL__RFS_JPEG ? DL__CODEC_JPEG : img->codec == DL__RFS_PNG ? DL__CODEC_PNG : DL__CODEC_WEBP;
     }
     const char *key = r.keys + rec->key;
     char name[600];

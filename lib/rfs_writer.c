@@ -142,11 +142,11 @@ int dl_writer_field(dl_writer *w, const char *name, const char *codec, const voi
   if (!w->open_record)
     return dl__fail(-EINVAL, "%s: dl_writer_field outside a record", w->path);
   int c = -1;
-  for (int i = 0; i < 4; i++)
+  for (int i = 0; i < (int)DL__ARRAY_LEN(dl__rfs_codec_names); i++)
     if (!strcmp(codec, dl__rfs_codec_names[i]))
       c = i;
   if (c < 0)
-    return dl__fail(DL_EOPTION, "%s: unknown codec '%s' (raw, zstd, jpeg, png)", w->path, codec);
+    return dl__fail(DL_EOPTION, "%s: unknown codec '%s' (raw, zstd, jpeg, png, webp, bytes)", w->path, codec);
   if (w->nfields == 64)
     return dl__fail(DL_ELIMIT, "%s: more than 64 fields in a record", w->path);
   uint32_t name_idx = w->nnames;

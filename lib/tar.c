@@ -138,15 +138,6 @@ static int parse_pax(const uint8_t *p, size_t n, char *path, size_t path_cap, in
   return 0;
 }
 
-static int ext_codec(const char *ext) {
-  const char *last = strrchr(ext, '.');
-  last = last ? last + 1 : ext;
-  if (!strcasecmp(last, "jpg") || !strcasecmp(last, "jpeg"))
-    return DL__CODEC_JPEG;
-  if (!strcasecmp(last, "png"))
-    return DL__CODEC_PNG;
-  return DL__CODEC_NONE;
-}
 
 typedef struct group {
   char key[NAME_MAX_LEN];
@@ -267,7 +258,7 @@ static int add_member(dl__dataset *ds, group *g, uint32_t file, const char *name
   size_t stem = zst ? elen - 4 : elen; /* the extension without a trailing .zst */
   char plain[NAME_MAX_LEN];
   snprintf(plain, sizeof plain, "%.*s", (int)stem, ext);
-  int codec = ext_codec(plain); /* "jpg.zst" is a zstd-compressed JPEG */
+  int codec = dl__codec_of_ext(plain); /* "jpg.zst" is a zstd-compressed JPEG */
   bool exact = strchr(plain, '.') == NULL;
   bool npy = stem >= 3 && !strncasecmp(ext + stem - 3, "npy", 3) && (stem == 3 || ext[stem - 4] == '.');
   if (codec != DL__CODEC_NONE && (g->s.codec == DL__CODEC_NONE || (exact && !g->exact_image))) {

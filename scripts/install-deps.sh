@@ -2,7 +2,7 @@
 # Installs the Debian packages ringfeed needs to build and test, when any is missing.
 # Usage: scripts/install-deps.sh [build|test]
 set -eu
-want="build-essential cmake pkg-config libjpeg62-turbo-dev libpng-dev zlib1g-dev liburing-dev libzstd-dev
+want="build-essential cmake pkg-config libjpeg62-turbo-dev libpng-dev zlib1g-dev liburing-dev libzstd-dev libwebp-dev
       libxxhash-dev libdlpack-dev tar"
 if [ "${1:-build}" = test ]; then
   want="$want clang libclang-rt-dev zstd python3 python3-numpy python3-pytest python3-pil python3-torch

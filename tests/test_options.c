@@ -12,6 +12,16 @@ static void expect_bad(const char *opts, const char *mention) {
 
 int main(void) {
   dl__options o;
+  /* One loader's log=quiet is not the next one's default. */
+  unsetenv("DL_LOG_LEVEL");
+  ASSERT_EQ(dl__options_parse(&o, "log=quiet"), 0);
+  dl__log_level = o.log_level;
+  ASSERT_EQ(dl__options_parse(&o, NULL), 0);
+  ASSERT_EQ(o.log_level, DL__LOG_WARN);
+  setenv("DL_LOG_LEVEL", "4", 1);
+  ASSERT_EQ(dl__options_parse(&o, NULL), 0);
+  ASSERT_EQ(o.log_level, DL__LOG_DEBUG);
+  unsetenv("DL_LOG_LEVEL");
   ASSERT_EQ(dl__options_parse(&o, NULL), 0);
   ASSERT_EQ(o.batch_size, 256);
   ASSERT_EQ(o.height, 224);

@@ -1,7 +1,8 @@
-/* libFuzzer entry point for the image decoders: any bytes as a JPEG or PNG member, decoded with a
- * random-resized crop (drawn from the input) into a small slot, as a worker does. */
+/* libFuzzer entry point for the image decoders: any bytes as a JPEG, PNG or WebP member, decoded
+ * with a random-resized crop (drawn from the input) into a small slot, as a worker does. */
 #include "internal.h"
 
+#include <stdbool.h>
 #include <stdlib.h>
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -12,26 +13,25 @@ static int plan(dl__decode_job *job, int w, int h, dl__err *e) {
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-  static void *jpeg, *png;
-  static dl__buf scratch;
-  static dl__resize_scratch rs;
-  if (!jpeg && (dl__jpeg_ops.create(&jpeg) || dl__png_ops.create(&png)))
+  static dl__image_decoder d;
+  static bool ready;
+  if (!ready && dl__image_decoder_init(&d))
     abort();
+  ready = true;
   uint64_t key = size;
   for (size_t i = 0; i < size && i < 64; i++)
     key = key * 31 + data[i];
   uint8_t out[24 * 24 * 3];
   for (int channels = 1; channels <= 3; channels += 2) {
     dl__decode_job job = {.src = data, .len = size, .channels = channels, .out_w = 24, .out_h = 24,
-                          .max_pixels = 1 << 22, .plan = plan, .plan_arg = &key, .scratch = &scratch};
+                          .max_pixels = 1 << 22, .plan = plan, .plan_arg = &key, .scratch = &d.scratch};
     dl__err e = {0};
-    int codec = dl__sniff_codec(data, size);
-    int r = codec == DL__CODEC_JPEG ? dl__jpeg_ops.decode(jpeg, &job, &e)
-            : codec == DL__CODEC_PNG ? dl__png_ops.decode(png, &job, &e)
-                                     : -1;
+    int r = dl__image_decode_job(&d, &job, &e);
     if (r == 0 && dl__resize(job.pixels, job.width, job.height, job.stride, channels, job.mapped, out,
-                             24, 24, channels == 1, 1, &rs))
+                             24, 24, channels == 1, 1, &d.rs))
       abort();
+    if (r != 0 && !e.msg[0])
+      abort(); /* a refusal says why */
   }
   return 0;
 }

@@ -85,7 +85,7 @@ def test_pip_wheel_is_a_platform_wheel_carrying_its_libraries(tmp_path):
     assert re.fullmatch(r"ringfeed-[0-9.]+-py3-none-linux_x86_64\.whl", wheel), wheel
     names = zipfile.ZipFile(tmp_path / "dist" / wheel).namelist()
     for needed in ("ringfeed/libringfeed.so", "ringfeed/deps/libjpeg.so.62", "ringfeed/deps/libpng16.so.16",
-                   "ringfeed/deps/libzstd.so.1"):
+                   "ringfeed/deps/libzstd.so.1", "ringfeed/deps/libwebp.so.7"):
         assert needed in names, (needed, names)
     assert any(n.endswith(".dist-info/LICENSE") for n in names), names
     python = venv(tmp_path / "venv")
