@@ -90,6 +90,25 @@ if python3 -c "import torch, torchvision; assert torch.cuda.is_available()" 2> /
   row "examples/train_imagenet.py, ResNet-50 bf16, 300 steps" "exit $? $(tail -1 "$out/train.log")"
 fi
 
+# 6. The wheel made with `pip wheel .` on the build machine (WHEEL_DIR, default dist/), installed
+# into a fresh virtual environment here (this machine's Python and torch) and used from elsewhere.
+wheel=$(ls "${WHEEL_DIR:-dist}"/ringfeed-*.whl 2> /dev/null | head -1)
+if [ -n "$wheel" ]; then
+  rm -rf /tmp/ringfeed-wheel-env
+  python3 -m venv --system-site-packages /tmp/ringfeed-wheel-env > "$out/wheel.log" 2>&1
+  /tmp/ringfeed-wheel-env/bin/pip install --no-index --no-deps "$wheel" >> "$out/wheel.log" 2>&1
+  src=$("$build/dlbench" --make-synthetic)
+  (cd /tmp && env -u RINGFEED_LIBRARY /tmp/ringfeed-wheel-env/bin/python -c "
+import sys, ringfeed, torch
+assert ringfeed.__file__.startswith(sys.prefix)
+with ringfeed.Loader('$src', batch_size=64, device='cuda:0', epochs=1) as loader:
+    n = sum(b['image'].shape[0] for b in loader)
+    assert b['image'].is_cuda
+print('python', sys.version.split()[0], 'torch', torch.__version__, n, 'images on cuda:0')
+") >> "$out/wheel.log" 2>&1
+  row "$(basename "$wheel") in a fresh venv" "exit $? ($(tail -1 "$out/wheel.log"))"
+fi
+
 # Only a few files come back from the machine: the table, and the logs and JSON in one archive.
 cp "$table" "$dest/table.md"
 tar -czf "$dest/all.tar.gz" -C "$out" .
