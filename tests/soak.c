@@ -77,31 +77,6 @@ static void flat(const char *what, sample warm, sample last, double slack_mb) {
             last.threads, last.pinned);
 }
 
-static void make_shard(const char *path) {
-  enum { SAMPLES = 256, IMAGES = 8 };
-  unsigned char *jpg[IMAGES];
-  unsigned long len[IMAGES];
-  FILE *f = fopen(path, "wb");
-  ASSERT(f);
-  for (int i = 0; i < SAMPLES; i++) {
-    char key[32], name[40], text[16];
-    snprintf(key, sizeof key, "s%04d", i);
-    if (i < IMAGES) {
-      test_tar_sample(f, key, i, i % 10, &jpg[i], &len[i]);
-      continue;
-    }
-    snprintf(name, sizeof name, "%s.jpg", key);
-    ASSERT_EQ(tar_write_member(f, name, jpg[i % IMAGES], len[i % IMAGES]), 0);
-    snprintf(name, sizeof name, "%s.cls", key);
-    int n = snprintf(text, sizeof text, "%d", i % 10);
-    ASSERT_EQ(tar_write_member(f, name, text, (size_t)n), 0);
-  }
-  for (int i = 0; i < IMAGES; i++)
-    free(jpg[i]);
-  ASSERT_EQ(tar_write_end(f), 0);
-  fclose(f);
-}
-
 /* Reads one epoch (or the rest of the current one); returns the samples. */
 static long epoch_of(dl_loader *l, int64_t batches) {
   long n = 0;
@@ -134,7 +109,7 @@ int main(int argc, char **argv) {
   if (!source) {
     ASSERT_EQ(mkdir(dir, 0755), 0);
     snprintf(shard, sizeof shard, "%s/soak.tar", dir);
-    make_shard(shard);
+    test_tar_shard(shard, "s", 256, 8, 0, NULL);
     source = shard;
   }
   char opts[512], once[512];

@@ -31,33 +31,8 @@ static void on_alarm(int sig) {
   _exit(1);
 }
 
-/* SAMPLES samples keyed s0000.. with label BASE + i; eight images of other sizes, repeated (making
- * images is slow under a sanitizer). */
-static void write_shard(const char *path, int base) {
-  enum { IMAGES = 8 };
-  unsigned char *jpg[IMAGES];
-  unsigned long len[IMAGES];
-  FILE *f = fopen(path, "wb");
-  ASSERT(f);
-  for (int i = 0; i < SAMPLES; i++) {
-    char key[32], name[40], text[32];
-    snprintf(key, sizeof key, "s%04d", i);
-    if (i < IMAGES) {
-      test_tar_sample(f, key, i, base + i, &jpg[i], &len[i]);
-    } else {
-      snprintf(name, sizeof name, "%s.jpg", key);
-      ASSERT_EQ(tar_write_member(f, name, jpg[i % IMAGES], len[i % IMAGES]), 0);
-      snprintf(name, sizeof name, "%s.cls", key);
-      int n = snprintf(text, sizeof text, "%d", base + i);
-      ASSERT_EQ(tar_write_member(f, name, text, (size_t)n), 0);
-    }
-    sample_end[i] = ftell(f);
-  }
-  for (int i = 0; i < IMAGES; i++)
-    free(jpg[i]);
-  ASSERT_EQ(tar_write_end(f), 0);
-  fclose(f);
-}
+/* SAMPLES samples keyed s0000.. with label BASE + i; eight images of other sizes, repeated. */
+static void write_shard(const char *path, int base) { test_tar_shard(path, "s", SAMPLES, 8, base, sample_end); }
 
 /* Shards are written once (encoding is the slow part) and copied for each run. */
 static char first[600], second[600];

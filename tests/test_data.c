@@ -22,6 +22,36 @@ void test_tar_sample(FILE *f, const char *key, long image_id, long label, unsign
   tar_sample(f, key, image_id, label, SYNTHETIC_DEFAULT, jpg, len);
 }
 
+void test_tar_shard(const char *path, const char *prefix, int n, int images, long base, long *ends) {
+  FILE *f = fopen(path, "wb");
+  ASSERT(f);
+  unsigned char **jpg = calloc((size_t)images, sizeof *jpg);
+  unsigned long *len = calloc((size_t)images, sizeof *len);
+  ASSERT(jpg && len);
+  for (int i = 0; i < n; i++) {
+    char key[PATH_MAX], name[PATH_MAX + 8], text[32];
+    snprintf(key, sizeof key, "%s%04d", prefix, i);
+    int k = i % images;
+    if (!jpg[k]) {
+      tar_sample(f, key, k, base + i, SYNTHETIC_DEFAULT, &jpg[k], &len[k]);
+    } else {
+      snprintf(name, sizeof name, "%s.jpg", key);
+      ASSERT_EQ(tar_write_member(f, name, jpg[k], len[k]), 0);
+      snprintf(name, sizeof name, "%s.cls", key);
+      int t = snprintf(text, sizeof text, "%ld", base + i);
+      ASSERT_EQ(tar_write_member(f, name, text, (size_t)t), 0);
+    }
+    if (ends)
+      ends[i] = ftell(f);
+  }
+  for (int k = 0; k < images; k++)
+    free(jpg[k]);
+  free(jpg);
+  free(len);
+  ASSERT_EQ(tar_write_end(f), 0);
+  fclose(f);
+}
+
 void test_tar_synthetic(FILE *f, const char *key, long image_id, long label, int quality, int subsampling) {
   unsigned char *jpg;
   unsigned long len;

@@ -16,6 +16,11 @@ void test_tar_sample(FILE *f, const char *key, long image_id, long label, unsign
 /* The same with a synthetic image encoded at QUALITY with SUBSAMPLING (420 or 444). */
 void test_tar_synthetic(FILE *f, const char *key, long image_id, long label, int quality, int subsampling);
 
+/* Writes a shard of N samples keyed PREFIX0000.. with labels BASE + i, made of IMAGES distinct
+ * synthetic images repeated (making images is the slow part, above all under a sanitizer); ENDS,
+ * when not NULL, gets where each sample's members end in the file. */
+void test_tar_shard(const char *path, const char *prefix, int n, int images, long base, long *ends);
+
 /* Writes N bytes to PATH, making its folder first. */
 void test_write_file(const char *path, const void *p, size_t n);
 

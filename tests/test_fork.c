@@ -69,18 +69,7 @@ int main(void) {
   snprintf(dir, sizeof dir, "/tmp/ringfeed-fork-%d", (int)getpid());
   ASSERT_EQ(mkdir(dir, 0755), 0);
   snprintf(shard, sizeof shard, "%s/shard.tar", dir);
-  FILE *f = fopen(shard, "wb");
-  ASSERT(f);
-  for (int i = 0; i < SAMPLES; i++) {
-    char key[32];
-    unsigned char *jpg;
-    unsigned long len;
-    snprintf(key, sizeof key, "k%04d", i);
-    test_tar_sample(f, key, i, i, &jpg, &len);
-    free(jpg);
-  }
-  ASSERT_EQ(tar_write_end(f), 0);
-  fclose(f);
+  test_tar_shard(shard, "k", SAMPLES, SAMPLES, 0, NULL);
 
   dl_loader *l;
   OPEN_OK(l, shard, "batch_size=4 workers=4 prefetch=2 epochs=0 log=quiet");

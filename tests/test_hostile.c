@@ -164,21 +164,8 @@ static void message_not_into_itself(void) {
   printf("a bad zstd field: %s\n", last);
 }
 
-/* Writes a shard of N synthetic samples keyed PREFIX0000.. with labels BASE + i. */
-static void shard_of(const char *path, const char *prefix, int n, int base) {
-  FILE *f = fopen(path, "wb");
-  ASSERT(f);
-  for (int i = 0; i < n; i++) {
-    char key[64];
-    unsigned char *jpg;
-    unsigned long len;
-    snprintf(key, sizeof key, "%s%04d", prefix, i);
-    test_tar_sample(f, key, 7, base + i, &jpg, &len); /* the same image: the same sizes */
-    free(jpg);
-  }
-  ASSERT_EQ(tar_write_end(f), 0);
-  fclose(f);
-}
+/* A shard of N samples keyed PREFIX0000.. with labels BASE + i, one image: the same sizes. */
+static void shard_of(const char *path, const char *prefix, int n, int base) { test_tar_shard(path, prefix, n, 1, base, NULL); }
 
 /* The first key and label a loader over PATH delivers. */
 static void first_sample(const char *path, char *key, size_t cap, int64_t *label) {
