@@ -47,7 +47,7 @@ test-tsan:
 test-python: build
 	cd build && RINGFEED_LIBRARY=$(CURDIR)/build/libringfeed.so DL_DLSHARD=$(CURDIR)/build/dlshard \
 	  DL_TEST_SHARDS=$(CURDIR)/build/tests/shards \
-	  $(PYTHON) -m pytest -q $(CURDIR)/bindings/python/tests
+	  $(PYTHON) -m pytest -q $(CURDIR)/bindings/python/tests $(CURDIR)/tests/remote
 
 # Long soak, SOAK_EPOCHS epochs (and as many loaders in turn) from C and from Python, sampling
 # memory, descriptors, threads and pinned bytes; make test runs a short one.

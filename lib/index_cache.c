@@ -51,10 +51,15 @@ static int cache_dir(char *buf, size_t cap) {
   return n > 0 && (size_t)n < cap ? 0 : -1;
 }
 
-/* The fallback location: the cache folder, named by a hash of the shard's absolute path. */
+/* The fallback location (the only one for a URL): the cache folder, named by a hash of the
+ * shard's absolute path or URL. */
 static int fallback_path(const char *shard, char *buf, size_t cap) {
   char dir[PATH_MAX], abs[PATH_MAX];
-  if (cache_dir(dir, sizeof dir) || !realpath(shard, abs))
+  if (cache_dir(dir, sizeof dir))
+    return -1;
+  if (dl__is_url(shard))
+    snprintf(abs, sizeof abs, "%s", shard);
+  else if (!realpath(shard, abs))
     return -1;
   const char *base = strrchr(abs, '/');
   int n = snprintf(buf, cap, "%s/%016llx-%s.rfidx", dir,
@@ -162,7 +167,7 @@ bad:
 
 int dl__index_cache_read(dl__dataset *ds, uint32_t file, const char *path, const dl__shard_id *id) {
   char cpath[PATH_MAX + 64];
-  for (int attempt = 0; attempt < 2; attempt++) {
+  for (int attempt = dl__is_url(path); attempt < 2; attempt++) {
     if (attempt == 0)
       snprintf(cpath, sizeof cpath, "%s.rfidx", path);
     else if (fallback_path(path, cpath, sizeof cpath))
@@ -261,7 +266,7 @@ void dl__index_cache_write(const dl__dataset *ds, size_t first, const char *path
   put64(p + len - 8, XXH64(p, len - 8, 0));
   char target[PATH_MAX + 64];
   snprintf(target, sizeof target, "%s.rfidx", path);
-  int r = write_all(target, p, len);
+  int r = dl__is_url(path) ? -EROFS : write_all(target, p, len);
   if (r) {
     char dir[PATH_MAX];
     if (fallback_path(path, target, sizeof target) == 0 && cache_dir(dir, sizeof dir) == 0) {

@@ -78,6 +78,9 @@ typedef struct dl__options {
   int64_t max_member_bytes;
   char resume[256];
   char fields[512]; /* fields=a,b: the only fields delivered (and read); empty: all */
+  int retries;      /* remote sources: attempts after the first for a failing request */
+  int timeout_ms;   /* remote sources: connecting, or a body that stops coming, for this long fails */
+  char ca_file[512]; /* remote sources: a CA bundle for TLS (else the system's) */
   int log_level;
   int direct;
   int pad;
@@ -185,6 +188,8 @@ int dl__tar_scan(dl__dataset *ds, uint32_t file, int fd, uint64_t file_size, int
 int dl__folder_load(dl__dataset *ds, const char *root);
 /* Reads a ringfeed shard's index into DS; DIRECT asks for O_DIRECT reads where the shard allows. */
 int dl__rfs_load(dl__dataset *ds, const char *path, int direct);
+/* The records of the ringfeed shard FILE of DS, read through FD (SIZE bytes), as samples. */
+int dl__rfs_load_fd(dl__dataset *ds, uint32_t file, int fd, uint64_t size);
 
 /* A parsed .rfs index (rfs.c), for the loader, dlshard and the fuzz harness. */
 enum { DL__RFS_RAW, DL__RFS_ZSTD, DL__RFS_JPEG, DL__RFS_PNG, DL__RFS_WEBP, DL__RFS_BYTES };
@@ -229,6 +234,11 @@ void dl__hasher_update(dl__hasher *h, const void *p, size_t n);
 void dl__hasher_copy(dl__hasher *h, void *dst, const void *src, size_t n);
 uint64_t dl__hasher_digest(dl__hasher *h);
 extern const char *const dl__rfs_codec_names[6];
+/* Whether S names a remote object (http://, https://, s3://). */
+bool dl__is_url(const char *s);
+/* Adds the shard at URL to DS (remote/load.c): its index from the cache, or built from one
+ * download (tar) or a ranged read of its footer (ringfeed shard). */
+int dl__remote_load(dl__dataset *ds, const char *url, const dl__options *o);
 /* Expands SOURCE ("::" lists, brace ranges, globs) and loads every part. */
 int dl__source_load(dl__dataset *ds, const char *source, const dl__options *o);
 int dl__expand_braces(const char *pattern, char ***out, size_t *count);
@@ -323,6 +333,8 @@ typedef struct dl__io_ops {
 struct dl__io {
   const dl__io_ops *ops;
   void *state;
+  dl_loader *l;            /* the loader whose worker reads (its options, files, stats, close) */
+  char why[DL__MSG_MAX];   /* a backend's message for the read it just completed with an error */
 };
 
 extern const dl__io_ops dl__io_pread_ops;
@@ -330,6 +342,8 @@ extern const dl__io_ops dl__io_pread_ops;
  * of the file) or -errno (io_pread.c). */
 int64_t dl__pread_full(int fd, void *buf, size_t n, uint64_t off);
 extern const dl__io_ops dl__io_uring_ops; /* init fails with -ENOSYS when built without */
+/* Remote files (remote/io_http.c): ranged GETs; a submitted read's "fd" is the file's index. */
+extern const dl__io_ops dl__io_http_ops;
 /* Faults for tests (io_fault.c): reads DL_IO_FAULTS once; dl__io_fault(RES) is the result a raw
  * read of RES (bytes or -errno) is to be taken as. */
 void dl__io_faults_init(void);
@@ -531,6 +545,7 @@ typedef struct dl__stats {
   _Atomic int64_t cpu_decoded, gpu_planned; /* images decoded by the workers; handed to the GPU */
   _Atomic int64_t cpu_decode_ns;            /* the workers' time on those decodes */
   _Atomic int64_t gpu_decoded, gpu_fallbacks; /* by nvJPEG; refused by it and decoded on the CPU */
+  _Atomic int64_t requests, retries;          /* remote sources: the workers' GETs, and retries among them */
   int64_t batches;
   int64_t starved; /* batches the consumer had to wait for */
   double consumer_wait_s;
@@ -565,6 +580,7 @@ struct dl_loader {
   size_t host_mem_bytes; /* host_mem, field_mem and arena_mem together */
   const dl__io_ops *io_ops;
   char io_reason[160];
+  bool remote; /* every file is a URL: read through dl__io_http_ops */
   pthread_mutex_t mu;
   pthread_cond_t work_cv;  /* workers wait for a free slot */
   pthread_cond_t ready_cv; /* the consumer waits for a complete batch */

@@ -145,7 +145,25 @@ int dl_open(dl_loader **out, const char *source, const char *options) {
     if (r)
       goto fail;
   }
-  l->io_ops = dl__io_choose(l->o.io, l->io_reason, sizeof l->io_reason, &r);
+  uint32_t remote = 0;
+  for (uint32_t i = 0; i < l->ds.nfiles; i++)
+    remote += dl__is_url(l->ds.files[i]);
+  if (remote && remote < l->ds.nfiles) {
+    r = dl__fail(DL_EOPTION, "source %s: remote and local shards in one loader (open one loader for each)", source);
+    goto fail;
+  }
+  if (remote && l->o.io != DL__IO_AUTO) {
+    r = dl__fail(DL_EOPTION, "option io=%s reads local files; the source is remote (leave io=auto)",
+                 l->o.io == DL__IO_URING ? "uring" : l->o.io == DL__IO_PREAD ? "pread" : "mmap");
+    goto fail;
+  }
+  l->remote = remote > 0;
+  if (l->remote) {
+    l->io_ops = &dl__io_http_ops;
+    snprintf(l->io_reason, sizeof l->io_reason, "remote shards: ranged GETs through libcurl");
+  } else {
+    l->io_ops = dl__io_choose(l->o.io, l->io_reason, sizeof l->io_reason, &r);
+  }
   if (!l->io_ops || (l->o.io == DL__IO_MMAP && (r = dl__dataset_map(&l->ds))))
     goto fail;
   dl__log(DL__LOG_INFO, "reading with %s: %s", l->io_ops->name, l->io_reason);
@@ -542,7 +560,7 @@ int dl_stats_json(dl_loader *l, char *buf, size_t cap) {
       ",\"io_backend\":\"%s\",\"io_reason\":\"%s\",\"device\":\"%s\",\"decode_backend\":\"%s\""
       ",\"decode_reason\":\"%s\",\"cpu_decoded\":%" PRId64 ",\"gpu_decoded\":%" PRId64 ",\"gpu_fallbacks\":%" PRId64
       ",\"gpu_share\":%.4f,\"gpu_share_balanced\":%.4f,\"arena_mb\":%.1f,\"host_batch_bytes\":%zu"
-      ",\"pinned_bytes_in_process\":%zu%s}",
+      ",\"pinned_bytes_in_process\":%zu,\"requests\":%" PRId64 ",\"retries\":%" PRId64 "%s}",
       atomic_load(&l->st.samples), batches, atomic_load(&l->st.errors), atomic_load(&l->st.bytes_read),
       dl__now() - l->open_time, first, wait, atomic_load(&l->st.decode_ns) * 1e-9,
       atomic_load(&l->st.read_wait_ns) * 1e-9, l->o.workers, l->o.prefetch, l->o.batch_size, l->ds.n,
@@ -551,7 +569,7 @@ int dl_stats_json(dl_loader *l, char *buf, size_t cap) {
       atomic_load(&l->st.cpu_decoded), atomic_load(&l->st.gpu_decoded), atomic_load(&l->st.gpu_fallbacks),
       l->decode == DL__DECODE_CPU ? 0.0 : share, balanced,
       (double)l->arena_bytes * l->o.prefetch * l->nstreams / 1048576.0, l->host_mem_bytes,
-      atomic_load(&pinned_in_process), gpu);
+      atomic_load(&pinned_in_process), atomic_load(&l->st.requests), atomic_load(&l->st.retries), gpu);
   return n < 0 || (size_t)n >= cap ? dl__fail(-ENOSPC, "stats need %d bytes", n + 1) : n;
 }
 

@@ -37,6 +37,8 @@ static void set_defaults(dl__options *o) {
   o->decode = DL__DECODE_AUTO;
   o->gpu_decode_mb = 256;
   o->gpu_share = -1;
+  o->retries = 5;
+  o->timeout_ms = 30000;
 }
 
 static int bad(const char *key, const char *value, const char *why) {
@@ -194,6 +196,8 @@ static int apply(dl__options *o, const char *key, const char *v) {
   INT_OPT("max_member_bytes", max_member_bytes, 1, INT64_C(1) << 40)
   INT_OPT("seq_len", seq_len, 1, 1 << 24)
   INT_OPT("gpu_decode_mb", gpu_decode_mb, 16, 1 << 20)
+  INT_OPT("retries", retries, 0, 100)
+  INT_OPT("timeout_ms", timeout_ms, 1, 3600000)
 #undef INT_OPT
   if (!strcmp(key, "seed")) {
     char *end;
@@ -267,6 +271,12 @@ static int apply(dl__options *o, const char *key, const char *v) {
     if (strlen(v) >= sizeof o->resume)
       return bad(key, v, "token too long");
     strcpy(o->resume, v);
+    return 0;
+  }
+  if (!strcmp(key, "ca_file")) {
+    if (strlen(v) >= sizeof o->ca_file)
+      return bad(key, v, "path too long");
+    strcpy(o->ca_file, v);
     return 0;
   }
   if (!strcmp(key, "fields")) {

@@ -192,6 +192,45 @@ int dl__rfs_open(dl__rfs *r, int fd, uint64_t file_size, char *why, size_t cap) 
   return rc;
 }
 
+/* The records of R as samples of FILE. */
+static int add_records(dl__dataset *ds, uint32_t file, const dl__rfs *r, const char *path) {
+  int rc = 0;
+  for (uint64_t i = 0; i < r->nrecords && !rc; i++) {
+    const dl__rfs_record *rec = &r->records[i];
+    dl__sample s = {.offset = rec->offset, .size = rec->size, .checksum = rec->checksum,
+                    .label = rec->label, .file = file, .flags = DL__SAMPLE_CHECKSUM};
+    const dl__rfs_field *img = NULL;
+    s.first_ref = (uint32_t)ds->nrefs;
+    for (uint16_t f = 0; f < rec->nfields; f++) {
+      const dl__rfs_field *fd_ = &r->fields[rec->first_field + f];
+      bool image = fd_->codec == DL__RFS_JPEG || fd_->codec == DL__RFS_PNG || fd_->codec == DL__RFS_WEBP;
+      if (image && (!img || !strcmp(r->names[fd_->name], "image")))
+        img = fd_;
+      if (!image && s.nrefs < DL__MAX_FIELDS) { /* tensors (NPY payloads, stored or zstd) and bytes */
+        const char *fname = r->names[fd_->name];
+        int idx = dl__dataset_field(ds, fname, strlen(fname));
+        uint8_t kind = fd_->codec == DL__RFS_ZSTD ? DL__REF_NPY_ZST : fd_->codec == DL__RFS_BYTES ? DL__REF_BYTES : DL__REF_NPY;
+        dl__fref ref = {.name = (uint16_t)idx, .kind = kind, .at = fd_->offset, .len = fd_->size};
+        if (idx >= 0 && dl__dataset_add_ref(ds, &ref) == 0)
+          s.nrefs++;
+      }
+    }
+    if (img) {
+      s.image_at = img->offset;
+      s.image_len = img->size;
+      s.codec = img->codec == DL__RFS_JPEG ? DL__CODEC_JPEG : img->codec == DL__RFS_PNG ? DL__CODEC_PNG : DL__CODEC_WEBP;
+    }
+    const char *key = r->keys + rec->key;
+    char name[600];
+    snprintf(name, sizeof name, "%.500s (record %llu)", key, (unsigned long long)i);
+    s.key = dl__dataset_intern(ds, key, strlen(key));
+    s.name = dl__dataset_intern(ds, name, strlen(name));
+    if (s.key == UINT32_MAX || s.name == UINT32_MAX || dl__dataset_push(ds, &s))
+      rc = dl__fail(-ENOMEM, "out of memory reading %s", path);
+  }
+  return rc;
+}
+
 int dl__rfs_load(dl__dataset *ds, const char *path, int direct) {
   uint32_t file;
   uint64_t size;
@@ -215,39 +254,19 @@ int dl__rfs_load(dl__dataset *ds, const char *path, int direct) {
               path, strerror(errno));
     }
   }
-  for (uint64_t i = 0; i < r.nrecords && !rc; i++) {
-    const dl__rfs_record *rec = &r.records[i];
-    dl__sample s = {.offset = rec->offset, .size = rec->size, .checksum = rec->checksum,
-                    .label = rec->label, .file = file, .flags = DL__SAMPLE_CHECKSUM};
-    const dl__rfs_field *img = NULL;
-    s.first_ref = (uint32_t)ds->nrefs;
-    for (uint16_t f = 0; f < rec->nfields; f++) {
-      const dl__rfs_field *fd_ = &r.fields[rec->first_field + f];
-      bool image = fd_->codec == DL__RFS_JPEG || fd_->codec == DL__RFS_PNG || fd_->codec == DL__RFS_WEBP;
-      if (image && (!img || !strcmp(r.names[fd_->name], "image")))
-        img = fd_;
-      if (!image && s.nrefs < DL__MAX_FIELDS) { /* tensors (NPY payloads, stored or zstd) and bytes */
-        const char *fname = r.names[fd_->name];
-        int idx = dl__dataset_field(ds, fname, strlen(fname));
-        uint8_t kind = fd_->codec == DL__RFS_ZSTD ? DL__REF_NPY_ZST : fd_->codec == DL__RFS_BYTES ? DL__REF_BYTES : DL__REF_NPY;
-        dl__fref ref = {.name = (uint16_t)idx, .kind = kind, .at = fd_->offset, .len = fd_->size};
-        if (idx >= 0 && dl__dataset_add_ref(ds, &ref) == 0)
-          s.nrefs++;
-      }
-    }
-    if (img) {
-      s.image_at = img->offset;
-      s.image_len = img->size;
-      s.codec = img->codec == DL__RFS_JPEG ? DL__CODEC_JPEG : img->codec == DL__RFS_PNG ? DL__CODEC_PNG : DL__CODEC_WEBP;
-    }
-    const char *key = r.keys + rec->key;
-    char name[600];
-    snprintf(name, sizeof name, "%.500s (record %llu)", key, (unsigned long long)i);
-    s.key = dl__dataset_intern(ds, key, strlen(key));
-    s.name = dl__dataset_intern(ds, name, strlen(name));
-    if (s.key == UINT32_MAX || s.name == UINT32_MAX || dl__dataset_push(ds, &s))
-      rc = dl__fail(-ENOMEM, "out of memory reading %s", path);
-  }
+  rc = add_records(ds, file, &r, path);
   dl__rfs_free(&r);
   return rc;
 }
+
+int dl__rfs_load_fd(dl__dataset *ds, uint32_t file, int fd, uint64_t size) {
+  dl__rfs r;
+  char why[256];
+  int rc = dl__rfs_open(&r, fd, size, why, sizeof why);
+  if (rc)
+    return dl__fail(rc, "shard %s: %s", ds->files[file], rc == -ENOMEM ? "out of memory" : why);
+  rc = add_records(ds, file, &r, ds->files[file]);
+  dl__rfs_free(&r);
+  return rc;
+}
+

@@ -161,7 +161,12 @@ static int load_part(dl__dataset *ds, const char *part, const dl__options *o) {
   if (r)
     return r;
   for (size_t i = 0; i < n && !r; i++) {
-    if (strpbrk(paths[i], "*?[")) {
+    if (dl__is_url(paths[i])) {
+      r = strncmp(paths[i], "http", 4) || !strpbrk(paths[i], "*[")
+              ? dl__remote_load(ds, paths[i], o)
+              : dl__fail(DL_EOPTION, "source %s: an HTTP server cannot be listed: give shards by name or brace range",
+                         paths[i]);
+    } else if (strpbrk(paths[i], "*?[")) {
       glob_t g;
       int gr = glob(paths[i], 0, NULL, &g);
       if (gr == GLOB_NOMATCH)

@@ -147,11 +147,14 @@ static void process(struct dl__worker *w, inflight *f, int64_t res, dl__err *err
   const dl__sample *s = f->s;
   if (res >= 0)
     res = res > (int64_t)f->skip ? res - (int64_t)f->skip : 0;
-  if (res < 0)
+  if (res < 0 && w->io.why[0]) /* the backend's own account (a URL and an HTTP status) */
+    dl__err_set(&e, (int)res, "%s", w->io.why);
+  else if (res < 0)
     dl__err_set(&e, (int)res, "read failed: %s", strerror((int)-res));
   else if ((uint64_t)res < s->size)
     dl__err_set(&e, DL_ECORRUPT, "file ends after %lld of the member's %llu bytes (truncated)",
                 (long long)res, (unsigned long long)s->size);
+  w->io.why[0] = 0;
   /* Tensor-only records are checked while their data is copied (read once); others first. */
   bool fused = (s->flags & DL__SAMPLE_CHECKSUM) && !l_has_image(w) && s->nrefs && w->hasher;
   if (!e.code) {
@@ -233,7 +236,7 @@ static bool start(struct dl__worker *w, const dl__claim *c) {
             : align  ? dl__buf_reserve_aligned(&f->buf, len, align)
                      : dl__buf_reserve(&f->buf, len ? len : 1);
     uint8_t *into = c->arena ? c->arena : f->buf.p;
-    int fd = l->ds.fds[s->file];
+    int fd = l->remote ? (int)s->file : l->ds.fds[s->file];
     if (!r && fd < 0 && (fd = f->own_fd = dl__open_regular(l->ds.files[s->file], "file", NULL)) < 0) {
       f->own_fd = -1;
       dl__err_set(&e, fd, "%s", dl_last_error());
@@ -323,6 +326,7 @@ int dl__workers_start(dl_loader *l) {
     if (!w->slots || !(w->hasher = dl__hasher_new()) || dl__image_decoder_init(&w->img))
       return dl__fail(-ENOMEM, "out of memory starting worker %d", i);
     w->io.ops = l->io_ops;
+    w->io.l = l;
     int r = l->io_ops->init(&w->io, (unsigned)w->depth);
     if (r) {
       w->io.ops = NULL;

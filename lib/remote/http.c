@@ -1,0 +1,288 @@
+/*
+ * HTTP(S) requests through libcurl: how every request is set up (TLS verified, connections kept,
+ * HTTP/2 where offered, stalls cut off after timeout_ms), what counts as a failure worth retrying,
+ * and the few blocking requests a loader makes while it opens (a probe, a ranged read, a download).
+ * The workers' own requests go through io_http.c with the same setup and policy.
+ */
+#include "remote/remote.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+#include <unistd.h>
+
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+static CURLcode init_result;
+
+static void init(void) { init_result = curl_global_init(CURL_GLOBAL_DEFAULT); }
+
+int dl__http_global_init(void) {
+  pthread_once(&once, init);
+  return init_result == CURLE_OK ? 0 : dl__fail(DL_EREMOTE, "libcurl: %s", curl_easy_strerror(init_result));
+}
+
+/* A private CA: the option, else the variables curl, OpenSSL and the AWS tools read. */
+static const char *ca_file(const dl__options *o) {
+  if (o->ca_file[0])
+    return o->ca_file;
+  const char *vars[] = {"CURL_CA_BUNDLE", "SSL_CERT_FILE", "AWS_CA_BUNDLE"};
+  for (size_t i = 0; i < DL__ARRAY_LEN(vars); i++) {
+    const char *v = getenv(vars[i]);
+    if (v && *v)
+      return v;
+  }
+  return NULL;
+}
+
+void dl__http_configure(CURL *h, const dl__options *o, const char *url) {
+  curl_easy_reset(h); /* the connection stays in the handle's cache */
+  curl_easy_setopt(h, CURLOPT_URL, url);
+  curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(h, CURLOPT_FOLLOWLOCATION, 1L);
+  curl_easy_setopt(h, CURLOPT_MAXREDIRS, 5L);
+  curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
+  curl_easy_setopt(h, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_2TLS);
+  curl_easy_setopt(h, CURLOPT_TCP_KEEPALIVE, 1L);
+  char agent[64];
+  snprintf(agent, sizeof agent, "ringfeed/%s", dl_version());
+  curl_easy_setopt(h, CURLOPT_USERAGENT, agent); /* copied by libcurl */
+  /* A connection that does not open, or a body that stops coming, within timeout_ms. */
+  curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, (long)o->timeout_ms);
+  curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1L);
+  curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, (long)((o->timeout_ms + 999) / 1000));
+  const char *ca = ca_file(o);
+  if (ca)
+    curl_easy_setopt(h, CURLOPT_CAINFO, ca);
+}
+
+/* URL without any user:password@ it carries: messages never show credentials. */
+static void redact(const char *url, char *out, size_t cap) {
+  const char *scheme = strstr(url, "://");
+  const char *at = scheme ? strchr(scheme + 3, '@') : NULL;
+  const char *slash = scheme ? strchr(scheme + 3, '/') : NULL;
+  if (at && (!slash || at < slash))
+    snprintf(out, cap, "%.*s%s", (int)(scheme + 3 - url), url, at + 1);
+  else
+    snprintf(out, cap, "%s", url);
+}
+
+static bool retryable_transport(CURLcode c) {
+  switch (c) {
+  case CURLE_COULDNT_CONNECT:
+  case CURLE_OPERATION_TIMEDOUT:
+  case CURLE_RECV_ERROR:
+  case CURLE_SEND_ERROR:
+  case CURLE_PARTIAL_FILE:
+  case CURLE_GOT_NOTHING:
+  case CURLE_HTTP2:
+  case CURLE_HTTP2_STREAM:
+  case CURLE_SSL_CONNECT_ERROR:
+    return true;
+  default:
+    return false;
+  }
+}
+
+bool dl__http_outcome_of(CURL *h, CURLcode c, const char *url, int64_t expect, int64_t got, dl__http_outcome *out) {
+  char where[1024];
+  redact(url, where, sizeof where);
+  out->curl = c;
+  out->status = 0;
+  out->code = 0;
+  out->msg[0] = 0;
+  curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &out->status);
+  if (c != CURLE_OK) {
+    out->code = DL_EREMOTE;
+    snprintf(out->msg, sizeof out->msg, "%s: %s", where, curl_easy_strerror(c));
+    return retryable_transport(c);
+  }
+  long s = out->status;
+  if (s == 200 || s == 206) {
+    if (expect >= 0 && got != expect) {
+      out->code = DL_EREMOTE;
+      snprintf(out->msg, sizeof out->msg, "%s: short body (%lld of %lld bytes)", where, (long long)got,
+               (long long)expect);
+      return true;
+    }
+    return false;
+  }
+  out->code = s == 404 ? -ENOENT : s == 401 || s == 403 ? -EACCES : DL_EREMOTE;
+  snprintf(out->msg, sizeof out->msg, "%s: HTTP %ld%s", where, s,
+           s == 404 ? " (not found)" : s == 403 ? " (forbidden)" : s == 416 ? " (range not satisfiable)" : "");
+  return s == 429 || s == 500 || s == 502 || s == 503 || s == 504;
+}
+
+long dl__http_backoff_ms(int attempt, uint64_t *rng) {
+  long cap = 5000, base = 100L << (attempt < 6 ? attempt - 1 : 5);
+  if (base > cap)
+    base = cap;
+  *rng = *rng * 6364136223846793005ull + 1442695040888963407ull;
+  return base / 2 + (long)((*rng >> 33) % (uint64_t)(base / 2 + 1)); /* [base/2, base] */
+}
+
+static void sleep_ms(long ms) {
+  struct timespec t = {ms / 1000, (ms % 1000) * 1000000};
+  while (nanosleep(&t, &t) && errno == EINTR)
+    ;
+}
+
+/* ---- the blocking requests of dl_open ---- */
+
+typedef struct sink {
+  uint8_t *buf; /* into memory (CAP bytes at most), or */
+  size_t cap;
+  int fd; /* into a file at OFF onwards (fd >= 0) */
+  uint64_t off;
+  uint64_t got;
+  int err; /* -errno of a failed write */
+  /* From the headers: the object's total size (Content-Range) and its ETag. */
+  int64_t total;
+  char etag[128];
+} sink;
+
+static size_t on_body(char *p, size_t size, size_t n, void *arg) {
+  sink *s = arg;
+  size_t len = size * n;
+  if (s->fd >= 0) {
+    for (size_t done = 0; done < len;) {
+      ssize_t w = pwrite(s->fd, p + done, len - done, (off_t)(s->off + s->got + done));
+      if (w < 0 && errno == EINTR)
+        continue;
+      if (w <= 0) {
+        s->err = w < 0 ? -errno : -EIO;
+        return 0;
+      }
+      done += (size_t)w;
+    }
+  } else {
+    if (s->got + len > s->cap)
+      return 0; /* more than asked for: a server that ignored the range */
+    memcpy(s->buf + s->got, p, len);
+  }
+  s->got += len;
+  return len;
+}
+
+static size_t on_header(char *p, size_t size, size_t n, void *arg) {
+  sink *s = arg;
+  size_t len = size * n;
+  char line[512];
+  snprintf(line, sizeof line, "%.*s", (int)(len < sizeof line - 1 ? len : sizeof line - 1), p);
+  line[strcspn(line, "\r\n")] = 0;
+  if (!strncasecmp(line, "HTTP/", 5)) { /* a new response (after a redirect): forget the last one's */
+    s->total = -1;
+    s->etag[0] = 0;
+  } else if (!strncasecmp(line, "Content-Range:", 14)) {
+    const char *slash = strchr(line, '/');
+    if (slash && slash[1] != '*')
+      s->total = strtoll(slash + 1, NULL, 10);
+  } else if (!strncasecmp(line, "ETag:", 5)) {
+    const char *v = line + 5;
+    while (*v == ' ')
+      v++;
+    snprintf(s->etag, sizeof s->etag, "%s", v);
+  }
+  return len;
+}
+
+/* One GET of URL with RANGE ("a-b", or NULL for all), retried; the body into S. A ranged request
+ * answered with the whole object (200) is refused unless WHOLE_OK. */
+static int get(const dl__options *o, const char *url, const char *range, bool whole_ok, int64_t expect, sink *s,
+               dl__http_outcome *out) {
+  int r = dl__http_global_init();
+  if (r)
+    return r;
+  CURL *h = curl_easy_init();
+  if (!h)
+    return dl__fail(-ENOMEM, "out of memory starting a request");
+  uint64_t rng = (uint64_t)(uintptr_t)s ^ (uint64_t)time(NULL);
+  uint64_t start = s->got;
+  for (int attempt = 0;; attempt++) {
+    dl__http_configure(h, o, url);
+    if (range)
+      curl_easy_setopt(h, CURLOPT_RANGE, range);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, s);
+    curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
+    curl_easy_setopt(h, CURLOPT_HEADERDATA, s);
+    s->got = start;
+    s->err = 0;
+    s->total = -1;
+    CURLcode c = curl_easy_perform(h);
+    if (s->err) {
+      r = dl__fail(s->err, "writing what %s sent: %s", url, strerror(-s->err));
+      break;
+    }
+    bool again = dl__http_outcome_of(h, c == CURLE_WRITE_ERROR ? CURLE_OK : c, url, expect, (int64_t)s->got, out);
+    if (!out->code && range && out->status == 200 && !whole_ok) {
+      r = dl__fail(DL_EREMOTE, "%s: the server does not serve byte ranges (HTTP 200 to a Range request)", url);
+      break;
+    }
+    if (!out->code || !again || attempt >= o->retries) {
+      r = out->code ? dl__fail(out->code, "%s%s", out->msg, attempt ? " (after retries)" : "") : 0;
+      break;
+    }
+    curl_off_t after = 0;
+    curl_easy_getinfo(h, CURLINFO_RETRY_AFTER, &after);
+    long wait = after > 0 ? (long)(after < 30 ? after : 30) * 1000 : dl__http_backoff_ms(attempt + 1, &rng);
+    dl__log(DL__LOG_INFO, "%s; retrying in %ld ms", out->msg, wait);
+    sleep_ms(wait);
+  }
+  curl_easy_cleanup(h);
+  return r;
+}
+
+int dl__http_probe(const dl__options *o, const char *url, uint64_t *size, char *etag, size_t etag_cap,
+                   uint8_t *head, size_t cap, size_t *head_len) {
+  sink s = {.buf = head, .cap = cap, .fd = -1, .total = -1};
+  char range[64];
+  snprintf(range, sizeof range, "0-%zu", cap - 1);
+  dl__http_outcome out;
+  int r = get(o, url, range, true, -1, &s, &out);
+  if (r && out.status == 416) /* an empty object has no byte 0 */
+    return dl__fail(DL_ENOSAMPLES, "source %s: the object is empty", url);
+  if (r)
+    return r;
+  if (out.status == 206 && s.total >= 0) {
+    *size = (uint64_t)s.total;
+  } else if (out.status == 200 && s.got < cap) {
+    *size = s.got; /* the whole object came: it was smaller than asked for */
+  } else {
+    return dl__fail(DL_EREMOTE, "source %s: the server does not serve byte ranges (HTTP %ld to a Range request)",
+                    url, out.status);
+  }
+  *head_len = s.got;
+  snprintf(etag, etag_cap, "%s", s.etag);
+  return 0;
+}
+
+int dl__http_range(const dl__options *o, const char *url, uint64_t off, size_t len, uint8_t *out_buf) {
+  sink s = {.buf = out_buf, .cap = len, .fd = -1, .total = -1};
+  char range[64];
+  snprintf(range, sizeof range, "%llu-%llu", (unsigned long long)off, (unsigned long long)(off + len - 1));
+  dl__http_outcome out;
+  return get(o, url, range, false, (int64_t)len, &s, &out);
+}
+
+int dl__http_download(const dl__options *o, const char *url, int fd, uint64_t size) {
+  /* A download cut short resumes where it stopped rather than starting over. */
+  uint64_t have = 0;
+  for (int pass = 0; have < size && pass <= o->retries; pass++) {
+    sink s = {.fd = fd, .off = have, .total = -1};
+    char range[64];
+    snprintf(range, sizeof range, "%llu-", (unsigned long long)have);
+    dl__http_outcome out;
+    int r = get(o, url, have ? range : NULL, false, (int64_t)(size - have), &s, &out);
+    have += s.got;
+    if (r == 0)
+      return have == size ? 0 : dl__fail(DL_EREMOTE, "source %s: %llu of %llu bytes came", url,
+                                         (unsigned long long)have, (unsigned long long)size);
+    if (!s.got)
+      return r; /* failed without progress, after get()'s own retries */
+  }
+  return have == size ? 0 : dl__fail(DL_EREMOTE, "source %s: the download kept stopping", url);
+}

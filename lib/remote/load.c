@@ -1,0 +1,144 @@
+/*
+ * A remote shard's sample table. A tar shard's member index needs every header, which sit between
+ * the members: it is built from one download into an unnamed temporary file, then cached by URL,
+ * size and ETag, so later opens make one small request. A ringfeed shard's index is its footer:
+ * one ranged read, laid into a sparse temporary file at its place so the local reader parses it.
+ */
+#include "remote/remote.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#define PROBE (64u << 10)
+#define RFS_TRAILER 32
+
+bool dl__is_url(const char *s) {
+  return !strncmp(s, "http://", 7) || !strncmp(s, "https://", 8) || !strncmp(s, "s3://", 5);
+}
+
+/* An unnamed file in $TMPDIR (gone when closed), SIZE bytes long (sparse). */
+static int scratch_file(uint64_t size, const char *url) {
+  const char *dir = getenv("TMPDIR");
+  dir = dir && *dir ? dir : "/tmp";
+  int fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/ringfeed-XXXXXX", dir);
+    fd = mkostemp(path, O_CLOEXEC);
+    if (fd >= 0)
+      unlink(path);
+  }
+  if (fd < 0 || ftruncate(fd, (off_t)size)) {
+    int e = errno;
+    if (fd >= 0)
+      close(fd);
+    return dl__fail(-e, "source %s: no room for a temporary copy in %s: %s", url, dir, strerror(e));
+  }
+  return fd;
+}
+
+static int write_at(int fd, const uint8_t *p, size_t n, uint64_t off) {
+  for (size_t done = 0; done < n;) {
+    ssize_t w = pwrite(fd, p + done, n - done, (off_t)(off + done));
+    if (w < 0 && errno == EINTR)
+      continue;
+    if (w <= 0)
+      return w < 0 ? -errno : -EIO;
+    done += (size_t)w;
+  }
+  return 0;
+}
+
+static int load_tar(dl__dataset *ds, uint32_t file, const char *url, const dl__options *o, uint64_t size,
+                    const dl__shard_id *id) {
+  if (dl__index_cache_read(ds, file, url, id) == 0)
+    return 0;
+  int fd = scratch_file(size, url);
+  if (fd < 0)
+    return fd;
+  int rc = dl__http_download(o, url, fd, size);
+  size_t first = ds->n;
+  if (!rc)
+    rc = dl__tar_scan(ds, file, fd, size, o->on_error);
+  close(fd);
+  if (rc < 0)
+    return rc;
+  if (rc == 0)
+    dl__index_cache_write(ds, first, url, id);
+  return 0;
+}
+
+static uint64_t get64(const uint8_t *p) {
+  uint64_t v;
+  memcpy(&v, p, 8);
+  return v;
+}
+
+static int load_rfs(dl__dataset *ds, uint32_t file, const char *url, const dl__options *o, uint64_t size,
+                    const uint8_t *head, size_t head_len) {
+  if (size < RFS_TRAILER + 64)
+    return dl__fail(DL_ECORRUPT, "shard %s: %llu bytes, too short for a ringfeed shard", url, (unsigned long long)size);
+  /* One read of the last 256 KiB usually holds the whole index; a larger one takes a second. */
+  size_t tail_len = size < (256u << 10) ? (size_t)size : (256u << 10);
+  uint64_t tail_at = size - tail_len;
+  uint8_t *tail = malloc(tail_len);
+  if (!tail)
+    return dl__fail(-ENOMEM, "out of memory reading %s", url);
+  int rc = dl__http_range(o, url, tail_at, tail_len, tail);
+  uint64_t ioff = rc ? 0 : get64(tail + tail_len - RFS_TRAILER);
+  uint64_t isize = rc ? 0 : get64(tail + tail_len - RFS_TRAILER + 8);
+  if (!rc && (isize > (1ull << 32) || ioff > size || ioff + isize + RFS_TRAILER != size))
+    rc = dl__fail(DL_ECORRUPT, "shard %s: trailer magic or index position wrong (truncated?)", url);
+  uint8_t *more = NULL;
+  if (!rc && ioff < tail_at) {
+    more = malloc(tail_at - ioff);
+    rc = more ? dl__http_range(o, url, ioff, tail_at - ioff, more) : dl__fail(-ENOMEM, "out of memory reading %s", url);
+  }
+  int fd = rc ? -1 : scratch_file(size, url);
+  if (!rc && fd < 0)
+    rc = fd;
+  if (!rc && (write_at(fd, head, head_len, 0) || write_at(fd, tail, tail_len, tail_at) ||
+              (more && write_at(fd, more, tail_at - ioff, ioff))))
+    rc = dl__fail(-EIO, "source %s: cannot write its index to a temporary file", url);
+  free(tail);
+  free(more);
+  if (!rc)
+    rc = dl__rfs_load_fd(ds, file, fd, size);
+  if (fd >= 0)
+    close(fd);
+  return rc;
+}
+
+int dl__remote_load(dl__dataset *ds, const char *url, const dl__options *o) {
+  if (strncmp(url, "http", 4))
+    return dl__fail(DL_EUNSUPPORTED, "source %s: s3:// sources are not supported yet", url);
+  uint8_t *head = malloc(PROBE);
+  if (!head)
+    return dl__fail(-ENOMEM, "out of memory");
+  uint64_t size = 0;
+  size_t head_len = 0;
+  char etag[128];
+  int rc = dl__http_probe(o, url, &size, etag, sizeof etag, head, PROBE, &head_len);
+  uint32_t file = 0;
+  if (!rc)
+    rc = dl__dataset_add_file(ds, url, &file);
+  if (!rc) {
+    if (head_len >= 8 && !memcmp(head, "RFSHARD1", 8)) {
+      rc = load_rfs(ds, file, url, o, size, head, head_len);
+    } else {
+      /* The cached index is the object's while its size and ETag are (or, with no ETag, its
+       * first bytes). */
+      dl__shard_id id = {.size = size,
+                         .edges = etag[0] ? XXH64(etag, strlen(etag), 1) : XXH64(head, head_len, 2)};
+      rc = load_tar(ds, file, url, o, size, &id);
+    }
+  }
+  free(head);
+  return rc;
+}

@@ -1,0 +1,175 @@
+"""Real servers for the remote-source tests, started on 127.0.0.1 with free ports and stopped after:
+nginx over HTTP and HTTPS (a throw-away CA made with openssl), and a fault-injecting proxy written
+for the tests (latency, a share of 503s, resets mid-body, truncated bodies, stalls)."""
+import os
+import random
+import shutil
+import socket
+import socketserver
+import subprocess
+import sys
+import threading
+import time
+
+# The proxy serves many connections from threads: switch between them often, not every 5 ms.
+sys.setswitchinterval(0.0002)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_listening(port, timeout=10):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.02)
+    raise RuntimeError(f"nothing listens on port {port}")
+
+
+def make_ca(work):
+    """A CA and a certificate for 127.0.0.1 signed by it: (ca.pem, cert.pem, key.pem)."""
+    os.makedirs(work, exist_ok=True)
+    ca_key, ca, key, csr, cert = (os.path.join(work, n) for n in ("ca.key", "ca.pem", "srv.key", "srv.csr", "srv.pem"))
+    ext = os.path.join(work, "san.ext")
+    with open(ext, "w") as f:
+        f.write("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    run = lambda *a: subprocess.run(a, check=True, capture_output=True)  # noqa: E731
+    run("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", ca_key, "-out", ca, "-days", "2",
+        "-subj", "/CN=ringfeed test CA")
+    run("openssl", "req", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", csr, "-subj", "/CN=127.0.0.1")
+    run("openssl", "x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial", "-out", cert,
+        "-days", "2", "-extfile", ext)
+    return ca, cert, key
+
+
+class Nginx:
+    """nginx serving ROOT on a free port, over HTTP, or HTTPS with CERT and KEY."""
+
+    def __init__(self, root, work, cert=None, key=None):
+        if not shutil.which("nginx") and not os.path.exists("/usr/sbin/nginx"):
+            raise RuntimeError("nginx is not installed")
+        self.port = free_port()
+        os.makedirs(work, exist_ok=True)
+        tls = f"ssl http2; ssl_certificate {cert}; ssl_certificate_key {key};" if cert else ";"
+        conf = os.path.join(work, "nginx.conf")
+        with open(conf, "w") as f:
+            f.write(f"""daemon off; worker_processes 1; pid {work}/nginx.pid; error_log {work}/error.log;
+events {{ worker_connections 256; }}
+http {{
+  log_format ranges '$request $status range=$http_range';
+  access_log {work}/access.log ranges;
+  client_body_temp_path {work}/body; proxy_temp_path {work}/proxy; fastcgi_temp_path {work}/fcgi;
+  uwsgi_temp_path {work}/uwsgi; scgi_temp_path {work}/scgi;
+  keepalive_requests 100000;
+  server {{ listen 127.0.0.1:{self.port} {tls} root {root}; }}
+}}
+""")
+        binary = shutil.which("nginx") or "/usr/sbin/nginx"
+        self.proc = subprocess.Popen([binary, "-c", conf, "-e", f"{work}/error.log"], stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE)
+        wait_listening(self.port)
+        self.url = f"{'https' if cert else 'http'}://127.0.0.1:{self.port}"
+        self.access_log = os.path.join(work, "access.log")
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+class FaultProxy:
+    """A reverse proxy to an HTTP upstream that misbehaves on purpose. Per request, in order:
+    stall (hold the request STALL_S seconds before answering), a 503 with probability P503, a
+    reset after half the body with probability PRESET, a body cut short with probability PSHORT,
+    and LATENCY_S added before each answer. Counts what it did in .counts."""
+
+    def __init__(self, upstream_port, seed=0, latency_s=0.0, p503=0.0, preset=0.0, pshort=0.0, stall_s=0.0,
+                 after=0):
+        self.upstream = upstream_port
+        self.rng = random.Random(seed)
+        self.latency_s, self.p503, self.preset, self.pshort = latency_s, p503, preset, pshort
+        self.stall_s, self.after = stall_s, after  # the first AFTER requests are served well
+        self.counts = {"requests": 0, "503": 0, "reset": 0, "short": 0, "stall": 0}
+        self.lock = threading.Lock()
+        proxy = self
+
+        class Handler(socketserver.BaseRequestHandler):
+            def handle(self):
+                proxy._serve(self.request)
+
+        class Server(socketserver.ThreadingTCPServer):
+            daemon_threads = True
+            allow_reuse_address = True
+
+        self.server = Server(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def _read_request(self, conn):
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = conn.recv(65536)
+            if not chunk:
+                return None
+            data += chunk
+        return data  # GET and HEAD only: no body follows the headers
+
+    def _upstream(self, request):
+        with socket.create_connection(("127.0.0.1", self.upstream)) as up:
+            # One request per upstream connection, so the answer ends where the connection does.
+            head, _, _ = request.partition(b"\r\n\r\n")
+            lines = [ln for ln in head.split(b"\r\n") if not ln.lower().startswith(b"connection:")]
+            up.sendall(b"\r\n".join(lines) + b"\r\nConnection: close\r\n\r\n")
+            out = b""
+            while True:
+                chunk = up.recv(1 << 20)
+                if not chunk:
+                    return out
+                out += chunk
+
+    def _serve(self, conn):
+        while True:
+            request = self._read_request(conn)
+            if request is None:
+                return
+            with self.lock:
+                self.counts["requests"] += 1
+                n = self.counts["requests"]
+                r503, rreset, rshort = self.rng.random(), self.rng.random(), self.rng.random()
+                if n <= self.after:
+                    r503 = rreset = rshort = 1.0
+            if self.stall_s and n > self.after:
+                with self.lock:
+                    self.counts["stall"] += 1
+                time.sleep(self.stall_s)
+            if self.latency_s:
+                time.sleep(self.latency_s)
+            if r503 < self.p503:
+                with self.lock:
+                    self.counts["503"] += 1
+                conn.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n")
+                continue
+            answer = self._upstream(request)
+            head, _, body = answer.partition(b"\r\n\r\n")
+            head = b"\r\n".join(ln for ln in head.split(b"\r\n") if not ln.lower().startswith(b"connection:"))
+            if rreset < self.preset and len(body) > 1:
+                with self.lock:
+                    self.counts["reset"] += 1
+                conn.sendall(head + b"\r\n\r\n" + body[: len(body) // 2])
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+                return  # closed with RST
+            if rshort < self.pshort and len(body) > 1:
+                with self.lock:
+                    self.counts["short"] += 1
+                conn.sendall(head + b"\r\nConnection: close\r\n\r\n" + body[: len(body) // 2])
+                return  # the Content-Length promised more
+            conn.sendall(head + b"\r\n\r\n" + body)
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()

@@ -1,0 +1,150 @@
+"""Shards over HTTP and HTTPS, from nginx and through a fault-injecting proxy: the same stream as
+from local disk, a cached index, resume across local and remote copies, clear errors, retries, and
+a close that does not wait for a stalled server."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from servers import FaultProxy, Nginx, free_port, make_ca  # noqa: E402
+
+BUILD = os.path.dirname(os.environ.get("DL_DLSHARD") or os.environ.get("RINGFEED_LIBRARY", ""))
+DLBENCH = os.path.join(BUILD, "dlbench")
+SHARDS = os.environ.get("DL_TEST_SHARDS", "")
+TAR, RFS = "sweep-gnu.tar", "rfs/packed-{000000..000006}.rfs"
+pytestmark = pytest.mark.skipif(not (os.path.exists(DLBENCH) and os.path.exists(os.path.join(SHARDS, TAR))),
+                                reason="dlbench or the test shards are not built")
+SMALL = ["--batch", "8", "--size", "32", "--crop", "resize"]
+
+
+def bench(source, *args, env=None, ok=True):
+    e = dict(os.environ, DL_LOG_LEVEL="1", **(env or {}))
+    out = subprocess.run([DLBENCH, source, *SMALL, "--json", "--digest", *args], capture_output=True, text=True,
+                         timeout=300, env=e)
+    if not ok:
+        return out
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout)
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    work = tmp_path_factory.mktemp("http")
+    ca, cert, key = make_ca(str(work / "ca"))
+    http = Nginx(SHARDS, str(work / "http"))
+    https = Nginx(SHARDS, str(work / "https"), cert, key)
+    cache = str(work / "cache")
+    yield {"http": http, "https": https, "ca": ca, "env": {"XDG_CACHE_HOME": cache}}
+    http.stop()
+    https.stop()
+
+
+@pytest.mark.parametrize("shard", [TAR, RFS])
+@pytest.mark.parametrize("scheme", ["http", "https"])
+@pytest.mark.parametrize("workers", [1, 8])
+def test_remote_stream_equals_local(servers, shard, scheme, workers):
+    local = bench(os.path.join(SHARDS, shard), "--workers", str(workers))
+    remote = bench(f"{servers[scheme].url}/{shard}", "--workers", str(workers), "--option",
+                   f"ca_file={servers['ca']}", env=servers["env"])
+    assert remote["digest"] == local["digest"] and remote["batch_digests"] == local["batch_digests"]
+    assert remote["errors"] == local["errors"] and remote["samples"] == local["samples"]
+    assert remote["io_backend"] == "http" and remote["loader"]["requests"] > 0
+
+
+def requests_for(log, name):
+    with open(log) as f:
+        return [line for line in f if f"/{name} " in line]
+
+
+def test_a_tar_index_is_built_once_then_cached(servers, tmp_path):
+    env = {"XDG_CACHE_HOME": str(tmp_path / "fresh-cache")}
+    log = servers["http"].access_log
+    before = len(requests_for(log, "format-tar-gnu.tar"))
+    bench(f"{servers['http'].url}/format-tar-gnu.tar", env=env)
+    first = requests_for(log, "format-tar-gnu.tar")[before:]
+    bench(f"{servers['http'].url}/format-tar-gnu.tar", env=env)
+    second = requests_for(log, "format-tar-gnu.tar")[before + len(first):]
+    whole = [line for line in first if "range=-" in line or line.rstrip().endswith("range=")]
+    assert len(whole) == 1, first  # one download builds the index
+    assert not [line for line in second if line.rstrip().endswith("range=")], second  # the cache serves it
+
+
+def test_a_token_saved_on_local_shards_resumes_on_the_remote_copy(servers):
+    local_head = bench(os.path.join(SHARDS, TAR), "--stop-after", "40")
+    token = local_head["state"]
+    local_rest = bench(os.path.join(SHARDS, TAR), "--resume", token)
+    remote_rest = bench(f"{servers['http'].url}/{TAR}", "--resume", token, env=servers["env"])
+    assert remote_rest["batch_digests"] == local_rest["batch_digests"]
+
+
+def test_clear_errors(servers, tmp_path):
+    url = servers["http"].url
+    out = bench(f"{url}/no-such-shard.tar", ok=False)
+    assert out.returncode == 1 and "ENOENT" in out.stderr and f"{url}/no-such-shard.tar: HTTP 404" in out.stderr
+    port = free_port()
+    out = bench(f"http://127.0.0.1:{port}/x.tar", "--option", "retries=1", "--option", "timeout_ms=500", ok=False)
+    assert "DL_EREMOTE" in out.stderr and f"127.0.0.1:{port}/x.tar" in out.stderr and "connect" in out.stderr.lower()
+    out = bench(f"{servers['https'].url}/{TAR}", "--option", "retries=0", ok=False)  # a CA this host does not know
+    assert "DL_EREMOTE" in out.stderr and "certificate" in out.stderr.lower()
+    secret = url.replace("http://", "http://alice:s3cret-pw@")
+    out = bench(f"{secret}/no-such-shard.tar", ok=False)
+    assert out.returncode == 1 and "s3cret-pw" not in out.stderr and "alice" not in out.stderr
+
+
+def test_faults_are_retried_to_the_same_stream(servers):
+    shard = "rfs/packed-{000000..000001}.rfs"  # a few hundred requests: enough of each fault
+    local = bench(os.path.join(SHARDS, shard), "--workers", "4")
+    proxy = FaultProxy(servers["http"].port, seed=7, latency_s=0.001, p503=0.15, preset=0.05, pshort=0.05)
+    try:
+        remote = bench(f"{proxy.url}/{shard}", "--workers", "4", "--option", "retries=8", env=servers["env"])
+    finally:
+        proxy.stop()
+    assert remote["batch_digests"] == local["batch_digests"] and remote["errors"] == local["errors"]
+    assert remote["loader"]["retries"] > 0
+    assert proxy.counts["503"] > 0 and proxy.counts["reset"] > 0 and proxy.counts["short"] > 0
+
+
+def test_what_still_fails_after_retries_is_a_counted_error(servers, tmp_path):
+    env = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
+    # The probe and the index download pass; every sample read then gets 503.
+    proxy = FaultProxy(servers["http"].port, p503=1.0, after=2)
+    try:
+        out = bench(f"{proxy.url}/format-tar-gnu.tar", "--option", "retries=1", env=env)
+    finally:
+        proxy.stop()
+    assert out["errors"] == out["samples"] and out["loader"]["retries"] == out["samples"]
+    proxy = FaultProxy(servers["http"].port, p503=1.0)
+    try:
+        failed = bench(f"{proxy.url}/format-tar-gnu.tar", "--option", "retries=2", env=env, ok=False)
+    finally:
+        proxy.stop()
+    assert failed.returncode == 1 and "HTTP 503 (after retries)" in failed.stderr
+
+
+def test_close_does_not_wait_for_a_stalled_server(servers, tmp_path):
+    lib = os.environ.get("RINGFEED_LIBRARY")
+    if not lib:
+        pytest.skip("the Python binding needs RINGFEED_LIBRARY")
+    proxy = FaultProxy(servers["http"].port, stall_s=20, after=2)
+    code = f"""
+import os, sys, time
+sys.path.insert(0, {os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..', 'bindings', 'python')!r})
+import ringfeed
+loader = ringfeed.Loader({proxy.url + '/' + TAR!r}, batch_size=8, image_size=32, workers=4, framework="numpy")
+time.sleep(0.3)  # reads are in flight, stalled
+t0 = time.perf_counter()
+loader.close()
+print(f"closed {{time.perf_counter() - t0:.3f}}")
+"""
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                             env=dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache")))
+    finally:
+        proxy.stop()
+    words = out.stdout.split()
+    assert words and words[0] == "closed", out.stdout + out.stderr
+    assert float(words[1]) < 0.5 and proxy.counts["stall"] > 0
