@@ -411,6 +411,14 @@ int main(int argc, char **argv) {
       printf("GPU idle %.4f of the time between steps of %.2f ms\n", idle, step_ms);
     if (h2d >= 0)
       printf("host-to-device copies %.2f GB/s\n", h2d);
+    p = strstr(stats, "\"requests\":");
+    long long requests = p ? atoll(p + 11) : 0;
+    p = strstr(stats, "\"retries\":");
+    long long retries = p ? atoll(p + 10) : 0;
+    p = strstr(stats, "\"bytes_read\":");
+    double fetched = p ? atof(p + 13) : 0;
+    if (requests)
+      printf("remote: %lld requests, %lld retries, %.1f MB fetched\n", requests, retries, fetched / 1e6);
   }
   free(host_copy);
   free(batch_digests.p);
