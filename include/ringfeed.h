@@ -107,14 +107,14 @@ DL_EXTERN const char *dl_last_error(void);
  * Opens a loader over SOURCE: WebDataset tar shards or ringfeed shards (.rfs), a list separated by
  * "::", globs and brace ranges ("train-{000000..000146}.tar"), or an ImageFolder directory
  * (root/<class>/<image>); shards may be http:// or https:// URLs (lists and brace ranges, not
- * globs), all of a loader's or none.
+ * globs) or s3://bucket/key (globs too), all of a loader's or none.
  * OPTIONS are "key=value" words separated by spaces (NULL or "" for defaults):
  *   batch_size workers prefetch image_size(N or HxW) crop(random_resized|center|resize|none)
  *   flip channels(1|3) layout(NHWC|NCHW) seed shuffle epochs(0 = forever) start_epoch drop_last rank
  *   world_size device(cpu|cuda|cuda:N[,M...]) dtype(uint8|float32|float16|bfloat16) mean std
  *   device_slots on_error(skip|fail) io(auto|uring|pread|mmap) io_depth max_pixels max_member_bytes
  *   direct(0|1: O_DIRECT reads of ringfeed shards) pad(0|1) seq_len resume(TOKEN)
- *   retries timeout_ms ca_file (http:// and https:// sources) fields(a,b)
+ *   retries timeout_ms ca_file s3_addressing(auto|path|virtual) (remote sources) fields(a,b)
  *   log(quiet|error|warn|info|debug) decode(auto|cpu|gpu|hybrid: where JPEGs are decoded; auto is
  *   hybrid on CUDA when nvJPEG loads) gpu_share(auto|0..1) gpu_decode_mb
  * decode=gpu|hybrid fail with DL_ENODEVICE, naming the reason, where nvJPEG or a GPU is missing.

@@ -151,6 +151,7 @@ void dl__dataset_free(dl__dataset *ds) {
   }
   free(ds->files);
   dl__dataset_unmap(ds);
+  dl__remote_free(ds);
   free(ds->fds);
   free(ds->direct);
   free(ds->samples);

@@ -81,6 +81,7 @@ typedef struct dl__options {
   int retries;      /* remote sources: attempts after the first for a failing request */
   int timeout_ms;   /* remote sources: connecting, or a body that stops coming, for this long fails */
   char ca_file[512]; /* remote sources: a CA bundle for TLS (else the system's) */
+  int s3_addressing; /* DL__S3_*: path-style (endpoint/bucket/key) or virtual-hosted (bucket.host/key) */
   int log_level;
   int direct;
   int pad;
@@ -90,6 +91,8 @@ typedef struct dl__options {
   int gpu_decode_mb; /* device memory per device for decoded JPEGs */
   double gpu_share;  /* hybrid: the GPU's fixed share of each batch; < 0 adapts it */
 } dl__options;
+
+enum { DL__S3_AUTO, DL__S3_PATH, DL__S3_VIRTUAL };
 
 int dl__options_parse(dl__options *o, const char *text);
 
@@ -140,6 +143,8 @@ typedef struct dl__dataset {
   size_t nrefs, refs_cap;
   char *field_names[DL__MAX_FIELDS];
   int nfield_names;
+  char **fetch; /* per file: the HTTP(S) URL a remote file is requested at (NULL: local) */
+  void *s3;     /* the S3 addressing and credentials of s3:// files (remote/s3.c), or NULL */
 } dl__dataset;
 
 /* Index of field NAME (LEN bytes), added when new; -1 past DL__MAX_FIELDS names or on ENOMEM. */
@@ -239,6 +244,10 @@ bool dl__is_url(const char *s);
 /* Adds the shard at URL to DS (remote/load.c): its index from the cache, or built from one
  * download (tar) or a ranged read of its footer (ringfeed shard). */
 int dl__remote_load(dl__dataset *ds, const char *url, const dl__options *o);
+/* The s3:// objects a pattern with wildcards names (ListObjectsV2), sorted; the caller frees. */
+int dl__remote_list(dl__dataset *ds, const char *pattern, const dl__options *o, char ***out, size_t *n);
+/* What dl__remote_load kept in DS (URLs, credentials). */
+void dl__remote_free(dl__dataset *ds);
 /* Expands SOURCE ("::" lists, brace ranges, globs) and loads every part. */
 int dl__source_load(dl__dataset *ds, const char *source, const dl__options *o);
 int dl__expand_braces(const char *pattern, char ***out, size_t *count);

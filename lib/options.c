@@ -273,6 +273,10 @@ static int apply(dl__options *o, const char *key, const char *v) {
     strcpy(o->resume, v);
     return 0;
   }
+  if (!strcmp(key, "s3_addressing")) {
+    static const char *const modes[] = {"auto", "path", "virtual"};
+    return parse_choice(key, v, modes, 3, &o->s3_addressing);
+  }
   if (!strcmp(key, "ca_file")) {
     if (strlen(v) >= sizeof o->ca_file)
       return bad(key, v, "path too long");

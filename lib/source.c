@@ -161,8 +161,18 @@ static int load_part(dl__dataset *ds, const char *part, const dl__options *o) {
   if (r)
     return r;
   for (size_t i = 0; i < n && !r; i++) {
-    if (dl__is_url(paths[i])) {
-      r = strncmp(paths[i], "http", 4) || !strpbrk(paths[i], "*[")
+    if (dl__is_url(paths[i]) && !strncmp(paths[i], "s3://", 5) && strpbrk(paths[i], "*?[")) {
+      char **keys = NULL;
+      size_t nkeys = 0;
+      r = dl__remote_list(ds, paths[i], o, &keys, &nkeys);
+      for (size_t k = 0; k < nkeys; k++) {
+        if (!r)
+          r = dl__remote_load(ds, keys[k], o);
+        free(keys[k]);
+      }
+      free(keys);
+    } else if (dl__is_url(paths[i])) {
+      r = !strpbrk(paths[i], "*[")
               ? dl__remote_load(ds, paths[i], o)
               : dl__fail(DL_EOPTION, "source %s: an HTTP server cannot be listed: give shards by name or brace range",
                          paths[i]);

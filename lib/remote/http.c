@@ -38,9 +38,9 @@ static const char *ca_file(const dl__options *o) {
   return NULL;
 }
 
-void dl__http_configure(CURL *h, const dl__options *o, const char *url) {
+void dl__http_configure(CURL *h, const dl__options *o, const dl__target *t) {
   curl_easy_reset(h); /* the connection stays in the handle's cache */
-  curl_easy_setopt(h, CURLOPT_URL, url);
+  curl_easy_setopt(h, CURLOPT_URL, t->url);
   curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(h, CURLOPT_FOLLOWLOCATION, 1L);
   curl_easy_setopt(h, CURLOPT_MAXREDIRS, 5L);
@@ -57,6 +57,11 @@ void dl__http_configure(CURL *h, const dl__options *o, const char *url) {
   const char *ca = ca_file(o);
   if (ca)
     curl_easy_setopt(h, CURLOPT_CAINFO, ca);
+  if (t->s3 && !t->s3->anonymous) {
+    curl_easy_setopt(h, CURLOPT_AWS_SIGV4, t->s3->sigv4);
+    curl_easy_setopt(h, CURLOPT_USERPWD, t->s3->userpwd);
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, t->s3->headers);
+  }
 }
 
 /* URL without any user:password@ it carries: messages never show credentials. */
@@ -87,9 +92,10 @@ static bool retryable_transport(CURLcode c) {
   }
 }
 
-bool dl__http_outcome_of(CURL *h, CURLcode c, const char *url, int64_t expect, int64_t got, dl__http_outcome *out) {
+bool dl__http_outcome_of(CURL *h, CURLcode c, const dl__target *t, int64_t expect, int64_t got, const uint8_t *body,
+                         dl__http_outcome *out) {
   char where[1024];
-  redact(url, where, sizeof where);
+  redact(t->name, where, sizeof where);
   out->curl = c;
   out->status = 0;
   out->code = 0;
@@ -111,8 +117,12 @@ bool dl__http_outcome_of(CURL *h, CURLcode c, const char *url, int64_t expect, i
     return false;
   }
   out->code = s == 404 ? -ENOENT : s == 401 || s == 403 ? -EACCES : DL_EREMOTE;
-  snprintf(out->msg, sizeof out->msg, "%s: HTTP %ld%s", where, s,
-           s == 404 ? " (not found)" : s == 403 ? " (forbidden)" : s == 416 ? " (range not satisfiable)" : "");
+  char code[96] = "";
+  if (t->s3 && body && got > 0)
+    dl__s3_error_code(body, (size_t)got, code, sizeof code); /* S3 says why: NoSuchKey, SignatureDoesNotMatch */
+  const char *plain = s == 404 ? "not found" : s == 403 ? "forbidden" : s == 416 ? "range not satisfiable" : "";
+  const char *why = code[0] ? code : plain;
+  snprintf(out->msg, sizeof out->msg, "%s: HTTP %ld%s%s%s", where, s, why[0] ? " (" : "", why, why[0] ? ")" : "");
   return s == 429 || s == 500 || s == 502 || s == 503 || s == 504;
 }
 
@@ -189,9 +199,9 @@ static size_t on_header(char *p, size_t size, size_t n, void *arg) {
   return len;
 }
 
-/* One GET of URL with RANGE ("a-b", or NULL for all), retried; the body into S. A ranged request
+/* One GET of T with RANGE ("a-b", or NULL for all), retried; the body into S. A ranged request
  * answered with the whole object (200) is refused unless WHOLE_OK. */
-static int get(const dl__options *o, const char *url, const char *range, bool whole_ok, int64_t expect, sink *s,
+static int get(const dl__options *o, const dl__target *t, const char *range, bool whole_ok, int64_t expect, sink *s,
                dl__http_outcome *out) {
   int r = dl__http_global_init();
   if (r)
@@ -202,7 +212,7 @@ static int get(const dl__options *o, const char *url, const char *range, bool wh
   uint64_t rng = (uint64_t)(uintptr_t)s ^ (uint64_t)time(NULL);
   uint64_t start = s->got;
   for (int attempt = 0;; attempt++) {
-    dl__http_configure(h, o, url);
+    dl__http_configure(h, o, t);
     if (range)
       curl_easy_setopt(h, CURLOPT_RANGE, range);
     curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
@@ -214,12 +224,13 @@ static int get(const dl__options *o, const char *url, const char *range, bool wh
     s->total = -1;
     CURLcode c = curl_easy_perform(h);
     if (s->err) {
-      r = dl__fail(s->err, "writing what %s sent: %s", url, strerror(-s->err));
+      r = dl__fail(s->err, "writing what %s sent: %s", t->name, strerror(-s->err));
       break;
     }
-    bool again = dl__http_outcome_of(h, c == CURLE_WRITE_ERROR ? CURLE_OK : c, url, expect, (int64_t)s->got, out);
+    bool again = dl__http_outcome_of(h, c == CURLE_WRITE_ERROR ? CURLE_OK : c, t, expect, (int64_t)(s->got - start),
+                                     s->buf ? s->buf + start : NULL, out);
     if (!out->code && range && out->status == 200 && !whole_ok) {
-      r = dl__fail(DL_EREMOTE, "%s: the server does not serve byte ranges (HTTP 200 to a Range request)", url);
+      r = dl__fail(DL_EREMOTE, "%s: the server does not serve byte ranges (HTTP 200 to a Range request)", t->name);
       break;
     }
     if (!out->code || !again || attempt >= o->retries) {
@@ -236,15 +247,15 @@ static int get(const dl__options *o, const char *url, const char *range, bool wh
   return r;
 }
 
-int dl__http_probe(const dl__options *o, const char *url, uint64_t *size, char *etag, size_t etag_cap,
+int dl__http_probe(const dl__options *o, const dl__target *t, uint64_t *size, char *etag, size_t etag_cap,
                    uint8_t *head, size_t cap, size_t *head_len) {
   sink s = {.buf = head, .cap = cap, .fd = -1, .total = -1};
   char range[64];
   snprintf(range, sizeof range, "0-%zu", cap - 1);
   dl__http_outcome out;
-  int r = get(o, url, range, true, -1, &s, &out);
+  int r = get(o, t, range, true, -1, &s, &out);
   if (r && out.status == 416) /* an empty object has no byte 0 */
-    return dl__fail(DL_ENOSAMPLES, "source %s: the object is empty", url);
+    return dl__fail(DL_ENOSAMPLES, "source %s: the object is empty", t->name);
   if (r)
     return r;
   if (out.status == 206 && s.total >= 0) {
@@ -253,22 +264,32 @@ int dl__http_probe(const dl__options *o, const char *url, uint64_t *size, char *
     *size = s.got; /* the whole object came: it was smaller than asked for */
   } else {
     return dl__fail(DL_EREMOTE, "source %s: the server does not serve byte ranges (HTTP %ld to a Range request)",
-                    url, out.status);
+                    t->name, out.status);
   }
   *head_len = s.got;
   snprintf(etag, etag_cap, "%s", s.etag);
   return 0;
 }
 
-int dl__http_range(const dl__options *o, const char *url, uint64_t off, size_t len, uint8_t *out_buf) {
+int dl__http_range(const dl__options *o, const dl__target *t, uint64_t off, size_t len, uint8_t *out_buf) {
   sink s = {.buf = out_buf, .cap = len, .fd = -1, .total = -1};
   char range[64];
   snprintf(range, sizeof range, "%llu-%llu", (unsigned long long)off, (unsigned long long)(off + len - 1));
   dl__http_outcome out;
-  return get(o, url, range, false, (int64_t)len, &s, &out);
+  return get(o, t, range, false, (int64_t)len, &s, &out);
 }
 
-int dl__http_download(const dl__options *o, const char *url, int fd, uint64_t size) {
+int dl__http_get_small(const dl__options *o, const dl__target *t, uint8_t *out_buf, size_t cap, size_t *len) {
+  sink s = {.buf = out_buf, .cap = cap, .fd = -1, .total = -1};
+  dl__http_outcome out;
+  int r = get(o, t, NULL, true, -1, &s, &out);
+  *len = s.got;
+  if (!r && s.got == cap)
+    return dl__fail(DL_ELIMIT, "%s: the answer is larger than %zu bytes", t->name, cap);
+  return r;
+}
+
+int dl__http_download(const dl__options *o, const dl__target *t, int fd, uint64_t size) {
   /* A download cut short resumes where it stopped rather than starting over. */
   uint64_t have = 0;
   for (int pass = 0; have < size && pass <= o->retries; pass++) {
@@ -276,13 +297,13 @@ int dl__http_download(const dl__options *o, const char *url, int fd, uint64_t si
     char range[64];
     snprintf(range, sizeof range, "%llu-", (unsigned long long)have);
     dl__http_outcome out;
-    int r = get(o, url, have ? range : NULL, false, (int64_t)(size - have), &s, &out);
+    int r = get(o, t, have ? range : NULL, false, (int64_t)(size - have), &s, &out);
     have += s.got;
     if (r == 0)
-      return have == size ? 0 : dl__fail(DL_EREMOTE, "source %s: %llu of %llu bytes came", url,
+      return have == size ? 0 : dl__fail(DL_EREMOTE, "source %s: %llu of %llu bytes came", t->name,
                                          (unsigned long long)have, (unsigned long long)size);
     if (!s.got)
       return r; /* failed without progress, after get()'s own retries */
   }
-  return have == size ? 0 : dl__fail(DL_EREMOTE, "source %s: the download kept stopping", url);
+  return have == size ? 0 : dl__fail(DL_EREMOTE, "source %s: the download kept stopping", t->name);
 }

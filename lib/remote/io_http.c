@@ -17,7 +17,7 @@ typedef struct op {
   bool busy, queued; /* in use; in the multi handle (else waiting for its retry) */
   bool empty;        /* a read of no bytes: nothing to ask the server */
   uint64_t tag;
-  const char *url;
+  dl__target t;
   uint8_t *buf;
   size_t len, got;
   uint64_t off;
@@ -94,7 +94,7 @@ static int queue(dl__io *io, op *o) {
   http_state *s = io->state;
   char range[64];
   snprintf(range, sizeof range, "%llu-%llu", (unsigned long long)o->off, (unsigned long long)(o->off + o->len - 1));
-  dl__http_configure(o->h, &io->l->o, o->url);
+  dl__http_configure(o->h, &io->l->o, &o->t);
   curl_easy_setopt(o->h, CURLOPT_RANGE, range); /* copied */
   curl_easy_setopt(o->h, CURLOPT_WRITEFUNCTION, on_body);
   curl_easy_setopt(o->h, CURLOPT_WRITEDATA, o);
@@ -116,8 +116,9 @@ static int http_submit(dl__io *io, int fd, void *buf, size_t len, uint64_t off, 
       o = &s->ops[i];
   if (!o)
     return -EBUSY;
-  *o = (op){.h = o->h, .busy = true, .tag = tag, .url = io->l->ds.files[fd], .buf = buf, .len = len, .off = off,
-            .empty = len == 0};
+  const dl__dataset *ds = &io->l->ds;
+  *o = (op){.h = o->h, .busy = true, .tag = tag, .t = {ds->files[fd], ds->fetch[fd], ds->s3}, .buf = buf, .len = len,
+            .off = off, .empty = len == 0};
   int r = len ? queue(io, o) : 0;
   if (r)
     o->busy = false;
@@ -160,7 +161,7 @@ static int http_wait(dl__io *io, uint64_t *tag, int64_t *res) {
         continue;
       if (o->retry_at_ms <= now) {
         if (queue(io, o)) {
-          snprintf(io->why, sizeof io->why, "%s: out of memory queueing a retry", o->url);
+          snprintf(io->why, sizeof io->why, "%s: out of memory queueing a retry", o->t.name);
           return complete(io, o, -ENOMEM, tag, res);
         }
       } else if (o->retry_at_ms < next_retry) {
@@ -178,9 +179,9 @@ static int http_wait(dl__io *io, uint64_t *tag, int64_t *res) {
       curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&o);
       dl__http_outcome out;
       bool again = dl__http_outcome_of(o->h, msg->data.result == CURLE_WRITE_ERROR ? CURLE_OK : msg->data.result,
-                                       o->url, (int64_t)o->len, (int64_t)o->got, &out);
+                                       &o->t, (int64_t)o->len, (int64_t)o->got, o->buf, &out);
       if (!out.code && out.status != 206 && !(out.status == 200 && o->off == 0)) {
-        snprintf(io->why, sizeof io->why, "%s: the server does not serve byte ranges (HTTP %ld)", o->url, out.status);
+        snprintf(io->why, sizeof io->why, "%s: the server does not serve byte ranges (HTTP %ld)", o->t.name, out.status);
         return complete(io, o, DL_EREMOTE, tag, res);
       }
       if (!out.code)

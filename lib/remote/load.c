@@ -55,14 +55,15 @@ static int write_at(int fd, const uint8_t *p, size_t n, uint64_t off) {
   return 0;
 }
 
-static int load_tar(dl__dataset *ds, uint32_t file, const char *url, const dl__options *o, uint64_t size,
+static int load_tar(dl__dataset *ds, uint32_t file, const dl__target *t, const dl__options *o, uint64_t size,
                     const dl__shard_id *id) {
+  const char *url = t->name;
   if (dl__index_cache_read(ds, file, url, id) == 0)
     return 0;
   int fd = scratch_file(size, url);
   if (fd < 0)
     return fd;
-  int rc = dl__http_download(o, url, fd, size);
+  int rc = dl__http_download(o, t, fd, size);
   size_t first = ds->n;
   if (!rc)
     rc = dl__tar_scan(ds, file, fd, size, o->on_error);
@@ -80,8 +81,9 @@ static uint64_t get64(const uint8_t *p) {
   return v;
 }
 
-static int load_rfs(dl__dataset *ds, uint32_t file, const char *url, const dl__options *o, uint64_t size,
+static int load_rfs(dl__dataset *ds, uint32_t file, const dl__target *t, const dl__options *o, uint64_t size,
                     const uint8_t *head, size_t head_len) {
+  const char *url = t->name;
   if (size < RFS_TRAILER + 64)
     return dl__fail(DL_ECORRUPT, "shard %s: %llu bytes, too short for a ringfeed shard", url, (unsigned long long)size);
   /* One read of the last 256 KiB usually holds the whole index; a larger one takes a second. */
@@ -90,7 +92,7 @@ static int load_rfs(dl__dataset *ds, uint32_t file, const char *url, const dl__o
   uint8_t *tail = malloc(tail_len);
   if (!tail)
     return dl__fail(-ENOMEM, "out of memory reading %s", url);
-  int rc = dl__http_range(o, url, tail_at, tail_len, tail);
+  int rc = dl__http_range(o, t, tail_at, tail_len, tail);
   uint64_t ioff = rc ? 0 : get64(tail + tail_len - RFS_TRAILER);
   uint64_t isize = rc ? 0 : get64(tail + tail_len - RFS_TRAILER + 8);
   if (!rc && (isize > (1ull << 32) || ioff > size || ioff + isize + RFS_TRAILER != size))
@@ -98,7 +100,7 @@ static int load_rfs(dl__dataset *ds, uint32_t file, const char *url, const dl__o
   uint8_t *more = NULL;
   if (!rc && ioff < tail_at) {
     more = malloc(tail_at - ioff);
-    rc = more ? dl__http_range(o, url, ioff, tail_at - ioff, more) : dl__fail(-ENOMEM, "out of memory reading %s", url);
+    rc = more ? dl__http_range(o, t, ioff, tail_at - ioff, more) : dl__fail(-ENOMEM, "out of memory reading %s", url);
   }
   int fd = rc ? -1 : scratch_file(size, url);
   if (!rc && fd < 0)
@@ -115,28 +117,79 @@ static int load_rfs(dl__dataset *ds, uint32_t file, const char *url, const dl__o
   return rc;
 }
 
+/* DS's S3 addressing and credentials, resolved on its first s3:// source. */
+static int s3_of(dl__dataset *ds, const dl__options *o, dl__s3 **out) {
+  if (!ds->s3) {
+    dl__s3 *s;
+    int r = dl__s3_open(o, &s);
+    if (r)
+      return r;
+    ds->s3 = s;
+  }
+  *out = ds->s3;
+  return 0;
+}
+
+int dl__remote_list(dl__dataset *ds, const char *pattern, const dl__options *o, char ***out, size_t *n) {
+  dl__s3 *s3;
+  int r = dl__http_global_init() ? -1 : s3_of(ds, o, &s3);
+  return r ? r : dl__s3_list(o, s3, pattern, out, n);
+}
+
+void dl__remote_free(dl__dataset *ds) {
+  for (uint32_t i = 0; ds->fetch && i < ds->nfiles; i++)
+    free(ds->fetch[i]);
+  free(ds->fetch);
+  ds->fetch = NULL;
+  dl__s3_free(ds->s3);
+  ds->s3 = NULL;
+}
+
+/* Records where FILE is fetched from. */
+static int set_fetch(dl__dataset *ds, uint32_t file, const char *url) {
+  char **grown = realloc(ds->fetch, (size_t)(file + 1) * sizeof *grown);
+  if (!grown)
+    return dl__fail(-ENOMEM, "out of memory");
+  for (uint32_t i = ds->fetch ? file : 0; i < file; i++)
+    grown[i] = NULL; /* files added before without a URL (none are: remote and local do not mix) */
+  ds->fetch = grown;
+  if (!(ds->fetch[file] = strdup(url)))
+    return dl__fail(-ENOMEM, "out of memory");
+  return 0;
+}
+
 int dl__remote_load(dl__dataset *ds, const char *url, const dl__options *o) {
-  if (strncmp(url, "http", 4))
-    return dl__fail(DL_EUNSUPPORTED, "source %s: s3:// sources are not supported yet", url);
+  int rc = dl__http_global_init();
+  dl__s3 *s3 = NULL;
+  char http[8192];
+  if (!rc && !strncmp(url, "s3://", 5))
+    rc = s3_of(ds, o, &s3) ? -1 : dl__s3_url(s3, url, http, sizeof http);
+  else if (!rc)
+    snprintf(http, sizeof http, "%s", url);
+  if (rc)
+    return rc;
+  dl__target t = {url, http, s3};
   uint8_t *head = malloc(PROBE);
   if (!head)
     return dl__fail(-ENOMEM, "out of memory");
   uint64_t size = 0;
   size_t head_len = 0;
   char etag[128];
-  int rc = dl__http_probe(o, url, &size, etag, sizeof etag, head, PROBE, &head_len);
+  rc = dl__http_probe(o, &t, &size, etag, sizeof etag, head, PROBE, &head_len);
   uint32_t file = 0;
   if (!rc)
     rc = dl__dataset_add_file(ds, url, &file);
+  if (!rc)
+    rc = set_fetch(ds, file, http);
   if (!rc) {
     if (head_len >= 8 && !memcmp(head, "RFSHARD1", 8)) {
-      rc = load_rfs(ds, file, url, o, size, head, head_len);
+      rc = load_rfs(ds, file, &t, o, size, head, head_len);
     } else {
       /* The cached index is the object's while its size and ETag are (or, with no ETag, its
        * first bytes). */
       dl__shard_id id = {.size = size,
                          .edges = etag[0] ? XXH64(etag, strlen(etag), 1) : XXH64(head, head_len, 2)};
-      rc = load_tar(ds, file, url, o, size, &id);
+      rc = load_tar(ds, file, &t, o, size, &id);
     }
   }
   free(head);

@@ -10,6 +10,35 @@
 
 #include <curl/curl.h>
 
+/* S3's addressing and credentials for one dataset (s3.c): where a bucket's objects are reached and
+ * how requests are signed (SigV4 by libcurl). */
+typedef struct dl__s3 {
+  char region[64];
+  char endpoint[512]; /* scheme://host[:port], no trailing slash */
+  bool path_style;    /* endpoint/bucket/key, else scheme://bucket.host/key */
+  bool anonymous;     /* no credentials found: unsigned requests (public buckets) */
+  char sigv4[128];    /* CURLOPT_AWS_SIGV4 */
+  char userpwd[512];  /* access key id:secret */
+  struct curl_slist *headers; /* x-amz-content-sha256, x-amz-security-token */
+} dl__s3;
+
+/* Resolves region, endpoint and credentials from the options and the AWS variables and files. */
+int dl__s3_open(const dl__options *o, dl__s3 **out);
+void dl__s3_free(dl__s3 *s);
+/* The HTTP(S) URL of S3URL (s3://bucket/key) into OUT. */
+int dl__s3_url(const dl__s3 *s, const char *s3url, char *out, size_t cap);
+/* The keys of s3://bucket/PATTERN (globs within a path segment), as s3:// URLs, sorted. */
+int dl__s3_list(const dl__options *o, const dl__s3 *s, const char *pattern, char ***out, size_t *n);
+/* S3's <Code> in an error body, or "". */
+void dl__s3_error_code(const uint8_t *body, size_t n, char *out, size_t cap);
+
+/* One remote object: NAME in messages (the source as given), URL requested, S3 signing or NULL. */
+typedef struct dl__target {
+  const char *name;
+  const char *url;
+  const dl__s3 *s3;
+} dl__target;
+
 /* What a request came to: its transport result, HTTP status and a message naming the URL. */
 typedef struct dl__http_outcome {
   CURLcode curl;
@@ -20,21 +49,24 @@ typedef struct dl__http_outcome {
 
 /* libcurl set up once for the process. */
 int dl__http_global_init(void);
-/* H ready for a request to URL with the loader's TLS and timeout options. */
-void dl__http_configure(CURL *h, const dl__options *o, const char *url);
+/* H ready for a request to T with the loader's TLS and timeout options (and S3's signing). */
+void dl__http_configure(CURL *h, const dl__options *o, const dl__target *t);
 /* Reads a finished request's result into OUT; true when it failed in a way worth retrying
  * (timeouts, resets, 429 and 5xx, short bodies). EXPECT: the body length it should have had (or
  * -1), GOT: what came. */
-bool dl__http_outcome_of(CURL *h, CURLcode c, const char *url, int64_t expect, int64_t got, dl__http_outcome *out);
+bool dl__http_outcome_of(CURL *h, CURLcode c, const dl__target *t, int64_t expect, int64_t got, const uint8_t *body,
+                         dl__http_outcome *out);
 /* The wait before retry ATTEMPT (1, 2, ...): exponential with jitter, capped. */
 long dl__http_backoff_ms(int attempt, uint64_t *rng);
 
-/* Size, ETag and the first bytes (up to CAP) of the object at URL. */
-int dl__http_probe(const dl__options *o, const char *url, uint64_t *size, char *etag, size_t etag_cap,
+/* Size, ETag and the first bytes (up to CAP) of the object T. */
+int dl__http_probe(const dl__options *o, const dl__target *t, uint64_t *size, char *etag, size_t etag_cap,
                    uint8_t *head, size_t cap, size_t *head_len);
-/* LEN bytes at OFF of URL into OUT (one ranged GET, retried). */
-int dl__http_range(const dl__options *o, const char *url, uint64_t off, size_t len, uint8_t *out);
-/* The whole object into FD (one GET, retried from the start), SIZE bytes expected. */
-int dl__http_download(const dl__options *o, const char *url, int fd, uint64_t size);
+/* LEN bytes at OFF of T into OUT (one ranged GET, retried). */
+int dl__http_range(const dl__options *o, const dl__target *t, uint64_t off, size_t len, uint8_t *out);
+/* The whole object into FD (retried, resuming where a transfer stopped), SIZE bytes expected. */
+int dl__http_download(const dl__options *o, const dl__target *t, int fd, uint64_t size);
+/* The body of a GET of T (at most CAP bytes) into OUT, its length in *LEN: small answers (listings). */
+int dl__http_get_small(const dl__options *o, const dl__target *t, uint8_t *out, size_t cap, size_t *len);
 
 #endif

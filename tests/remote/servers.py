@@ -88,11 +88,12 @@ class FaultProxy:
     and LATENCY_S added before each answer. Counts what it did in .counts."""
 
     def __init__(self, upstream_port, seed=0, latency_s=0.0, p503=0.0, preset=0.0, pshort=0.0, stall_s=0.0,
-                 after=0):
+                 after=0, check=None):
         self.upstream = upstream_port
         self.rng = random.Random(seed)
         self.latency_s, self.p503, self.preset, self.pshort = latency_s, p503, preset, pshort
         self.stall_s, self.after = stall_s, after  # the first AFTER requests are served well
+        self.check = check  # request bytes -> None (forward it) or the answer to send instead
         self.counts = {"requests": 0, "503": 0, "reset": 0, "short": 0, "stall": 0}
         self.lock = threading.Lock()
         proxy = self
@@ -149,6 +150,13 @@ class FaultProxy:
                 time.sleep(self.stall_s)
             if self.latency_s:
                 time.sleep(self.latency_s)
+            closing = b"\r\nconnection: close" in request.lower()
+            refusal = self.check(request) if self.check else None
+            if refusal is not None:
+                conn.sendall(refusal)
+                if closing:
+                    return
+                continue
             if r503 < self.p503:
                 with self.lock:
                     self.counts["503"] += 1
@@ -169,7 +177,71 @@ class FaultProxy:
                 conn.sendall(head + b"\r\nConnection: close\r\n\r\n" + body[: len(body) // 2])
                 return  # the Content-Length promised more
             conn.sendall(head + b"\r\n\r\n" + body)
+            if closing:
+                return
 
     def stop(self):
         self.server.shutdown()
         self.server.server_close()
+
+
+class S3rver:
+    """s3rver (npm, installed by scripts/install-deps.sh test into build-npm) with one bucket."""
+
+    def __init__(self, work, bucket):
+        root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+        self.binary = os.path.join(root, "build-npm", "node_modules", ".bin", "s3rver")
+        if not os.path.exists(self.binary) or not shutil.which("node"):
+            raise RuntimeError("s3rver is not installed (scripts/install-deps.sh test)")
+        os.makedirs(work, exist_ok=True)
+        self.port = free_port()
+        self.proc = subprocess.Popen([self.binary, "-d", work, "-a", "127.0.0.1", "-p", str(self.port), "--silent",
+                                      "--configure-bucket", bucket], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        wait_listening(self.port)
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+def sigv4_checker(key_id, secret, region, seen):
+    """A check for FaultProxy: every request must carry a SigV4 signature that AWS's own signer
+    (botocore) computes the same for KEY_ID and SECRET; otherwise S3's 403 SignatureDoesNotMatch.
+    SEEN counts the requests checked and those refused."""
+    from botocore.auth import S3SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+
+    auth = S3SigV4Auth(Credentials(key_id, secret), "s3", region)
+
+    def refuse(code):
+        body = f"<?xml version=\"1.0\"?><Error><Code>{code}</Code><Message>refused by the test</Message></Error>"
+        return (f"HTTP/1.1 403 Forbidden\r\nContent-Type: application/xml\r\nContent-Length: {len(body)}\r\n\r\n"
+                + body).encode()
+
+    def check(request):
+        head = request.partition(b"\r\n\r\n")[0].decode("latin-1").split("\r\n")
+        method, target, _ = head[0].split(" ", 2)
+        headers = {}
+        for line in head[1:]:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+        seen["checked"] += 1
+        authorization = headers.get("authorization", "")
+        if not authorization.startswith("AWS4-HMAC-SHA256 "):
+            seen["refused"] += 1
+            return refuse("AccessDenied")
+        fields = dict(part.strip().split("=", 1) for part in authorization[len("AWS4-HMAC-SHA256 "):].split(","))
+        signed = fields["SignedHeaders"].split(";")
+        req = AWSRequest(method=method, url=f"http://{headers['host']}{target}",
+                         headers={name: headers[name] for name in signed})
+        req.context["timestamp"] = headers["x-amz-date"]
+        canonical = auth.canonical_request(req)
+        expected = auth.signature(auth.string_to_sign(req, canonical), req)
+        if fields.get("Signature") != expected or fields["Credential"].split("/")[0] != key_id:
+            seen["refused"] += 1
+            return refuse("SignatureDoesNotMatch")
+        return None
+
+    return check

@@ -1,0 +1,131 @@
+"""Shards on an S3-compatible server (s3rver), every request's SigV4 signature checked by AWS's own
+signer (botocore) in a proxy in front of it: the same stream as local disk, globs through
+ListObjectsV2, credentials from the variables and from profile files, and S3's own errors."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from servers import FaultProxy, S3rver, free_port, sigv4_checker  # noqa: E402
+
+BUILD = os.path.dirname(os.environ.get("DL_DLSHARD") or os.environ.get("RINGFEED_LIBRARY", ""))
+DLBENCH = os.path.join(BUILD, "dlbench")
+SHARDS = os.environ.get("DL_TEST_SHARDS", "")
+OBJECTS = ["sweep-gnu.tar", "format-tar-gnu.tar", "rfs/packed-000000.rfs", "rfs/packed-000001.rfs"]
+KEY, SECRET, REGION = "S3RVER", "S3RVER", "eu-test-1"
+SMALL = ["--batch", "8", "--size", "32", "--crop", "resize"]
+
+
+def _ready():
+    try:
+        import botocore  # noqa: F401
+    except ImportError:
+        return False
+    return os.path.exists(DLBENCH) and os.path.exists(os.path.join(SHARDS, OBJECTS[0]))
+
+
+pytestmark = pytest.mark.skipif(not _ready(), reason="dlbench, the test shards or botocore are missing")
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    work = tmp_path_factory.mktemp("s3")
+    try:
+        server = S3rver(str(work / "data"), "shards")
+    except RuntimeError as e:
+        pytest.skip(str(e))
+    import botocore.session
+    client = botocore.session.get_session().create_client(
+        "s3", endpoint_url=server.url, aws_access_key_id=KEY, aws_secret_access_key=SECRET, region_name=REGION)
+    for name in OBJECTS:
+        with open(os.path.join(SHARDS, name), "rb") as f:
+            client.put_object(Bucket="shards", Key=name, Body=f.read())
+    seen = {"checked": 0, "refused": 0}
+    proxy = FaultProxy(server.port, check=sigv4_checker(KEY, SECRET, REGION, seen))
+    env = {"AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_REGION": REGION,
+           "AWS_ENDPOINT_URL": proxy.url, "XDG_CACHE_HOME": str(work / "cache"), "AWS_PROFILE": "",
+           "AWS_SHARED_CREDENTIALS_FILE": str(work / "none"), "AWS_CONFIG_FILE": str(work / "none")}
+    yield {"env": env, "seen": seen, "work": work}
+    proxy.stop()
+    server.stop()
+
+
+def bench(source, env, *args, ok=True):
+    e = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    e.update(DL_LOG_LEVEL="1", **env)
+    out = subprocess.run([DLBENCH, source, *SMALL, "--json", "--digest", *args], capture_output=True, text=True,
+                         timeout=300, env=e)
+    if not ok:
+        return out
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout)
+
+
+@pytest.mark.parametrize("shard,workers", [("sweep-gnu.tar", 1), ("rfs/packed-{000000..000001}.rfs", 1),
+                                           ("rfs/packed-{000000..000001}.rfs", 8)])
+def test_s3_stream_equals_local_and_every_signature_checks(s3, shard, workers):
+    before = dict(s3["seen"])
+    local = bench(os.path.join(SHARDS, shard), {}, "--workers", str(workers))
+    remote = bench(f"s3://shards/{shard}", s3["env"], "--workers", str(workers))
+    assert remote["batch_digests"] == local["batch_digests"] and remote["errors"] == local["errors"]
+    assert s3["seen"]["checked"] - before["checked"] >= remote["loader"]["requests"]
+    assert s3["seen"]["refused"] == before["refused"]
+
+
+def test_a_glob_lists_the_bucket(s3):
+    listed = bench("s3://shards/rfs/packed-*.rfs", s3["env"])
+    braced = bench("s3://shards/rfs/packed-{000000..000001}.rfs", s3["env"])
+    assert listed["batch_digests"] == braced["batch_digests"]
+    out = bench("s3://shards/rfs/nothing-*.rfs", s3["env"], ok=False)
+    assert out.returncode == 1 and "no object matches" in out.stderr
+
+
+def test_credentials_and_region_from_profile_files(s3):
+    work = s3["work"]
+    (work / "credentials").write_text(f"[default]\naws_access_key_id = nobody\naws_secret_access_key = x\n\n"
+                                      f"[train]\naws_access_key_id = {KEY}\naws_secret_access_key = {SECRET}\n")
+    (work / "config").write_text(f"[profile train]\nregion = {REGION}\n")
+    env = {k: v for k, v in s3["env"].items() if k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION")}
+    env.update(AWS_PROFILE="train", AWS_SHARED_CREDENTIALS_FILE=str(work / "credentials"),
+               AWS_CONFIG_FILE=str(work / "config"))
+    assert bench("s3://shards/format-tar-gnu.tar", env)["samples"] == 2
+    env["AWS_PROFILE"] = "missing"
+    out = bench("s3://shards/format-tar-gnu.tar", env, ok=False)
+    assert "AWS_PROFILE=missing" in out.stderr
+
+
+def test_a_session_token_is_sent_and_signed(s3):
+    signing_port = int(s3["env"]["AWS_ENDPOINT_URL"].rsplit(":", 1)[1])
+    signed = []
+
+    def check(request):  # in front of the signing proxy, which checks the signature itself
+        head = request.partition(b"\r\n\r\n")[0].decode("latin-1").lower()
+        signed.append("x-amz-security-token: session-123" in head and "x-amz-security-token" in
+                      head.split("signedheaders=")[1].split(",")[0])
+        return None
+
+    before = dict(s3["seen"])
+    proxy = FaultProxy(signing_port, check=check)
+    try:
+        env = dict(s3["env"], AWS_SESSION_TOKEN="session-123", AWS_ENDPOINT_URL=proxy.url)
+        assert bench("s3://shards/format-tar-gnu.tar", env)["samples"] == 2
+    finally:
+        proxy.stop()
+    assert signed and all(signed) and s3["seen"]["refused"] == before["refused"]
+
+
+def test_clear_errors_without_secrets(s3):
+    out = bench("s3://shards/sweep-gnu.tar", dict(s3["env"], AWS_SECRET_ACCESS_KEY="wrong-secret"), "--option",
+                "retries=0", ok=False)
+    assert "EACCES" in out.stderr and "s3://shards/sweep-gnu.tar: HTTP 403 (SignatureDoesNotMatch)" in out.stderr
+    assert "wrong-secret" not in out.stderr and SECRET not in out.stderr.replace("S3RVER", "")
+    out = bench("s3://no-such-bucket/x.tar", s3["env"], ok=False)
+    assert "HTTP 404 (NoSuchBucket)" in out.stderr
+    out = bench("s3://shards/no-such-key.tar", s3["env"], ok=False)
+    assert "ENOENT" in out.stderr and "HTTP 404 (NoSuchKey)" in out.stderr
+    env = dict(s3["env"], AWS_ENDPOINT_URL=f"http://127.0.0.1:{free_port()}")
+    out = bench("s3://shards/sweep-gnu.tar", env, "--option", "retries=1", "--option", "timeout_ms=500", ok=False)
+    assert "DL_EREMOTE" in out.stderr and "s3://shards/sweep-gnu.tar" in out.stderr
