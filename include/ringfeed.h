@@ -110,7 +110,8 @@ DL_EXTERN const char *dl_last_error(void);
  * globs) or s3://bucket/key (globs too), all of a loader's or none.
  * OPTIONS are "key=value" words separated by spaces (NULL or "" for defaults):
  *   batch_size workers prefetch image_size(N or HxW) crop(random_resized|center|resize|none)
- *   flip channels(1|3) layout(NHWC|NCHW) seed shuffle epochs(0 = forever) start_epoch drop_last rank
+ *   flip channels(1|3) layout(NHWC|NCHW) seed shuffle shuffle_block(K shards) epochs(0 = forever)
+ *   start_epoch drop_last rank
  *   world_size device(cpu|cuda|cuda:N[,M...]) dtype(uint8|float32|float16|bfloat16) mean std
  *   device_slots on_error(skip|fail) io(auto|uring|pread|mmap) io_depth max_pixels max_member_bytes
  *   direct(0|1: O_DIRECT reads of ringfeed shards) pad(0|1) seq_len resume(TOKEN)

@@ -81,6 +81,9 @@ typedef struct dl__options {
   int retries;      /* remote sources: attempts after the first for a failing request */
   int timeout_ms;   /* remote sources: connecting, or a body that stops coming, for this long fails */
   char ca_file[512]; /* remote sources: a CA bundle for TLS (else the system's) */
+  int shuffle_block; /* shuffle within blocks of this many shards (0: the whole dataset at once) */
+  char cache_dir[512]; /* remote sources: whole shards kept here (empty: no cache) */
+  int64_t cache_limit; /* bytes the cache folder may hold */
   int s3_addressing; /* DL__S3_*: path-style (endpoint/bucket/key) or virtual-hosted (bucket.host/key) */
   int log_level;
   int direct;
@@ -306,11 +309,18 @@ typedef struct dl__sampler {
   int64_t nb;          /* batches in every later epoch */
   int64_t total;       /* batches in the run, -1 forever */
   uint64_t fingerprint; /* of the dataset (its keys in order), carried by resume tokens */
+  int64_t token_block;  /* the shuffle_block a resume token was saved with */
+  struct dl__blocks *blocks; /* shuffle_block=K: the two-level order's tables, else NULL */
 } dl__sampler;
 
 int dl__sampler_init(dl__sampler *s, int64_t n, int world, int rank, int batch, int drop_last,
                      int shuffle, uint64_t seed, int64_t epochs, int64_t start_epoch, const char *resume,
                      uint64_t fingerprint);
+/* Shuffles in blocks of K shards (K = 0: over the whole dataset): each epoch permutes the shards,
+ * then the samples within each run of K of them. FIRST (NFILES + 1 entries) is where each shard's
+ * samples start; they must be grouped by shard. Checks a resume token's block against K. */
+int dl__sampler_set_blocks(dl__sampler *s, uint32_t k, uint32_t nfiles, const int64_t *first);
+void dl__sampler_free(dl__sampler *s);
 /* Batches this rank gets in EPOCH of the run: fewer in a resumed first epoch, 0 outside the run. */
 int64_t dl__sampler_epoch_batches(const dl__sampler *s, int64_t epoch);
 /* The dataset's fingerprint: a hash of its samples' keys in order, the same for a tar and the

@@ -29,6 +29,7 @@ static void free_loader(dl_loader *l) {
   if (l->cuda)
     dl__cuda_stop(l);
   for (int s = 0; s < l->nstreams; s++) {
+    dl__sampler_free(&l->streams[s].sm);
     dl_batch *slots = l->streams[s].slots;
     for (int i = 0; slots && i < l->o.prefetch; i++) {
       free(slots[i].label);
@@ -113,6 +114,30 @@ static int alloc_slots(dl_loader *l) {
   return 0;
 }
 
+/* shuffle_block: where each shard's samples start, for the sampler's two-level order. */
+static int set_blocks(dl_loader *l, dl__sampler *sm) {
+  const dl__dataset *ds = &l->ds;
+  int64_t *first = calloc((size_t)ds->nfiles + 1, sizeof *first);
+  if (!first)
+    return dl__fail(-ENOMEM, "out of memory");
+  /* Samples are added shard by shard: counts give the starts; out of order leaves first[n] short. */
+  uint32_t at = 0;
+  int64_t grouped = 0;
+  for (size_t i = 0; i < ds->n; i++) {
+    uint32_t f = ds->samples[i].file;
+    if (f < at)
+      break;
+    for (; at < f; at++)
+      first[at + 1] = (int64_t)i;
+    grouped = (int64_t)i + 1;
+  }
+  for (; at < ds->nfiles; at++)
+    first[at + 1] = grouped;
+  int r = dl__sampler_set_blocks(sm, (uint32_t)l->o.shuffle_block, ds->nfiles, first);
+  free(first);
+  return r;
+}
+
 int dl_open(dl_loader **out, const char *source, const char *options) {
   double t0 = dl__now();
   *out = NULL;
@@ -142,7 +167,7 @@ int dl_open(dl_loader **out, const char *source, const char *options) {
     r = dl__sampler_init(&l->streams[s].sm, (int64_t)l->ds.n, l->o.world_size * l->nstreams,
                          l->o.rank * l->nstreams + s, l->o.batch_size, l->o.drop_last, l->o.shuffle,
                          l->o.seed, l->o.epochs, l->o.start_epoch, l->o.resume, fingerprint);
-    if (r)
+    if (r || (r = set_blocks(l, &l->streams[s].sm)))
       goto fail;
   }
   uint32_t remote = 0;

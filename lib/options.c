@@ -58,6 +58,31 @@ static int parse_int(const char *key, const char *v, int64_t lo, int64_t hi, int
   return 0;
 }
 
+/* A byte count: digits with an optional K, M, G or T (powers of 1024, "iB" or "B" may follow). */
+static int parse_bytes(const char *key, const char *v, int64_t *out) {
+  char *end;
+  errno = 0;
+  unsigned long long x = strtoull(v, &end, 10);
+  if (errno || end == v || *v == '-' || *v == '+')
+    return bad(key, v, "expected a size such as 50G, 512M or 1000000");
+  int shift = 0;
+  const char *units = "KMGT", *u = *end ? strchr(units, *end & ~0x20) : NULL;
+  if (u) {
+    shift = 10 * (int)(u - units + 1);
+    end++;
+    if ((*end == 'i' || *end == 'I') && (end[1] == 'B' || end[1] == 'b'))
+      end += 2;
+    else if (*end == 'B' || *end == 'b')
+      end++;
+  }
+  if (*end)
+    return bad(key, v, "expected a size such as 50G, 512M or 1000000");
+  if (x > (unsigned long long)INT64_MAX >> shift)
+    return bad(key, v, "too large");
+  *out = (int64_t)(x << shift);
+  return 0;
+}
+
 static int parse_bool(const char *key, const char *v, int *out) {
   if (!strcmp(v, "1") || !strcmp(v, "true") || !strcmp(v, "yes") || !strcmp(v, "True")) {
     *out = 1;
@@ -198,6 +223,7 @@ static int apply(dl__options *o, const char *key, const char *v) {
   INT_OPT("gpu_decode_mb", gpu_decode_mb, 16, 1 << 20)
   INT_OPT("retries", retries, 0, 100)
   INT_OPT("timeout_ms", timeout_ms, 1, 3600000)
+  INT_OPT("shuffle_block", shuffle_block, 0, 1 << 24)
 #undef INT_OPT
   if (!strcmp(key, "seed")) {
     char *end;
@@ -276,6 +302,17 @@ static int apply(dl__options *o, const char *key, const char *v) {
   if (!strcmp(key, "s3_addressing")) {
     static const char *const modes[] = {"auto", "path", "virtual"};
     return parse_choice(key, v, modes, 3, &o->s3_addressing);
+  }
+  if (!strcmp(key, "cache_limit")) {
+    if ((r = parse_bytes(key, v, &o->cache_limit)))
+      return r;
+    return o->cache_limit ? 0 : bad(key, v, "must be above zero");
+  }
+  if (!strcmp(key, "cache_dir")) {
+    if (!*v || strlen(v) >= sizeof o->cache_dir)
+      return bad(key, v, !*v ? "expected a folder" : "path too long");
+    strcpy(o->cache_dir, v);
+    return 0;
   }
   if (!strcmp(key, "ca_file")) {
     if (strlen(v) >= sizeof o->ca_file)

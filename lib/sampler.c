@@ -6,10 +6,16 @@
  * positions off + r, off + r + W, off + r + 2W, ... so after every rank has consumed c batches the
  * consumed positions are exactly the prefix [0, off + c*B*W): a resume token is (epoch, prefix),
  * valid at any world size.
+ *
+ * With shuffle_block=K the permutation has two levels: the epoch's order of shards (a permutation
+ * of the shard indices), cut into blocks of K shards, and within each block a permutation of its
+ * samples. Positions still run over [0, n), so ranks, tokens and resumes work unchanged, and the
+ * ranks together read one block (about K shards) at a time.
  */
 #include "internal.h"
 
 #include <ctype.h>
+#include <pthread.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -37,6 +43,117 @@ int64_t dl__permute(uint64_t seed, int64_t epoch, int64_t n, int64_t pos) {
   return (int64_t)x;
 }
 
+/* Epoch E's layout: the shards in their permuted order and where each block of K starts. */
+typedef struct block_epoch {
+  int64_t epoch; /* -1: empty */
+  uint32_t *order; /* nfiles */
+  int64_t *start;  /* nblocks + 1: each block's first position */
+} block_epoch;
+
+struct dl__blocks {
+  pthread_mutex_t mu; /* workers and the cache's planner look positions up at once */
+  uint32_t k, nfiles, nblocks;
+  int64_t *first; /* nfiles + 1 */
+  block_epoch cache[2]; /* the epochs in use: a run crosses from one into the next */
+  int next;             /* the entry replaced next */
+};
+
+static void blocks_free(struct dl__blocks *b) {
+  if (!b)
+    return;
+  for (int i = 0; i < 2; i++) {
+    free(b->cache[i].order);
+    free(b->cache[i].start);
+  }
+  free(b->first);
+  pthread_mutex_destroy(&b->mu);
+  free(b);
+}
+
+void dl__sampler_free(dl__sampler *s) {
+  blocks_free(s->blocks);
+  s->blocks = NULL;
+}
+
+int dl__sampler_set_blocks(dl__sampler *s, uint32_t k, uint32_t nfiles, const int64_t *first) {
+  if (!s->shuffle)
+    k = 0; /* in order: no blocks */
+  if (s->token_block >= 0 && s->token_block != (int64_t)k)
+    return dl__fail(DL_ESTATE, "the resume token was saved with shuffle_block=%" PRId64 ", not shuffle_block=%u",
+                    s->token_block, k);
+  if (k == 0 || !s->shuffle)
+    return 0;
+  if (first[nfiles] != s->n)
+    return dl__fail(DL_EOPTION, "shuffle_block=%u: the samples are not grouped by shard", k);
+  struct dl__blocks *b = calloc(1, sizeof *b);
+  if (!b || !(b->first = malloc((nfiles + 1) * sizeof *b->first))) {
+    free(b);
+    return dl__fail(-ENOMEM, "out of memory");
+  }
+  pthread_mutex_init(&b->mu, NULL);
+  memcpy(b->first, first, (nfiles + 1) * sizeof *first);
+  b->k = k;
+  b->nfiles = nfiles;
+  b->nblocks = (nfiles + k - 1) / k;
+  for (int i = 0; i < 2; i++) {
+    b->cache[i].epoch = -1;
+    b->cache[i].order = malloc((nfiles ? nfiles : 1) * sizeof *b->cache[i].order);
+    b->cache[i].start = malloc((b->nblocks + 1) * sizeof *b->cache[i].start);
+    if (!b->cache[i].order || !b->cache[i].start) {
+      blocks_free(b);
+      return dl__fail(-ENOMEM, "out of memory");
+    }
+  }
+  s->blocks = b;
+  return 0;
+}
+
+/* EPOCH's layout, computed into the older cache entry when it is not there (b->mu held). */
+static const block_epoch *epoch_layout(const dl__sampler *s, struct dl__blocks *b, int64_t epoch) {
+  for (int i = 0; i < 2; i++)
+    if (b->cache[i].epoch == epoch)
+      return &b->cache[i];
+  block_epoch *e = &b->cache[b->next];
+  b->next ^= 1;
+  uint64_t key = dl__hash3(s->seed, 0xb10c, 1);
+  e->start[0] = 0;
+  for (uint32_t i = 0; i < b->nfiles; i++) {
+    uint32_t f = (uint32_t)dl__permute(key, epoch, b->nfiles, i);
+    e->order[i] = f;
+    if (i % b->k == 0)
+      e->start[i / b->k + 1] = e->start[i / b->k];
+    e->start[i / b->k + 1] += b->first[f + 1] - b->first[f];
+  }
+  e->epoch = epoch;
+  return e;
+}
+
+static int64_t block_sample(const dl__sampler *s, int64_t epoch, int64_t pos) {
+  struct dl__blocks *b = s->blocks;
+  pthread_mutex_lock(&b->mu);
+  const block_epoch *e = epoch_layout(s, b, epoch);
+  uint32_t lo = 0, hi = b->nblocks; /* the block holding POS: start[lo] <= pos < start[lo + 1] */
+  while (hi - lo > 1) {
+    uint32_t mid = lo + (hi - lo) / 2;
+    if (e->start[mid] <= pos)
+      lo = mid;
+    else
+      hi = mid;
+  }
+  int64_t r = dl__permute(dl__hash3(s->seed, 0xb10c, 2 + lo), epoch, e->start[lo + 1] - e->start[lo],
+                          pos - e->start[lo]);
+  int64_t at = -1;
+  for (uint32_t i = lo * b->k; i < b->nfiles && at < 0; i++) {
+    uint32_t f = e->order[i];
+    int64_t count = b->first[f + 1] - b->first[f];
+    if (r < count)
+      at = b->first[f] + r;
+    r -= count;
+  }
+  pthread_mutex_unlock(&b->mu);
+  return at;
+}
+
 static int64_t batches_in(const dl__sampler *s, int64_t off) {
   int64_t per_rank = (s->n - off) / s->world;
   return s->drop_last ? per_rank / s->batch : (per_rank + s->batch - 1) / s->batch;
@@ -58,18 +175,26 @@ static bool field(const char **t, uint64_t *out, bool last) {
   return true;
 }
 
-/* rf2.SEED.EPOCH.OFFSET.N.FINGERPRINT (hex), or the older rf1 without the fingerprint. */
+/* rf2.SEED.EPOCH.OFFSET.N.FINGERPRINT (hex) with .bK after it when saved with shuffle_block=K, or
+ * the older rf1 without the fingerprint. */
 static int parse_token(dl__sampler *s, const char *t) {
   uint64_t seed, epoch, off, n, fp = 0;
   bool v2 = !strncmp(t, "rf2.", 4), v1 = !strncmp(t, "rf1.", 4);
   const char *p = t + 4;
   bool ok = (v1 || v2) && field(&p, &seed, false) && field(&p, &epoch, false) && field(&p, &off, false) &&
             field(&p, &n, v1);
+  uint64_t block = 0;
   if (ok && v2) {
     char *end;
-    ok = isxdigit((unsigned char)*p) && strlen(p) == 16;
+    const char *dot = strchr(p, '.'); /* .bK: saved with shuffle_block=K */
+    size_t fp_len = dot ? (size_t)(dot - p) : strlen(p);
+    ok = isxdigit((unsigned char)*p) && fp_len == 16;
     fp = ok ? strtoull(p, &end, 16) : 0;
-    ok = ok && *end == 0;
+    ok = ok && end == p + 16;
+    if (ok && dot) {
+      p = dot + 2;
+      ok = dot[1] == 'b' && field(&p, &block, true) && *p == 0 && block > 0 && block <= UINT32_MAX;
+    }
   } else if (ok) {
     ok = *p == 0;
   }
@@ -89,6 +214,7 @@ static int parse_token(dl__sampler *s, const char *t) {
     dl__log(DL__LOG_WARN, "resume token '%s' predates dataset fingerprints: it is not checked against the source", t);
   s->start_epoch = (int64_t)epoch;
   s->start_off = (int64_t)off;
+  s->token_block = (int64_t)block;
   return 0;
 }
 
@@ -106,6 +232,7 @@ int dl__sampler_init(dl__sampler *s, int64_t n, int world, int rank, int batch, 
   s->seed = seed;
   s->epochs = epochs;
   s->start_epoch = start_epoch;
+  s->token_block = -1;
   if (resume && *resume) {
     int r = parse_token(s, resume);
     if (r)
@@ -159,7 +286,9 @@ int64_t dl__sampler_sample(const dl__sampler *s, int64_t k, int i, int64_t *epoc
   int64_t j, off;
   dl__sampler_locate(s, k, epoch, &j, &off);
   int64_t pos = off + s->rank + (int64_t)s->world * (j * s->batch + i);
-  return s->shuffle ? dl__permute(s->seed, *epoch, s->n, pos) : pos;
+  if (!s->shuffle)
+    return pos;
+  return s->blocks ? block_sample(s, *epoch, pos) : dl__permute(s->seed, *epoch, s->n, pos);
 }
 
 int dl__sampler_token(const dl__sampler *s, int64_t k, char *buf, size_t cap) {
@@ -175,7 +304,10 @@ int dl__sampler_token(const dl__sampler *s, int64_t k, char *buf, size_t cap) {
       off += (j + 1) * (int64_t)s->batch * s->world;
     }
   }
-  int n = snprintf(buf, cap, "rf2.%" PRIu64 ".%" PRId64 ".%" PRId64 ".%" PRId64 ".%016" PRIx64, s->seed, epoch,
-                   off, s->n, s->fingerprint);
+  char block[16] = "";
+  if (s->blocks)
+    snprintf(block, sizeof block, ".b%u", s->blocks->k);
+  int n = snprintf(buf, cap, "rf2.%" PRIu64 ".%" PRId64 ".%" PRId64 ".%" PRId64 ".%016" PRIx64 "%s", s->seed, epoch,
+                   off, s->n, s->fingerprint, block);
   return n < 0 || (size_t)n >= cap ? -ENOSPC : n;
 }

@@ -24,6 +24,20 @@ int main(void) {
   unsetenv("DL_LOG_LEVEL");
   ASSERT_EQ(dl__options_parse(&o, NULL), 0);
   ASSERT_EQ(o.batch_size, 256);
+  ASSERT_EQ(o.shuffle_block, 0);
+  ASSERT_EQ(o.cache_limit, 0);
+  ASSERT_EQ(dl__options_parse(&o, "shuffle_block=8 cache_dir=/var/cache/x cache_limit=50G"), 0);
+  ASSERT_EQ(o.shuffle_block, 8);
+  ASSERT_EQ(o.cache_limit, 50ll << 30);
+  ASSERT(!strcmp(o.cache_dir, "/var/cache/x"));
+  const char *sizes[][2] = {{"512M", "536870912"}, {"1KiB", "1024"}, {"3kb", "3072"}, {"1000", "1000"},
+                            {"2T", "2199023255552"}};
+  for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+    char text[64];
+    snprintf(text, sizeof text, "cache_limit=%s", sizes[i][0]);
+    ASSERT_EQ(dl__options_parse(&o, text), 0);
+    ASSERT_EQ(o.cache_limit, strtoll(sizes[i][1], NULL, 10));
+  }
   ASSERT_EQ(o.height, 224);
   ASSERT_EQ(o.crop, DL__CROP_RANDOM_RESIZED);
   ASSERT_EQ(dl__options_parse(&o, "  batch_size=32 image_size=160x128 crop=center flip=1 seed=42 "
@@ -47,6 +61,12 @@ int main(void) {
   ASSERT_EQ(o.dtype, DL__DTYPE_BFLOAT16);
 
   expect_bad("bogus=1", "unknown option 'bogus'");
+  expect_bad("shuffle_block=-1", "shuffle_block=-1");
+  expect_bad("cache_limit=0", "cache_limit=0");
+  expect_bad("cache_limit=-5G", "cache_limit=-5G");
+  expect_bad("cache_limit=5Q", "cache_limit=5Q");
+  expect_bad("cache_limit=99999999999T", "too large");
+  expect_bad("cache_dir=", "cache_dir=");
   expect_bad("batch_size=0", "batch_size=0");
   expect_bad("batch_size=12x", "batch_size=12x");
   expect_bad("workers=-3", "workers=-3");

@@ -27,7 +27,95 @@ static int64_t run(dl__sampler *s, int64_t *out, int64_t cap) {
   return n;
 }
 
+/* shuffle_block: shards of uneven sizes (one empty), blocks of K. */
+static void check_blocks(void) {
+  enum { F = 11, K = 3, B = 8 };
+  int64_t first[F + 1] = {0};
+  for (int f = 0; f < F; f++)
+    first[f + 1] = first[f] + (f == 4 ? 0 : 20 + 7 * f);
+  const int64_t n = first[F];
+  int64_t *shard = malloc((size_t)n * sizeof *shard);
+  for (int f = 0; f < F; f++)
+    for (int64_t i = first[f]; i < first[f + 1]; i++)
+      shard[i] = f;
+  for (int64_t epoch = 0; epoch < 3; epoch++) {
+    dl__sampler s;
+    ASSERT_EQ(dl__sampler_init(&s, n, 1, 0, B, 0, 1, 5, 3, 0, NULL, 0), 0);
+    ASSERT_EQ(dl__sampler_set_blocks(&s, K, F, first), 0);
+    /* Every epoch is a permutation; consecutive positions stay within K shards until the block
+     * ends, and every block (but the last) spans K shards. */
+    char *seen = calloc((size_t)n, 1);
+    int blocks = 0, in_block = 0;
+    int64_t block_shards[F];
+    for (int64_t pos = 0; pos < n; pos++) {
+      int64_t k = pos / B, e;
+      int64_t v = dl__sampler_sample(&s, k + epoch * s.nb, (int)(pos % B), &e);
+      ASSERT_EQ(e, epoch);
+      ASSERT(v >= 0 && v < n);
+      ASSERT_EQ(seen[v], 0);
+      seen[v] = 1;
+      bool known = false;
+      for (int j = 0; j < in_block; j++)
+        known |= block_shards[j] == shard[v];
+      if (!known) {
+        if (in_block == K) {
+          blocks++;
+          in_block = 0;
+        }
+        block_shards[in_block++] = shard[v];
+      }
+    }
+    /* 10 shards with samples in blocks of 3 shards of 11: at most 4 blocks, at least 3 changes. */
+    ASSERT(blocks >= 2 && blocks <= 3);
+    free(seen);
+    /* Not the global order, and another epoch's order differs. */
+    int64_t e;
+    int same = 0;
+    for (int i = 0; i < B; i++)
+      same += dl__sampler_sample(&s, 0, i, &e) == dl__permute(5, 0, n, i);
+    ASSERT_LT(same, B);
+    dl__sampler_free(&s);
+  }
+  /* Tokens carry K: the rest of the run resumes exactly with the same K and is refused with another. */
+  dl__sampler a, b;
+  ASSERT_EQ(dl__sampler_init(&a, n, 2, 1, B, 0, 1, 5, 2, 0, NULL, 0), 0);
+  ASSERT_EQ(dl__sampler_set_blocks(&a, K, F, first), 0);
+  char tok[128];
+  ASSERT_GT(dl__sampler_token(&a, 9, tok, sizeof tok), 0);
+  ASSERT(strstr(tok, ".b3") != NULL);
+  ASSERT_EQ(dl__sampler_init(&b, n, 2, 1, B, 0, 1, 5, 2, 0, tok, 0), 0);
+  ASSERT_EQ(dl__sampler_set_blocks(&b, K, F, first), 0);
+  ASSERT_EQ(b.total, a.total - 9);
+  for (int64_t k = 0; k < b.total; k++)
+    for (int i = 0; i < dl__sampler_batch_len(&b, k); i++) {
+      int64_t e1, e2;
+      ASSERT_EQ(dl__sampler_sample(&b, k, i, &e1), dl__sampler_sample(&a, k + 9, i, &e2));
+    }
+  dl__sampler_free(&b);
+  ASSERT_EQ(dl__sampler_init(&b, n, 2, 1, B, 0, 1, 5, 2, 0, tok, 0), 0);
+  ASSERT_EQ(dl__sampler_set_blocks(&b, 4, F, first), DL_ESTATE);
+  ASSERT(strstr(dl_last_error(), "shuffle_block=3") != NULL);
+  ASSERT_EQ(dl__sampler_set_blocks(&b, 0, F, first), DL_ESTATE);
+  /* A global-shuffle token is refused by a block-shuffled loader. */
+  ASSERT_GT(dl__sampler_token(&b, 0, tok, sizeof tok), 0);
+  dl__sampler c;
+  ASSERT_EQ(dl__sampler_init(&c, n, 1, 0, B, 0, 1, 5, 2, 0, "rf2.5.0.16.400.0000000000000000", 0), DL_ESTATE);
+  char global[128];
+  snprintf(global, sizeof global, "rf2.5.0.16.%lld.0000000000000000", (long long)n);
+  ASSERT_EQ(dl__sampler_init(&c, n, 1, 0, B, 0, 1, 5, 2, 0, global, 0), 0);
+  ASSERT_EQ(dl__sampler_set_blocks(&c, K, F, first), DL_ESTATE);
+  /* Malformed block suffixes. */
+  const char *bad[] = {".b", ".b0", ".bx", ".b3x", ".c3", ".b-1"};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    snprintf(global, sizeof global, "rf2.5.0.16.%lld.0000000000000000%s", (long long)n, bad[i]);
+    ASSERT_EQ(dl__sampler_init(&c, n, 1, 0, B, 0, 1, 5, 2, 0, global, 0), DL_ESTATE);
+  }
+  dl__sampler_free(&a);
+  free(shard);
+}
+
 int main(void) {
+  check_blocks();
   for (int64_t n = 1; n < 300; n += 37)
     check_permutation(n, 5, 1);
   check_permutation(100003, 9, 0);
