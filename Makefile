@@ -38,6 +38,10 @@ test-asan:
 	@cmake -S . -B build-asan $(SAN_FLAGS) -DDL_WERROR=ON -DCMAKE_C_FLAGS="$(ASAN)" >/dev/null
 	@cmake --build build-asan -j $(JOBS)
 	cd build-asan && ctest --output-on-failure -j $(JOBS) -LE slow
+	@# The remote sources (servers, retries, the shard cache's threads and locks) under ASan+UBSan.
+	cd build && DL_DLSHARD=$(CURDIR)/build-asan/dlshard DL_TEST_SHARDS=$(CURDIR)/build/tests/shards \
+	  $(PYTHON) -m pytest -q -p no:cacheprovider $(CURDIR)/tests/remote/test_http.py \
+	  $(CURDIR)/tests/remote/test_cache.py $(CURDIR)/tests/remote/test_s3.py
 
 test-tsan:
 	@cmake -S . -B build-tsan $(SAN_FLAGS) -DDL_WERROR=ON -DCMAKE_C_FLAGS="$(TSAN)" >/dev/null

@@ -115,7 +115,8 @@ DL_EXTERN const char *dl_last_error(void);
  *   world_size device(cpu|cuda|cuda:N[,M...]) dtype(uint8|float32|float16|bfloat16) mean std
  *   device_slots on_error(skip|fail) io(auto|uring|pread|mmap) io_depth max_pixels max_member_bytes
  *   direct(0|1: O_DIRECT reads of ringfeed shards) pad(0|1) seq_len resume(TOKEN)
- *   retries timeout_ms ca_file s3_addressing(auto|path|virtual) (remote sources) fields(a,b)
+ *   retries timeout_ms ca_file s3_addressing(auto|path|virtual) cache_dir cache_limit(50G)
+ *   (remote sources) fields(a,b)
  *   log(quiet|error|warn|info|debug) decode(auto|cpu|gpu|hybrid: where JPEGs are decoded; auto is
  *   hybrid on CUDA when nvJPEG loads) gpu_share(auto|0..1) gpu_decode_mb
  * decode=gpu|hybrid fail with DL_ENODEVICE, naming the reason, where nvJPEG or a GPU is missing.

@@ -130,6 +130,13 @@ typedef struct dl__sample {
   uint8_t flags;
 } dl__sample;
 
+/* A remote shard: where it is requested, its size, and its version (a hash of URL, size and
+ * ETag) that names its copy in the shard cache. */
+typedef struct dl__remote_file {
+  char *url;
+  uint64_t size, version;
+} dl__remote_file;
+
 typedef struct dl__dataset {
   char **files;
   uint32_t nfiles, files_cap;
@@ -146,7 +153,7 @@ typedef struct dl__dataset {
   size_t nrefs, refs_cap;
   char *field_names[DL__MAX_FIELDS];
   int nfield_names;
-  char **fetch; /* per file: the HTTP(S) URL a remote file is requested at (NULL: local) */
+  struct dl__remote_file *remote; /* per file, for remote sources (else NULL) */
   void *s3;     /* the S3 addressing and credentials of s3:// files (remote/s3.c), or NULL */
 } dl__dataset;
 
@@ -251,6 +258,10 @@ int dl__remote_load(dl__dataset *ds, const char *url, const dl__options *o);
 int dl__remote_list(dl__dataset *ds, const char *pattern, const dl__options *o, char ***out, size_t *n);
 /* What dl__remote_load kept in DS (URLs, credentials). */
 void dl__remote_free(dl__dataset *ds);
+/* The shard cache of a loader over remote shards with cache_dir= (remote/cache.c): its folder
+ * checked and fetch threads started; stopped (downloads in flight abandoned) and closed. */
+int dl__cache_start(dl_loader *l);
+void dl__cache_stop(dl_loader *l);
 /* Expands SOURCE ("::" lists, brace ranges, globs) and loads every part. */
 int dl__source_load(dl__dataset *ds, const char *source, const dl__options *o);
 int dl__expand_braces(const char *pattern, char ***out, size_t *count);
@@ -347,6 +358,10 @@ typedef struct dl__io_ops {
   int (*submit)(dl__io *io, int fd, void *buf, size_t len, uint64_t off, uint64_t tag);
   /* Waits for one completion: bytes read or -errno in *RES. */
   int (*wait)(dl__io *io, uint64_t *tag, int64_t *res);
+  /* The same without blocking: -EAGAIN when nothing has completed. */
+  int (*peek)(dl__io *io, uint64_t *tag, int64_t *res);
+  /* A descriptor that polls readable when a completion may be ready, or -1 (NULL: none). */
+  int (*poll_fd)(dl__io *io);
 } dl__io_ops;
 
 struct dl__io {
@@ -565,6 +580,8 @@ typedef struct dl__stats {
   _Atomic int64_t cpu_decode_ns;            /* the workers' time on those decodes */
   _Atomic int64_t gpu_decoded, gpu_fallbacks; /* by nvJPEG; refused by it and decoded on the CPU */
   _Atomic int64_t requests, retries;          /* remote sources: the workers' GETs, and retries among them */
+  _Atomic int64_t cache_hits;                 /* remote samples read from the shard cache */
+  _Atomic int64_t cache_fetches, cache_fetch_bytes; /* shards this loader downloaded into it */
   int64_t batches;
   int64_t starved; /* batches the consumer had to wait for */
   double consumer_wait_s;
@@ -600,6 +617,7 @@ struct dl_loader {
   const dl__io_ops *io_ops;
   char io_reason[160];
   bool remote; /* every file is a URL: read through dl__io_http_ops */
+  struct dl__cache *cache; /* cache_dir=: whole remote shards on local disk (remote/cache.c) */
   pthread_mutex_t mu;
   pthread_cond_t work_cv;  /* workers wait for a free slot */
   pthread_cond_t ready_cv; /* the consumer waits for a complete batch */

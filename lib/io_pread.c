@@ -70,4 +70,5 @@ static int pr_wait(dl__io *io, uint64_t *tag, int64_t *res) {
   return 0;
 }
 
-const dl__io_ops dl__io_pread_ops = {"pread", pr_init, pr_fini, pr_submit, pr_wait};
+/* Reads finish at submission, so waiting never blocks: peek is wait, and there is nothing to poll. */
+const dl__io_ops dl__io_pread_ops = {"pread", pr_init, pr_fini, pr_submit, pr_wait, pr_wait, NULL};

@@ -84,7 +84,8 @@ static int ur_submit(dl__io *io, int fd, void *buf, size_t len, uint64_t off, ui
   return r;
 }
 
-static int ur_wait(dl__io *io, uint64_t *tag, int64_t *res) {
+/* The next completion; without BLOCK, -EAGAIN when none is there yet. */
+static int reap(dl__io *io, uint64_t *tag, int64_t *res, bool block) {
   uring_state *s = io->state;
   for (;;) {
     if (s->pending) {
@@ -95,7 +96,7 @@ static int ur_wait(dl__io *io, uint64_t *tag, int64_t *res) {
         s->pending -= (unsigned)r < s->pending ? (unsigned)r : s->pending;
     }
     struct io_uring_cqe *cqe;
-    int r = io_uring_wait_cqe(&s->ring, &cqe);
+    int r = block ? io_uring_wait_cqe(&s->ring, &cqe) : io_uring_peek_cqe(&s->ring, &cqe);
     if (r == -EINTR)
       continue;
     if (r < 0)
@@ -120,7 +121,20 @@ static int ur_wait(dl__io *io, uint64_t *tag, int64_t *res) {
   }
 }
 
-const dl__io_ops dl__io_uring_ops = {"io_uring", ur_init, ur_fini, ur_submit, ur_wait};
+static int ur_wait(dl__io *io, uint64_t *tag, int64_t *res) { return reap(io, tag, res, true); }
+static int ur_peek(dl__io *io, uint64_t *tag, int64_t *res) { return reap(io, tag, res, false); }
+/* The ring's descriptor polls readable while completions wait in it (once reads are submitted). */
+static int ur_poll_fd(dl__io *io) {
+  uring_state *s = io->state;
+  if (s->pending) {
+    int r = io_uring_submit(&s->ring);
+    if (r > 0)
+      s->pending -= (unsigned)r < s->pending ? (unsigned)r : s->pending;
+  }
+  return s->ring.ring_fd;
+}
+
+const dl__io_ops dl__io_uring_ops = {"io_uring", ur_init, ur_fini, ur_submit, ur_wait, ur_peek, ur_poll_fd};
 
 #else
 
@@ -138,7 +152,7 @@ static int ur_wait(dl__io *io, uint64_t *tag, int64_t *res) {
   (void)io, (void)tag, (void)res;
   return -ENOSYS;
 }
-const dl__io_ops dl__io_uring_ops = {"io_uring", ur_init, ur_fini, ur_submit, ur_wait};
+const dl__io_ops dl__io_uring_ops = {"io_uring", ur_init, ur_fini, ur_submit, ur_wait, ur_wait, NULL};
 
 #endif
 

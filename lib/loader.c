@@ -28,6 +28,7 @@ static _Atomic size_t pinned_in_process;
 static void free_loader(dl_loader *l) {
   if (l->cuda)
     dl__cuda_stop(l);
+  dl__cache_stop(l); /* after the workers, who read its copies */
   for (int s = 0; s < l->nstreams; s++) {
     dl__sampler_free(&l->streams[s].sm);
     dl_batch *slots = l->streams[s].slots;
@@ -198,7 +199,7 @@ int dl_open(dl_loader **out, const char *source, const char *options) {
     goto fail;
   if (l->cuda && (r = dl__cuda_start(l)))
     goto fail;
-  if ((r = dl__workers_start(l)))
+  if ((r = dl__cache_start(l)) || (r = dl__workers_start(l)))
     goto fail;
   *out = l;
   return 0;
@@ -585,7 +586,8 @@ int dl_stats_json(dl_loader *l, char *buf, size_t cap) {
       ",\"io_backend\":\"%s\",\"io_reason\":\"%s\",\"device\":\"%s\",\"decode_backend\":\"%s\""
       ",\"decode_reason\":\"%s\",\"cpu_decoded\":%" PRId64 ",\"gpu_decoded\":%" PRId64 ",\"gpu_fallbacks\":%" PRId64
       ",\"gpu_share\":%.4f,\"gpu_share_balanced\":%.4f,\"arena_mb\":%.1f,\"host_batch_bytes\":%zu"
-      ",\"pinned_bytes_in_process\":%zu,\"requests\":%" PRId64 ",\"retries\":%" PRId64 "%s}",
+      ",\"pinned_bytes_in_process\":%zu,\"requests\":%" PRId64 ",\"retries\":%" PRId64
+      ",\"cache_hits\":%" PRId64 ",\"cache_fetches\":%" PRId64 ",\"cache_fetch_bytes\":%" PRId64 "%s}",
       atomic_load(&l->st.samples), batches, atomic_load(&l->st.errors), atomic_load(&l->st.bytes_read),
       dl__now() - l->open_time, first, wait, atomic_load(&l->st.decode_ns) * 1e-9,
       atomic_load(&l->st.read_wait_ns) * 1e-9, l->o.workers, l->o.prefetch, l->o.batch_size, l->ds.n,
@@ -594,7 +596,8 @@ int dl_stats_json(dl_loader *l, char *buf, size_t cap) {
       atomic_load(&l->st.cpu_decoded), atomic_load(&l->st.gpu_decoded), atomic_load(&l->st.gpu_fallbacks),
       l->decode == DL__DECODE_CPU ? 0.0 : share, balanced,
       (double)l->arena_bytes * l->o.prefetch * l->nstreams / 1048576.0, l->host_mem_bytes,
-      atomic_load(&pinned_in_process), atomic_load(&l->st.requests), atomic_load(&l->st.retries), gpu);
+      atomic_load(&pinned_in_process), atomic_load(&l->st.requests), atomic_load(&l->st.retries),
+      atomic_load(&l->st.cache_hits), atomic_load(&l->st.cache_fetches), atomic_load(&l->st.cache_fetch_bytes), gpu);
   return n < 0 || (size_t)n >= cap ? dl__fail(-ENOSPC, "stats need %d bytes", n + 1) : n;
 }
 

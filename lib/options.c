@@ -359,6 +359,8 @@ int dl__options_parse(dl__options *o, const char *text) {
   if (o->rank >= o->world_size)
     return dl__fail(DL_EOPTION, "option rank=%d: must be below world_size=%d", o->rank,
                     o->world_size);
+  if (o->cache_limit && !o->cache_dir[0])
+    return dl__fail(DL_EOPTION, "option cache_limit needs cache_dir (the folder to keep shards in)");
   if (o->start_epoch && o->resume[0])
     return dl__fail(DL_EOPTION, "options start_epoch and resume: the token already says where the run "
                                 "starts; give one of them");

@@ -27,6 +27,7 @@ int main(void) {
   ASSERT_EQ(o.shuffle_block, 0);
   ASSERT_EQ(o.cache_limit, 0);
   ASSERT_EQ(dl__options_parse(&o, "shuffle_block=8 cache_dir=/var/cache/x cache_limit=50G"), 0);
+  expect_bad("cache_limit=5G", "cache_limit needs cache_dir");
   ASSERT_EQ(o.shuffle_block, 8);
   ASSERT_EQ(o.cache_limit, 50ll << 30);
   ASSERT(!strcmp(o.cache_dir, "/var/cache/x"));
@@ -34,7 +35,7 @@ int main(void) {
                             {"2T", "2199023255552"}};
   for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
     char text[64];
-    snprintf(text, sizeof text, "cache_limit=%s", sizes[i][0]);
+    snprintf(text, sizeof text, "cache_dir=c cache_limit=%s", sizes[i][0]);
     ASSERT_EQ(dl__options_parse(&o, text), 0);
     ASSERT_EQ(o.cache_limit, strtoll(sizes[i][1], NULL, 10));
   }

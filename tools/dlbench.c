@@ -74,6 +74,14 @@ static void text_add_string(text *t, const char *s) {
   text_add(t, "\"");
 }
 
+/* A number in the loader's stats JSON, 0 when absent. */
+static double stat_of(const char *stats, const char *key) {
+  char k[64];
+  snprintf(k, sizeof k, "\"%s\":", key);
+  const char *p = strstr(stats, k);
+  return p ? atof(p + strlen(k)) : 0;
+}
+
 static double now(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
@@ -192,18 +200,23 @@ int main(int argc, char **argv) {
   } else {
     if (synthetic < 1) {
       fprintf(stderr, "dlbench: --synthetic needs at least 1 sample\n");
+      free(source);
       return 2;
     }
     if (coding.quality < 1 || coding.quality > 100 || (coding.subsampling != 420 && coding.subsampling != 444)) {
       fprintf(stderr, "dlbench: --quality takes 1..100 and --subsampling 420 or 444\n");
+      free(source);
       return 2;
     }
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    if (synthetic_dataset(synthetic, coding, (int)(cpus > 0 ? cpus : 1), source, source_cap))
+    if (synthetic_dataset(synthetic, coding, (int)(cpus > 0 ? cpus : 1), source, source_cap)) {
+      free(source);
       return 1;
+    }
   }
   if (make_only) {
     printf("%s\n", source);
+    free(source);
     return 0;
   }
   /* The device memory the loader takes: in use before it opens (CUDA started), after, and at the end. */
@@ -217,6 +230,7 @@ int main(int argc, char **argv) {
   int r = dl_open(&l, source, opts);
   if (r) {
     fprintf(stderr, "dlbench: %s: %s\n", dl_errname(r), dl_last_error());
+    free(source);
     return 1;
   }
 #ifdef DL_WITH_CUDA
@@ -227,6 +241,7 @@ int main(int argc, char **argv) {
     if (strncmp(device, "cuda", 4) == 0 && (r = gpu_step_open(&gs, device, step_ms))) {
       fprintf(stderr, "dlbench: GPU consumer: %s\n", gpu_step_error());
       dl_close(l);
+      free(source);
       return 1;
     }
   }
@@ -234,6 +249,7 @@ int main(int argc, char **argv) {
   if (step_ms > 0) {
     fprintf(stderr, "dlbench: --step-ms needs a build with CUDA\n");
     dl_close(l);
+    free(source);
     return 2;
   }
 #endif
@@ -411,14 +427,13 @@ int main(int argc, char **argv) {
       printf("GPU idle %.4f of the time between steps of %.2f ms\n", idle, step_ms);
     if (h2d >= 0)
       printf("host-to-device copies %.2f GB/s\n", h2d);
-    p = strstr(stats, "\"requests\":");
-    long long requests = p ? atoll(p + 11) : 0;
-    p = strstr(stats, "\"retries\":");
-    long long retries = p ? atoll(p + 10) : 0;
-    p = strstr(stats, "\"bytes_read\":");
-    double fetched = p ? atof(p + 13) : 0;
-    if (requests)
-      printf("remote: %lld requests, %lld retries, %.1f MB fetched\n", requests, retries, fetched / 1e6);
+    double requests = stat_of(stats, "requests"), hits = stat_of(stats, "cache_hits");
+    if (requests || hits)
+      printf("remote: %.0f requests (%.3f per sample), %.0f retries, %.1f MB of samples read\n", requests,
+             samples ? requests / samples : 0.0, stat_of(stats, "retries"), stat_of(stats, "bytes_read") / 1e6);
+    if (strstr(opts, "cache_dir="))
+      printf("shard cache: %.0f samples read from cached shards, %.0f shards (%.1f MB) fetched whole\n", hits,
+             stat_of(stats, "cache_fetches"), stat_of(stats, "cache_fetch_bytes") / 1e6);
   }
   free(host_copy);
   free(batch_digests.p);

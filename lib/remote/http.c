@@ -152,7 +152,14 @@ typedef struct sink {
   /* From the headers: the object's total size (Content-Range) and its ETag. */
   int64_t total;
   char etag[128];
+  const _Atomic int *cancel; /* a transfer stops when it turns nonzero (may be NULL) */
 } sink;
+
+static int on_progress(void *arg, curl_off_t dt, curl_off_t dn, curl_off_t ut, curl_off_t un) {
+  (void)dt, (void)dn, (void)ut, (void)un;
+  const sink *s = arg;
+  return atomic_load_explicit(s->cancel, memory_order_relaxed) != 0;
+}
 
 static size_t on_body(char *p, size_t size, size_t n, void *arg) {
   sink *s = arg;
@@ -219,12 +226,21 @@ static int get(const dl__options *o, const dl__target *t, const char *range, boo
     curl_easy_setopt(h, CURLOPT_WRITEDATA, s);
     curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
     curl_easy_setopt(h, CURLOPT_HEADERDATA, s);
+    if (s->cancel) {
+      curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
+      curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, on_progress);
+      curl_easy_setopt(h, CURLOPT_XFERINFODATA, s);
+    }
     s->got = start;
     s->err = 0;
     s->total = -1;
     CURLcode c = curl_easy_perform(h);
     if (s->err) {
       r = dl__fail(s->err, "writing what %s sent: %s", t->name, strerror(-s->err));
+      break;
+    }
+    if (s->cancel && atomic_load_explicit(s->cancel, memory_order_relaxed)) {
+      r = dl__fail(DL_ECLOSED, "%s: the loader was closed", t->name);
       break;
     }
     bool again = dl__http_outcome_of(h, c == CURLE_WRITE_ERROR ? CURLE_OK : c, t, expect, (int64_t)(s->got - start),
@@ -241,7 +257,8 @@ static int get(const dl__options *o, const dl__target *t, const char *range, boo
     curl_easy_getinfo(h, CURLINFO_RETRY_AFTER, &after);
     long wait = after > 0 ? (long)(after < 30 ? after : 30) * 1000 : dl__http_backoff_ms(attempt + 1, &rng);
     dl__log(DL__LOG_INFO, "%s; retrying in %ld ms", out->msg, wait);
-    sleep_ms(wait);
+    for (long slept = 0; slept < wait && !(s->cancel && atomic_load(s->cancel)); slept += 50)
+      sleep_ms(wait - slept < 50 ? wait - slept : 50);
   }
   curl_easy_cleanup(h);
   return r;
@@ -289,11 +306,11 @@ int dl__http_get_small(const dl__options *o, const dl__target *t, uint8_t *out_b
   return r;
 }
 
-int dl__http_download(const dl__options *o, const dl__target *t, int fd, uint64_t size) {
+int dl__http_download(const dl__options *o, const dl__target *t, int fd, uint64_t size, const _Atomic int *cancel) {
   /* A download cut short resumes where it stopped rather than starting over. */
   uint64_t have = 0;
   for (int pass = 0; have < size && pass <= o->retries; pass++) {
-    sink s = {.fd = fd, .off = have, .total = -1};
+    sink s = {.fd = fd, .off = have, .total = -1, .cancel = cancel};
     char range[64];
     snprintf(range, sizeof range, "%llu-", (unsigned long long)have);
     dl__http_outcome out;

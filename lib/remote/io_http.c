@@ -4,6 +4,8 @@
  * offers them). A request that fails in a way worth retrying goes back in after a backoff with
  * jitter; one that still fails completes with an error the worker reports for its sample, with the
  * message in io->why. A closing loader cancels what is in flight at once.
+ * With a shard cache, a read of a shard whose copy is on local disk goes to the local backend
+ * (io_uring) instead; the worker waits on both at once (the ring's descriptor polled with curl's).
  */
 #include "remote/remote.h"
 
@@ -16,6 +18,8 @@ typedef struct op {
   CURL *h;
   bool busy, queued; /* in use; in the multi handle (else waiting for its retry) */
   bool empty;        /* a read of no bytes: nothing to ask the server */
+  bool local;        /* read from the shard cache's copy (by s->local) */
+  uint32_t file;
   uint64_t tag;
   dl__target t;
   uint8_t *buf;
@@ -30,6 +34,7 @@ typedef struct http_state {
   op *ops;
   unsigned depth;
   uint64_t rng;
+  dl__io local; /* reads of cached copies, tagged with their op's index */
 } http_state;
 
 static int64_t now_ms(void) {
@@ -42,6 +47,8 @@ static void http_fini(dl__io *io) {
   http_state *s = io->state;
   if (!s)
     return;
+  if (s->local.ops)
+    s->local.ops->fini(&s->local);
   for (unsigned i = 0; i < s->depth; i++)
     if (s->ops[i].h) {
       if (s->ops[i].queued)
@@ -72,6 +79,15 @@ static int http_init(dl__io *io, unsigned depth) {
     return -ENOMEM;
   }
   curl_multi_setopt(s->m, CURLMOPT_PIPELINING, (long)CURLPIPE_MULTIPLEX);
+  if (io->l->cache) {
+    s->local.l = io->l;
+    int r = dl__cache_io(io->l->cache)->init(&s->local, depth);
+    if (r) {
+      http_fini(io);
+      return r;
+    }
+    s->local.ops = dl__cache_io(io->l->cache);
+  }
   for (unsigned i = 0; i < depth; i++)
     if (!(s->ops[i].h = curl_easy_init())) {
       http_fini(io);
@@ -117,8 +133,20 @@ static int http_submit(dl__io *io, int fd, void *buf, size_t len, uint64_t off, 
   if (!o)
     return -EBUSY;
   const dl__dataset *ds = &io->l->ds;
-  *o = (op){.h = o->h, .busy = true, .tag = tag, .t = {ds->files[fd], ds->fetch[fd], ds->s3}, .buf = buf, .len = len,
-            .off = off, .empty = len == 0};
+  *o = (op){.h = o->h, .busy = true, .tag = tag, .t = {ds->files[fd], ds->remote[fd].url, ds->s3}, .buf = buf,
+            .len = len, .off = off, .empty = len == 0, .file = (uint32_t)fd};
+  int cached = len && io->l->cache ? dl__cache_take(io->l->cache, (uint32_t)fd) : -1;
+  if (cached >= 0) {
+    o->local = true;
+    int r = s->local.ops->submit(&s->local, cached, buf, len, off, (uint64_t)(o - s->ops));
+    if (r) {
+      dl__cache_put(io->l->cache, o->file);
+      o->busy = false;
+    } else {
+      atomic_fetch_add_explicit(&io->l->st.cache_hits, 1, memory_order_relaxed);
+    }
+    return r;
+  }
   int r = len ? queue(io, o) : 0;
   if (r)
     o->busy = false;
@@ -136,19 +164,41 @@ static int complete(dl__io *io, op *o, int64_t res, uint64_t *tag, int64_t *out)
   return 0;
 }
 
+/* A read of a cached copy that completed. */
+static int local_done(dl__io *io, uint64_t index, int64_t got, uint64_t *tag, int64_t *res) {
+  http_state *s = io->state;
+  op *o = &s->ops[index];
+  dl__cache_put(io->l->cache, o->file);
+  o->local = false;
+  if (got < 0)
+    snprintf(io->why, sizeof io->why, "%s (cached copy): read failed: %s", o->t.name, strerror((int)-got));
+  return complete(io, o, got, tag, res);
+}
+
 static int http_wait(dl__io *io, uint64_t *tag, int64_t *res) {
   http_state *s = io->state;
   dl_loader *l = io->l;
   for (;;) {
-    bool any = false;
-    for (unsigned i = 0; i < s->depth; i++)
-      any |= s->ops[i].busy;
-    if (!any)
+    unsigned remote = 0, local = 0;
+    for (unsigned i = 0; i < s->depth; i++) {
+      remote += s->ops[i].busy && !s->ops[i].local;
+      local += s->ops[i].busy && s->ops[i].local;
+    }
+    if (!remote && !local)
       return -EAGAIN;
+    if (local) {
+      uint64_t index;
+      int64_t got;
+      int r = remote ? s->local.ops->peek(&s->local, &index, &got) : s->local.ops->wait(&s->local, &index, &got);
+      if (r == 0)
+        return local_done(io, index, got, tag, res);
+      if (r != -EAGAIN)
+        return r;
+    }
     /* Closing: what is in flight is dropped, one completion per call. */
     if (atomic_load_explicit(&l->cancel, memory_order_relaxed))
       for (unsigned i = 0; i < s->depth; i++)
-        if (s->ops[i].busy) {
+        if (s->ops[i].busy && !s->ops[i].local) {
           snprintf(io->why, sizeof io->why, "the loader was closed");
           return complete(io, &s->ops[i], DL_ECLOSED, tag, res);
         }
@@ -157,7 +207,7 @@ static int http_wait(dl__io *io, uint64_t *tag, int64_t *res) {
       op *o = &s->ops[i];
       if (o->busy && o->empty)
         return complete(io, o, 0, tag, res);
-      if (!o->busy || o->queued)
+      if (!o->busy || o->queued || o->local)
         continue;
       if (o->retry_at_ms <= now) {
         if (queue(io, o)) {
@@ -202,10 +252,15 @@ static int http_wait(dl__io *io, uint64_t *tag, int64_t *res) {
       if (o->retry_at_ms < next_retry)
         next_retry = o->retry_at_ms;
     }
-    /* Wake for data, for the next retry, or every 50 ms to see a close. */
+    /* Wake for data, for a cached read, for the next retry, or every 50 ms to see a close. */
     int64_t until = next_retry == INT64_MAX ? 50 : next_retry - now_ms();
-    curl_multi_poll(s->m, NULL, 0, (int)(until < 0 ? 0 : until > 50 ? 50 : until), NULL);
+    struct curl_waitfd ring = {.fd = local && s->local.ops->poll_fd ? s->local.ops->poll_fd(&s->local) : -1,
+                               .events = CURL_WAIT_POLLIN};
+    if (local && ring.fd < 0)
+      continue; /* the local backend has nothing to poll: its reads are done at submission */
+    curl_multi_poll(s->m, ring.fd >= 0 ? &ring : NULL, ring.fd >= 0, (int)(until < 0 ? 0 : until > 50 ? 50 : until),
+                    NULL);
   }
 }
 
-const dl__io_ops dl__io_http_ops = {"http", http_init, http_fini, http_submit, http_wait};
+const dl__io_ops dl__io_http_ops = {"http", http_init, http_fini, http_submit, http_wait, NULL, NULL};

@@ -55,18 +55,46 @@ static int write_at(int fd, const uint8_t *p, size_t n, uint64_t off) {
   return 0;
 }
 
+/* The shard whole for indexing: into the shard cache when there is one (so it is fetched once),
+ * else into a temporary file. */
+static int download(dl__dataset *ds, uint32_t file, const dl__target *t, const dl__options *o, uint64_t size) {
+  if (o->cache_dir[0]) {
+    dl__cache_dir d;
+    bool fetched;
+    int r = dl__cache_dir_open(o, &d);
+    if (r)
+      return r;
+    int fd = -EBUSY;
+    for (int tries = 0; fd == -EBUSY && tries < 60000; tries++) {
+      if (tries)
+        usleep(10000); /* another process is downloading it: wait for its copy */
+      fd = dl__cache_dir_get(&d, ds, file, o, true, NULL, &fetched);
+    }
+    dl__cache_dir_close(&d);
+    if (fd != -ENOSPC && fd != -EBUSY)
+      return fd; /* the copy, or an error (other than no room: then a temporary file) */
+  }
+  int fd = scratch_file(size, t->name);
+  if (fd < 0)
+    return fd;
+  int rc = dl__http_download(o, t, fd, size, NULL);
+  if (rc) {
+    close(fd);
+    return rc;
+  }
+  return fd;
+}
+
 static int load_tar(dl__dataset *ds, uint32_t file, const dl__target *t, const dl__options *o, uint64_t size,
                     const dl__shard_id *id) {
   const char *url = t->name;
   if (dl__index_cache_read(ds, file, url, id) == 0)
     return 0;
-  int fd = scratch_file(size, url);
+  int fd = download(ds, file, t, o, size);
   if (fd < 0)
     return fd;
-  int rc = dl__http_download(o, t, fd, size);
   size_t first = ds->n;
-  if (!rc)
-    rc = dl__tar_scan(ds, file, fd, size, o->on_error);
+  int rc = dl__tar_scan(ds, file, fd, size, o->on_error);
   close(fd);
   if (rc < 0)
     return rc;
@@ -137,25 +165,24 @@ int dl__remote_list(dl__dataset *ds, const char *pattern, const dl__options *o, 
 }
 
 void dl__remote_free(dl__dataset *ds) {
-  for (uint32_t i = 0; ds->fetch && i < ds->nfiles; i++)
-    free(ds->fetch[i]);
-  free(ds->fetch);
-  ds->fetch = NULL;
+  for (uint32_t i = 0; ds->remote && i < ds->nfiles; i++)
+    free(ds->remote[i].url);
+  free(ds->remote);
+  ds->remote = NULL;
   dl__s3_free(ds->s3);
   ds->s3 = NULL;
 }
 
-/* Records where FILE is fetched from. */
-static int set_fetch(dl__dataset *ds, uint32_t file, const char *url) {
-  char **grown = realloc(ds->fetch, (size_t)(file + 1) * sizeof *grown);
+/* Records where FILE is fetched from, its size and version. */
+static int set_remote(dl__dataset *ds, uint32_t file, const char *url, uint64_t size, uint64_t version) {
+  dl__remote_file *grown = realloc(ds->remote, (size_t)(file + 1) * sizeof *grown);
   if (!grown)
     return dl__fail(-ENOMEM, "out of memory");
-  for (uint32_t i = ds->fetch ? file : 0; i < file; i++)
-    grown[i] = NULL; /* files added before without a URL (none are: remote and local do not mix) */
-  ds->fetch = grown;
-  if (!(ds->fetch[file] = strdup(url)))
-    return dl__fail(-ENOMEM, "out of memory");
-  return 0;
+  for (uint32_t i = ds->remote ? file : 0; i < file; i++)
+    grown[i] = (dl__remote_file){0}; /* files added before without a URL (none: remote and local do not mix) */
+  ds->remote = grown;
+  ds->remote[file] = (dl__remote_file){.url = strdup(url), .size = size, .version = version};
+  return ds->remote[file].url ? 0 : dl__fail(-ENOMEM, "out of memory");
 }
 
 int dl__remote_load(dl__dataset *ds, const char *url, const dl__options *o) {
@@ -177,18 +204,19 @@ int dl__remote_load(dl__dataset *ds, const char *url, const dl__options *o) {
   char etag[128];
   rc = dl__http_probe(o, &t, &size, etag, sizeof etag, head, PROBE, &head_len);
   uint32_t file = 0;
+  /* A cached index or copy is the object's while its size and ETag are (or, with no ETag, its
+   * first bytes). */
+  uint64_t edges = etag[0] ? XXH64(etag, strlen(etag), 1) : XXH64(head, head_len, 2);
+  uint64_t version = XXH64(url, strlen(url), edges ^ size);
   if (!rc)
     rc = dl__dataset_add_file(ds, url, &file);
   if (!rc)
-    rc = set_fetch(ds, file, http);
+    rc = set_remote(ds, file, http, size, version);
   if (!rc) {
     if (head_len >= 8 && !memcmp(head, "RFSHARD1", 8)) {
       rc = load_rfs(ds, file, &t, o, size, head, head_len);
     } else {
-      /* The cached index is the object's while its size and ETag are (or, with no ETag, its
-       * first bytes). */
-      dl__shard_id id = {.size = size,
-                         .edges = etag[0] ? XXH64(etag, strlen(etag), 1) : XXH64(head, head_len, 2)};
+      dl__shard_id id = {.size = size, .edges = edges};
       rc = load_tar(ds, file, &t, o, size, &id);
     }
   }

@@ -64,9 +64,31 @@ int dl__http_probe(const dl__options *o, const dl__target *t, uint64_t *size, ch
                    uint8_t *head, size_t cap, size_t *head_len);
 /* LEN bytes at OFF of T into OUT (one ranged GET, retried). */
 int dl__http_range(const dl__options *o, const dl__target *t, uint64_t off, size_t len, uint8_t *out);
-/* The whole object into FD (retried, resuming where a transfer stopped), SIZE bytes expected. */
-int dl__http_download(const dl__options *o, const dl__target *t, int fd, uint64_t size);
+/* The whole object into FD (retried, resuming where a transfer stopped), SIZE bytes expected;
+ * given up with DL_ECLOSED once *CANCEL (may be NULL) turns nonzero. */
+int dl__http_download(const dl__options *o, const dl__target *t, int fd, uint64_t size, const _Atomic int *cancel);
 /* The body of a GET of T (at most CAP bytes) into OUT, its length in *LEN: small answers (listings). */
 int dl__http_get_small(const dl__options *o, const dl__target *t, uint8_t *out, size_t cap, size_t *len);
+
+/* The shard cache's folder (cache.c): entries named by shard version, locked while read. */
+typedef struct dl__cache_dir {
+  int dirfd, lockfd; /* the folder; its .lock, held while sizes are counted and entries evicted */
+  int64_t limit;     /* bytes its entries and downloads in progress may take */
+  char path[512];
+} dl__cache_dir;
+int dl__cache_dir_open(const dl__options *o, dl__cache_dir *d);
+void dl__cache_dir_close(dl__cache_dir *d);
+/* A read-only descriptor of remote file F's whole copy, holding a shared lock that keeps it from
+ * eviction: found in the folder, or with FETCH downloaded into it (*FETCHED set). -ENOENT when
+ * absent (without FETCH), -EBUSY while another process downloads it, -ENOSPC when entries in use
+ * fill the limit, or another error with its message. */
+int dl__cache_dir_get(dl__cache_dir *d, const dl__dataset *ds, uint32_t f, const dl__options *o, bool fetch,
+                      const _Atomic int *cancel, bool *fetched);
+/* For one read: a descriptor of FILE's cached copy, or -1 when it is not cached (read it remotely);
+ * each descriptor taken is given back with dl__cache_put. */
+int dl__cache_take(struct dl__cache *c, uint32_t file);
+void dl__cache_put(struct dl__cache *c, uint32_t file);
+/* The local backend that reads cached copies. */
+const dl__io_ops *dl__cache_io(const struct dl__cache *c);
 
 #endif

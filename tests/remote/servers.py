@@ -1,6 +1,8 @@
 """Real servers for the remote-source tests, started on 127.0.0.1 with free ports and stopped after:
-nginx over HTTP and HTTPS (a throw-away CA made with openssl), and a fault-injecting proxy written
-for the tests (latency, a share of 503s, resets mid-body, truncated bodies, stalls)."""
+nginx over HTTP and HTTPS (a throw-away CA made with openssl), a fault-injecting proxy written
+for the tests (latency, a share of 503s, resets mid-body, truncated bodies, stalls), s3rver, and a
+lean latency proxy for benchmarks."""
+import asyncio
 import os
 import random
 import shutil
@@ -245,3 +247,70 @@ def sigv4_checker(key_id, secret, region, seen):
         return None
 
     return check
+
+
+class LatencyProxy:
+    """A TCP pass-through to 127.0.0.1:UPSTREAM that holds what a client sends for DELAY_S before
+    forwarding it, so each request on a kept-alive connection costs one added round trip, as over
+    a network with that latency. Bytes pass unparsed, in order, on one asyncio loop in its own
+    thread: the proxy adds little time of its own (unlike FaultProxy, which buffers answers)."""
+
+    def __init__(self, upstream_port, delay_s):
+        self.upstream, self.delay = upstream_port, delay_s
+        self.loop = asyncio.new_event_loop()
+        ready = threading.Event()
+
+        def serve():
+            asyncio.set_event_loop(self.loop)
+            self.server = self.loop.run_until_complete(asyncio.start_server(self._client, "127.0.0.1", 0))
+            self.port = self.server.sockets[0].getsockname()[1]
+            ready.set()
+            self.loop.run_forever()
+
+        self.thread = threading.Thread(target=serve, daemon=True)
+        self.thread.start()
+        ready.wait(10)
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    async def _client(self, reader, writer):
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream)
+        except OSError:
+            writer.close()
+            return
+        queue = asyncio.Queue()
+
+        async def take():  # the client's bytes, stamped with when they may go on
+            while data := await reader.read(1 << 16):
+                queue.put_nowait((self.loop.time() + self.delay, data))
+            queue.put_nowait((0, b""))
+
+        async def send_on():
+            while True:
+                due, data = await queue.get()
+                if not data:
+                    break
+                wait = due - self.loop.time()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                up_writer.write(data)
+            up_writer.close()
+
+        async def answer():
+            while data := await up_reader.read(1 << 20):
+                writer.write(data)
+                await writer.drain()
+            writer.close()
+
+        try:
+            await asyncio.gather(take(), send_on(), answer())
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            writer.close()
+            up_writer.close()
+
+    def stop(self):
+        self.loop.call_soon_threadsafe(self.server.close)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)

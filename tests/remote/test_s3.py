@@ -75,6 +75,18 @@ def test_s3_stream_equals_local_and_every_signature_checks(s3, shard, workers):
     assert s3["seen"]["refused"] == before["refused"]
 
 
+def test_whole_shards_into_the_cache_and_block_shuffle(s3, tmp_path):
+    before = dict(s3["seen"])
+    opts = ["--workers", "4", "--option", "shuffle_block=1", "--epochs", "2"]
+    local = bench(os.path.join(SHARDS, "rfs/packed-{000000..000001}.rfs"), {}, *opts)
+    cache = ["--option", f"cache_dir={tmp_path}"]
+    cold = bench("s3://shards/rfs/packed-{000000..000001}.rfs", s3["env"], *opts, *cache)
+    warm = bench("s3://shards/rfs/packed-{000000..000001}.rfs", s3["env"], *opts, *cache)
+    assert cold["batch_digests"] == local["batch_digests"] == warm["batch_digests"]
+    assert cold["loader"]["cache_fetches"] == 2 and warm["loader"]["requests"] == 0
+    assert s3["seen"]["refused"] == before["refused"] and s3["seen"]["checked"] > before["checked"]
+
+
 def test_a_glob_lists_the_bucket(s3):
     listed = bench("s3://shards/rfs/packed-*.rfs", s3["env"])
     braced = bench("s3://shards/rfs/packed-{000000..000001}.rfs", s3["env"])

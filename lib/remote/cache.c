@@ -1,0 +1,483 @@
+/*
+ * The shard cache (cache_dir=, cache_limit=): remote shards downloaded whole, once, into a folder
+ * on local disk and read from there by the local I/O backend. The processes of one host (the ranks
+ * of a node) may share the folder, and it outlives them:
+ *  - an entry is named by its shard's version (URL, size and ETag) and base name, so a changed
+ *    object is another entry;
+ *  - a download goes to ENTRY.part, held with an exclusive flock while it is written, and becomes
+ *    ENTRY by rename once whole and flushed: a half-written shard is never opened, and a .part no
+ *    process holds (its writer died) is removed;
+ *  - a process reading an entry holds a shared flock on it; eviction, least recently used first
+ *    (opening an entry sets its mtime), removes only entries it can lock exclusively, under the
+ *    folder's .lock, so nothing in use disappears;
+ *  - entries and downloads in progress (counted at full size from their start) stay within
+ *    cache_limit.
+ * Per loader, fetch threads download the shards the next batches need, in the order they need
+ * them, as many as the limit holds (with shuffle_block=K: the current block and the next);
+ * samples of shards not cached yet are read with ranged GETs meanwhile.
+ */
+#include "remote/remote.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <time.h>
+#include <unistd.h>
+
+#define FETCHERS 2
+#define LOOKAHEAD_SAMPLES 65536 /* how far ahead in the sample order the fetchers plan */
+
+/* ---- the folder ---- */
+
+/* ENTRY's name: the shard's version and its base name (without a query). */
+static void entry_name(const dl__remote_file *rf, char *out, size_t cap) {
+  const char *base = strrchr(rf->url, '/');
+  base = base ? base + 1 : rf->url;
+  size_t n = strcspn(base, "?#");
+  char clean[96];
+  size_t k = 0;
+  for (size_t i = 0; i < n && k < sizeof clean - 1; i++)
+    clean[k++] = (base[i] == '.' || base[i] == '-' || base[i] == '_' || (base[i] >= '0' && base[i] <= '9') ||
+                  (base[i] >= 'a' && base[i] <= 'z') || (base[i] >= 'A' && base[i] <= 'Z'))
+                     ? base[i]
+                     : '_';
+  clean[k] = 0;
+  snprintf(out, cap, "%016" PRIx64 "-%s", rf->version, clean);
+}
+
+static bool is_part(const char *name) {
+  size_t n = strlen(name);
+  return n > 5 && !strcmp(name + n - 5, ".part");
+}
+
+typedef struct item {
+  char name[128];
+  int64_t size;
+  struct timespec mtime;
+  bool part;
+} item;
+
+static int by_age(const void *a, const void *b) {
+  const item *x = a, *y = b;
+  if (x->part != y->part)
+    return x->part ? -1 : 1; /* abandoned downloads go first */
+  if (x->mtime.tv_sec != y->mtime.tv_sec)
+    return x->mtime.tv_sec < y->mtime.tv_sec ? -1 : 1;
+  return (x->mtime.tv_nsec > y->mtime.tv_nsec) - (x->mtime.tv_nsec < y->mtime.tv_nsec);
+}
+
+/* The folder's entries (and their bytes in *USED); the caller frees *OUT. Folder lock held. */
+static int list(const dl__cache_dir *d, item **out, size_t *n, int64_t *used) {
+  *out = NULL;
+  *n = 0;
+  *used = 0;
+  int fd = dup(d->dirfd);
+  DIR *dir = fd >= 0 ? fdopendir(fd) : NULL;
+  if (!dir) {
+    if (fd >= 0)
+      close(fd);
+    return -errno;
+  }
+  rewinddir(dir);
+  size_t cap = 0;
+  struct dirent *e;
+  while ((e = readdir(dir))) {
+    struct stat st;
+    if (e->d_name[0] == '.' || strlen(e->d_name) >= sizeof((item *)0)->name ||
+        fstatat(d->dirfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) || !S_ISREG(st.st_mode))
+      continue;
+    if (*n == cap) {
+      item *grown = realloc(*out, (cap = cap ? 2 * cap : 64) * sizeof *grown);
+      if (!grown) {
+        closedir(dir);
+        return -ENOMEM;
+      }
+      *out = grown;
+    }
+    item *it = &(*out)[(*n)++];
+    snprintf(it->name, sizeof it->name, "%s", e->d_name);
+    it->size = (int64_t)st.st_size;
+    it->mtime = st.st_mtim;
+    it->part = is_part(e->d_name);
+    *used += it->size;
+  }
+  closedir(dir);
+  return 0;
+}
+
+/* Frees room for NEED more bytes by removing what nobody holds, oldest first. Folder lock held. */
+static int make_room(const dl__cache_dir *d, int64_t need) {
+  item *items;
+  size_t n;
+  int64_t used;
+  int r = list(d, &items, &n, &used);
+  if (r)
+    return r;
+  if (n)
+    qsort(items, n, sizeof *items, by_age);
+  for (size_t i = 0; i < n; i++) {
+    if (used + need <= d->limit && !items[i].part)
+      break;
+    int fd = openat(d->dirfd, items[i].name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0)
+      continue;
+    if (flock(fd, LOCK_EX | LOCK_NB) == 0 && unlinkat(d->dirfd, items[i].name, 0) == 0) {
+      used -= items[i].size;
+      dl__log(DL__LOG_DEBUG, "shard cache %s: removed %s (%s)", d->path, items[i].name,
+              items[i].part ? "an abandoned download" : "least recently used");
+    }
+    close(fd);
+  }
+  free(items);
+  return used + need <= d->limit ? 0 : -ENOSPC;
+}
+
+int dl__cache_dir_open(const dl__options *o, dl__cache_dir *d) {
+  memset(d, 0, sizeof *d);
+  d->dirfd = d->lockfd = -1;
+  snprintf(d->path, sizeof d->path, "%s", o->cache_dir);
+  if (mkdir(o->cache_dir, 0755) && errno != EEXIST)
+    return dl__fail(-errno, "cache_dir=%s: cannot create it: %s", o->cache_dir, strerror(errno));
+  d->dirfd = open(o->cache_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (d->dirfd >= 0)
+    d->lockfd = openat(d->dirfd, ".lock", O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (d->dirfd < 0 || d->lockfd < 0) {
+    int e = errno;
+    dl__cache_dir_close(d);
+    return dl__fail(-e, "cache_dir=%s: %s", o->cache_dir, strerror(e));
+  }
+  d->limit = o->cache_limit;
+  if (!d->limit) { /* what the disk has free now, less a tenth, plus what the cache holds */
+    struct statvfs v;
+    item *items = NULL;
+    size_t n;
+    int64_t used = 0;
+    flock(d->lockfd, LOCK_EX);
+    list(d, &items, &n, &used);
+    flock(d->lockfd, LOCK_UN);
+    free(items);
+    d->limit = used + (fstatvfs(d->dirfd, &v) ? 0 : (int64_t)((double)v.f_bavail * (double)v.f_frsize * 0.9));
+  }
+  return 0;
+}
+
+void dl__cache_dir_close(dl__cache_dir *d) {
+  if (d->lockfd >= 0)
+    close(d->lockfd);
+  if (d->dirfd >= 0)
+    close(d->dirfd);
+  d->dirfd = d->lockfd = -1;
+}
+
+/* NAME's whole copy, read-locked and marked as just used. */
+static int open_entry(const dl__cache_dir *d, const char *name, uint64_t size) {
+  int fd = openat(d->dirfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0)
+    return -errno;
+  struct stat st;
+  if (flock(fd, LOCK_SH | LOCK_NB) || fstat(fd, &st) || (uint64_t)st.st_size != size) {
+    close(fd);
+    return -EBUSY; /* being removed, or not the size it must be: fetched again */
+  }
+  futimens(fd, NULL);
+  return fd;
+}
+
+/* Whether FD is the file NAME in the folder now. */
+static bool is_named(const dl__cache_dir *d, const char *name, int fd) {
+  struct stat a, b;
+  return !fstat(fd, &a) && !fstatat(d->dirfd, name, &b, AT_SYMLINK_NOFOLLOW) && a.st_ino == b.st_ino &&
+         a.st_dev == b.st_dev;
+}
+
+static int fill(dl__cache_dir *d, const dl__dataset *ds, uint32_t f, const char *name, const dl__options *o,
+                const _Atomic int *cancel) {
+  const dl__remote_file *rf = &ds->remote[f];
+  char part[160];
+  snprintf(part, sizeof part, "%s.part", name);
+  int fd = openat(d->dirfd, part, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (fd < 0)
+    return dl__fail(-errno, "shard cache %s: cannot create %s: %s", d->path, part, strerror(errno));
+  if (flock(fd, LOCK_EX | LOCK_NB) || !is_named(d, part, fd)) {
+    close(fd);
+    return -EBUSY; /* another process downloads it (or just finished) */
+  }
+  int r = open_entry(d, name, rf->size); /* finished by another process meanwhile */
+  if (r >= 0) {
+    unlinkat(d->dirfd, part, 0);
+    close(fd);
+    return r;
+  }
+  flock(d->lockfd, LOCK_EX);
+  r = ftruncate(fd, 0) ? -errno : make_room(d, (int64_t)rf->size);
+  if (!r && ftruncate(fd, (off_t)rf->size))
+    r = -errno;
+  flock(d->lockfd, LOCK_UN);
+  if (r == -ENOSPC) {
+    unlinkat(d->dirfd, part, 0);
+    close(fd);
+    return -ENOSPC;
+  }
+  dl__target t = {ds->files[f], rf->url, ds->s3};
+  if (r)
+    r = dl__fail(r, "shard cache %s: cannot make room for %s: %s", d->path, t.name, strerror(-r));
+  else if ((r = dl__http_download(o, &t, fd, rf->size, cancel)) == 0 && fdatasync(fd))
+    r = dl__fail(-errno, "shard cache %s: cannot write %s: %s", d->path, t.name, strerror(errno));
+  /* Renamed while still locked exclusively: no process sees it whole but unlocked. */
+  if (!r && renameat(d->dirfd, part, d->dirfd, name))
+    r = dl__fail(-errno, "shard cache %s: cannot store %s: %s", d->path, t.name, strerror(errno));
+  if (r) {
+    unlinkat(d->dirfd, part, 0);
+    close(fd);
+    return r;
+  }
+  flock(fd, LOCK_SH);
+  return fd;
+}
+
+int dl__cache_dir_get(dl__cache_dir *d, const dl__dataset *ds, uint32_t f, const dl__options *o, bool fetch,
+                      const _Atomic int *cancel, bool *fetched) {
+  char name[128];
+  entry_name(&ds->remote[f], name, sizeof name);
+  *fetched = false;
+  int fd = open_entry(d, name, ds->remote[f].size);
+  if (fd >= 0 || !fetch)
+    return fd;
+  if ((int64_t)ds->remote[f].size > d->limit)
+    return -ENOSPC;
+  fd = fill(d, ds, f, name, o, cancel);
+  *fetched = fd >= 0;
+  return fd;
+}
+
+/* ---- a loader's fetchers ---- */
+
+enum { ABSENT, FETCHING, CACHED, FAILED };
+
+typedef struct shard {
+  int fd;   /* while CACHED */
+  int refs; /* reads in flight on fd */
+  uint8_t state;
+  bool wanted;
+  int64_t retry_at_ms;
+} shard;
+
+struct dl__cache {
+  dl_loader *l;
+  dl__cache_dir dir;
+  const dl__io_ops *io; /* reads of cached copies */
+  pthread_mutex_t mu;   /* lock order: mu, then l->mu */
+  pthread_cond_t cv;
+  shard *s;
+  uint32_t *plan, nplan; /* the wanted shards in the order the next batches need them */
+  int64_t planned_at;    /* the claim position the plan was made at */
+  bool stop;
+  pthread_t threads[FETCHERS];
+  int nthreads;
+};
+
+static int64_t now_ms(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
+/* Marks the shards the next batches need, in order, as many as the limit holds (c->mu held). */
+static void plan(struct dl__cache *c) {
+  dl_loader *l = c->l;
+  int64_t claim[DL__MAX_DEVICES], position = 0;
+  int claim_i[DL__MAX_DEVICES];
+  pthread_mutex_lock(&l->mu);
+  for (int s = 0; s < l->nstreams; s++) {
+    claim[s] = l->streams[s].claim_k;
+    claim_i[s] = l->streams[s].claim_i;
+    position += claim[s] * 4096 + claim_i[s];
+  }
+  pthread_mutex_unlock(&l->mu);
+  if (c->nplan && position == c->planned_at)
+    return;
+  c->planned_at = position;
+  for (uint32_t f = 0; f < l->ds.nfiles; f++)
+    c->s[f].wanted = false;
+  c->nplan = 0;
+  int64_t budget = c->dir.limit, seen = 0;
+  for (int st = 0; st < l->nstreams; st++) {
+    const dl__sampler *sm = &l->streams[st].sm;
+    for (int64_t k = claim[st]; seen < LOOKAHEAD_SAMPLES && (sm->total < 0 || k < sm->total); k++) {
+      int len = dl__sampler_batch_len(sm, k);
+      for (int i = k == claim[st] ? claim_i[st] : 0; i < len; i++, seen++) {
+        int64_t epoch;
+        uint32_t f = l->ds.samples[dl__sampler_sample(sm, k, i, &epoch)].file;
+        if (c->s[f].wanted || (int64_t)l->ds.remote[f].size > budget)
+          continue;
+        c->s[f].wanted = true;
+        budget -= (int64_t)l->ds.remote[f].size;
+        c->plan[c->nplan++] = f;
+      }
+    }
+  }
+}
+
+/* Copies no batch ahead needs go back to the folder, where they may be evicted (c->mu held). */
+static void release_unwanted(struct dl__cache *c) {
+  for (uint32_t f = 0; f < c->l->ds.nfiles; f++) {
+    shard *s = &c->s[f];
+    if (s->state == CACHED && !s->wanted && s->refs == 0) {
+      close(s->fd);
+      s->fd = -1;
+      s->state = ABSENT;
+    }
+  }
+}
+
+static void *fetch_loop(void *arg) {
+  struct dl__cache *c = arg;
+  dl_loader *l = c->l;
+  pthread_mutex_lock(&c->mu);
+  while (!c->stop) {
+    plan(c);
+    release_unwanted(c);
+    int64_t now = now_ms(), f = -1;
+    for (uint32_t i = 0; i < c->nplan && f < 0; i++) {
+      shard *s = &c->s[c->plan[i]];
+      if (s->state == ABSENT && s->retry_at_ms <= now)
+        f = c->plan[i];
+    }
+    if (f < 0) {
+      struct timespec until;
+      clock_gettime(CLOCK_REALTIME, &until);
+      until.tv_nsec += 20 * 1000000;
+      if (until.tv_nsec >= 1000000000) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000;
+      }
+      pthread_cond_timedwait(&c->cv, &c->mu, &until);
+      continue;
+    }
+    shard *s = &c->s[f];
+    s->state = FETCHING;
+    pthread_mutex_unlock(&c->mu);
+    bool fetched;
+    int fd = dl__cache_dir_get(&c->dir, &l->ds, (uint32_t)f, &l->o, true, &l->cancel, &fetched);
+    if (fetched) {
+      atomic_fetch_add_explicit(&l->st.cache_fetches, 1, memory_order_relaxed);
+      atomic_fetch_add_explicit(&l->st.cache_fetch_bytes, (int64_t)l->ds.remote[f].size, memory_order_relaxed);
+    }
+    pthread_mutex_lock(&c->mu);
+    s->state = ABSENT;
+    if (fd >= 0) {
+      s->fd = fd;
+      s->state = CACHED;
+    } else if (fd == -EBUSY || fd == -ENOSPC) {
+      s->retry_at_ms = now_ms() + (fd == -EBUSY ? 50 : 250); /* another process fetches it; or full */
+    } else if (fd != DL_ECLOSED) {
+      s->state = FAILED;
+      dl__log(DL__LOG_WARN, "%s; its samples are read with ranged GETs", dl_last_error());
+    }
+  }
+  pthread_mutex_unlock(&c->mu);
+  return NULL;
+}
+
+int dl__cache_take(struct dl__cache *c, uint32_t file) {
+  pthread_mutex_lock(&c->mu);
+  shard *s = &c->s[file];
+  int fd = s->state == CACHED ? s->fd : -1;
+  if (fd >= 0)
+    s->refs++;
+  pthread_mutex_unlock(&c->mu);
+  return fd;
+}
+
+void dl__cache_put(struct dl__cache *c, uint32_t file) {
+  pthread_mutex_lock(&c->mu);
+  c->s[file].refs--;
+  pthread_mutex_unlock(&c->mu);
+}
+
+const dl__io_ops *dl__cache_io(const struct dl__cache *c) { return c->io; }
+
+void dl__cache_stop(dl_loader *l) {
+  struct dl__cache *c = l->cache;
+  if (!c)
+    return;
+  atomic_store(&l->cancel, 1); /* downloads in flight give up */
+  pthread_mutex_lock(&c->mu);
+  c->stop = true;
+  pthread_cond_broadcast(&c->cv);
+  pthread_mutex_unlock(&c->mu);
+  for (int i = 0; i < c->nthreads; i++)
+    pthread_join(c->threads[i], NULL);
+  for (uint32_t f = 0; c->s && f < l->ds.nfiles; f++)
+    if (c->s[f].state == CACHED)
+      close(c->s[f].fd);
+  dl__cache_dir_close(&c->dir);
+  pthread_cond_destroy(&c->cv);
+  pthread_mutex_destroy(&c->mu);
+  free(c->s);
+  free(c->plan);
+  free(c);
+  l->cache = NULL;
+}
+
+int dl__cache_start(dl_loader *l) {
+  const dl__options *o = &l->o;
+  if (!o->cache_dir[0])
+    return 0;
+  if (!l->remote)
+    return dl__fail(DL_EOPTION, "option cache_dir keeps remote shards; the source is on local disk");
+  struct dl__cache *c = calloc(1, sizeof *c);
+  if (!c)
+    return dl__fail(-ENOMEM, "out of memory");
+  c->l = l;
+  c->dir.dirfd = c->dir.lockfd = -1;
+  pthread_mutex_init(&c->mu, NULL);
+  pthread_cond_init(&c->cv, NULL);
+  l->cache = c;
+  c->s = calloc(l->ds.nfiles, sizeof *c->s);
+  c->plan = calloc(l->ds.nfiles, sizeof *c->plan);
+  if (!c->s || !c->plan) {
+    dl__cache_stop(l);
+    return dl__fail(-ENOMEM, "out of memory");
+  }
+  for (uint32_t f = 0; f < l->ds.nfiles; f++)
+    c->s[f].fd = -1;
+  char reason[128];
+  int err;
+  c->io = dl__io_choose(DL__IO_AUTO, reason, sizeof reason, &err);
+  int r = err ? err : dl__cache_dir_open(o, &c->dir);
+  if (!r) { /* copies already in the folder serve the first batches */
+    pthread_mutex_lock(&c->mu);
+    plan(c);
+    for (uint32_t i = 0; i < c->nplan; i++) {
+      bool fetched;
+      int fd = dl__cache_dir_get(&c->dir, &l->ds, c->plan[i], o, false, NULL, &fetched);
+      if (fd >= 0) {
+        c->s[c->plan[i]].fd = fd;
+        c->s[c->plan[i]].state = CACHED;
+      }
+    }
+    pthread_mutex_unlock(&c->mu);
+  }
+  for (int i = 0; !r && i < FETCHERS && (uint32_t)i < l->ds.nfiles; i++) {
+    if ((r = -pthread_create(&c->threads[i], NULL, fetch_loop, c)))
+      r = dl__fail(r, "could not start the shard cache's fetchers: %s", strerror(-r));
+    else
+      c->nthreads++;
+  }
+  if (r) {
+    dl__cache_stop(l);
+    return r;
+  }
+  dl__log(DL__LOG_INFO, "shard cache %s: up to %.1f GB, cached shards read with %s", c->dir.path,
+          (double)c->dir.limit / 1e9, c->io->name);
+  return 0;
+}
