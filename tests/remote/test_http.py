@@ -55,6 +55,17 @@ def test_remote_stream_equals_local(servers, shard, scheme, workers):
     assert remote["io_backend"] == "http" and remote["loader"]["requests"] > 0
 
 
+@pytest.mark.parametrize("shard", [TAR, RFS])
+def test_neighbouring_samples_share_a_request(servers, shard):
+    opts = ["--workers", "2", "--option", "shuffle=0"]
+    local = bench(os.path.join(SHARDS, shard), *opts)
+    remote = bench(f"{servers['http'].url}/{shard}", *opts, env=servers["env"])
+    assert remote["batch_digests"] == local["batch_digests"] and remote["errors"] == local["errors"]
+    assert remote["loader"]["requests"] * 4 < remote["samples"], remote["loader"]["requests"]
+    shuffled = bench(f"{servers['http'].url}/{shard}", "--workers", "2", env=servers["env"])
+    assert shuffled["loader"]["requests"] > remote["loader"]["requests"]
+
+
 def requests_for(log, name):
     with open(log) as f:
         return [line for line in f if f"/{name} " in line]
@@ -116,7 +127,8 @@ def test_what_still_fails_after_retries_is_a_counted_error(servers, tmp_path):
         out = bench(f"{proxy.url}/format-tar-gnu.tar", "--option", "retries=1", env=env)
     finally:
         proxy.stop()
-    assert out["errors"] == out["samples"] and out["loader"]["retries"] == out["samples"]
+    # Each request (one or more neighbouring samples) was tried twice.
+    assert out["errors"] == out["samples"] and out["loader"]["requests"] == 2 * out["loader"]["retries"] > 0
     proxy = FaultProxy(servers["http"].port, p503=1.0)
     try:
         failed = bench(f"{proxy.url}/format-tar-gnu.tar", "--option", "retries=2", env=env, ok=False)
