@@ -256,6 +256,11 @@ bool dl__is_url(const char *s);
 int dl__remote_load(dl__dataset *ds, const char *url, const dl__options *o);
 /* The s3:// objects a pattern with wildcards names (ListObjectsV2), sorted; the caller frees. */
 int dl__remote_list(dl__dataset *ds, const char *pattern, const dl__options *o, char ***out, size_t *n);
+/* A temporary copy of the remote object URL (deleted when *FD closes): the whole object, or with
+ * WHOLE false and a ringfeed shard, its head and index only; *SIZE is the object's size. */
+int dl__remote_copy(const char *url, const dl__options *o, bool whole, int *fd, uint64_t *size);
+/* Uploads SIZE bytes of FD as URL (s3://bucket/key). */
+int dl__remote_put(const char *url, const dl__options *o, int fd, uint64_t size);
 /* What dl__remote_load kept in DS (URLs, credentials). */
 void dl__remote_free(dl__dataset *ds);
 /* The shard cache of a loader over remote shards with cache_dir= (remote/cache.c): its folder

@@ -25,13 +25,15 @@ static void usage(FILE *f) {
           "  dlshard create OUT_PREFIX INPUT... [--samples-per-shard N | --shard-size SIZE]\n"
           "                 [--codec image=keep,label=index] [--align BYTES] [--threads T]\n"
           "      INPUT: tar shards (lists, globs, {a..b}), ImageFolder roots or ringfeed shards;\n"
-          "      writes OUT_PREFIX-000000.rfs ... in the inputs' sample order\n"
+          "      writes OUT_PREFIX-000000.rfs ... in the inputs' sample order; an OUT_PREFIX of\n"
+          "      s3://bucket/prefix/name uploads each shard once written (credentials as for the loader)\n"
           "  dlshard index SHARD...     build and cache the member index of tar shards\n"
           "  dlshard verify SHARD...    read and decode everything, check every checksum;\n"
           "                             exits 1 naming each bad record\n"
           "  dlshard ls SHARD [-v]      records, fields, sizes and codecs (-v: every record)\n"
           "  dlshard --version\n"
-          "  SHARD arguments of index and verify take brace ranges and globs, as the loader does.\n");
+          "  SHARD arguments of index and verify take brace ranges and globs, as the loader does;\n"
+          "  any SHARD may be an http(s):// or s3:// URL (globs on s3:// only).\n");
 }
 
 /* The paths ARG names: brace ranges ({000..146}, {a,b}) expanded, then globs; *N of them, or
@@ -46,12 +48,24 @@ static char **paths_of(const char *arg, size_t *n) {
   bool ok = true;
   for (size_t i = 0; i < nb; i++) {
     glob_t g = {0};
-    bool pattern = strpbrk(braced[i], "*?[") != NULL;
-    if (pattern && glob(braced[i], 0, NULL, &g)) {
+    char **listed = NULL; /* an s3:// glob's objects */
+    size_t nlisted = 0;
+    bool pattern = strpbrk(braced[i], "*?[") != NULL, url = dl__is_url(braced[i]);
+    if (pattern && url) {
+      dl__options o;
+      dl__dataset tmp = {0};
+      dl__options_parse(&o, NULL);
+      if (strncmp(braced[i], "s3://", 5) || dl__remote_list(&tmp, braced[i], &o, &listed, &nlisted)) {
+        fprintf(stderr, "dlshard: %s: %s\n", braced[i],
+                strncmp(braced[i], "s3://", 5) ? "an HTTP server cannot be listed (name the shards)" : dl_last_error());
+        ok = false;
+      }
+      dl__remote_free(&tmp);
+    } else if (pattern && glob(braced[i], 0, NULL, &g)) {
       fprintf(stderr, "dlshard: %s: no file matches\n", braced[i]);
       ok = false;
     }
-    size_t add = pattern ? g.gl_pathc : 1;
+    size_t add = !pattern ? 1 : url ? nlisted : g.gl_pathc;
     if (ok && count + add > cap) {
       cap = (count + add) * 2;
       char **grown = realloc(out, cap * sizeof *out);
@@ -61,10 +75,13 @@ static char **paths_of(const char *arg, size_t *n) {
         out = grown;
     }
     for (size_t j = 0; ok && j < add; j++)
-      if (!(out[count++] = strdup(pattern ? g.gl_pathv[j] : braced[i])))
+      if (!(out[count++] = strdup(!pattern ? braced[i] : url ? listed[j] : g.gl_pathv[j])))
         ok = false;
-    if (pattern)
+    if (pattern && !url)
       globfree(&g);
+    for (size_t j = 0; j < nlisted; j++)
+      free(listed[j]);
+    free(listed);
   }
   for (size_t i = 0; i < nb; i++)
     free(braced[i]);
@@ -77,6 +94,32 @@ static char **paths_of(const char *arg, size_t *n) {
   }
   *n = count;
   return out;
+}
+
+/* PATH (a file, or a URL copied to a temporary file: WHOLE, or a ringfeed shard's index only)
+ * opened for reading, its size in *SIZE; -1 with a message printed. */
+static int open_shard(const char *path, bool whole, uint64_t *size, FILE *msg) {
+  const char *who = msg == stderr ? "dlshard: " : "";
+  if (dl__is_url(path)) {
+    dl__options o;
+    dl__options_parse(&o, NULL);
+    int fd;
+    if (dl__remote_copy(path, &o, whole, &fd, size)) {
+      fprintf(msg, "%s%s: %s\n", who, path, dl_last_error());
+      return -1;
+    }
+    return fd;
+  }
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  struct stat st;
+  if (fd < 0 || fstat(fd, &st)) {
+    fprintf(msg, "%s%s: %s\n", who, path, strerror(errno));
+    if (fd >= 0)
+      close(fd);
+    return -1;
+  }
+  *size = (uint64_t)st.st_size;
+  return fd;
 }
 
 static void free_paths(char **p, size_t n) {
@@ -110,7 +153,9 @@ static int64_t parse_size(const char *s) {
 
 typedef struct create_job {
   dl__dataset *ds;
-  const char *prefix;
+  const char *prefix; /* where shards are written */
+  const char *upload; /* s3://bucket/key prefix each written shard is uploaded to (then deleted), or NULL */
+  const dl__options *o;
   const char *writer_opts;
   size_t *bounds; /* shard s holds samples [bounds[s], bounds[s + 1]) */
   size_t nshards;
@@ -233,7 +278,21 @@ static int write_shard(create_job *j, size_t shard, dl__buf *buf, dl__buf *raw_)
     dl_writer_abort(w);
     return r;
   }
-  return dl_writer_close(w);
+  if ((r = dl_writer_close(w)) || !j->upload)
+    return r;
+  /* Uploaded once whole, then the local copy goes. */
+  char url[PATH_MAX];
+  snprintf(url, sizeof url, "%s-%06zu.rfs", j->upload, shard);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  struct stat st;
+  if (fd < 0 || fstat(fd, &st))
+    r = dl__fail(-errno, "%s: %s", path, strerror(errno));
+  else
+    r = dl__remote_put(url, j->o, fd, (uint64_t)st.st_size);
+  if (fd >= 0)
+    close(fd);
+  unlink(path);
+  return r;
 }
 
 static void *create_worker(void *arg) {
@@ -303,19 +362,41 @@ static int cmd_create(int argc, char **argv) {
   }
   if (!per_shard && !shard_bytes)
     per_shard = 10000;
-  const char *prefix = argv[optind];
-  /* The prefix's folder is made if missing, as `mkdir -p` would. */
-  char folder[PATH_MAX];
-  snprintf(folder, sizeof folder, "%s", prefix);
-  char *slash = strrchr(folder, '/');
-  if (slash && slash != folder) {
-    *slash = 0;
-    dl__mkdirs(folder);
+  const char *prefix = argv[optind], *upload = NULL;
+  char folder[PATH_MAX], staging[PATH_MAX] = "";
+  if (dl__is_url(prefix)) {
+    /* Written to a temporary folder, each shard uploaded once whole. */
+    const char *base = strrchr(prefix, '/');
+    const char *tmp = getenv("TMPDIR");
+    snprintf(staging, sizeof staging, "%s/dlshard-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (strncmp(prefix, "s3://", 5) || !base || !base[1] || !mkdtemp(staging)) {
+      fprintf(stderr, "dlshard: %s: %s\n", prefix,
+              strncmp(prefix, "s3://", 5) ? "uploads go to s3://bucket/prefix/name (HTTP servers take no uploads)"
+              : !base || !base[1]     ? "expected s3://bucket/prefix/name"
+                                      : strerror(errno));
+      return 2;
+    }
+    upload = prefix;
+    snprintf(folder, sizeof folder, "%s%s", staging, base);
+    prefix = folder;
+  } else {
+    /* The prefix's folder is made if missing, as `mkdir -p` would. */
+    snprintf(folder, sizeof folder, "%s", prefix);
+    char *slash = strrchr(folder, '/');
+    if (slash && slash != folder) {
+      *slash = 0;
+      dl__mkdirs(folder);
+    }
   }
   dl__options o;
   dl__options_parse(&o, "on_error=fail");
   dl__dataset ds = {0};
   for (int i = optind + 1; i < argc; i++) {
+    if (dl__is_url(argv[i])) {
+      fprintf(stderr, "dlshard: %s: create reads local inputs (copy remote ones first)\n", argv[i]);
+      dl__dataset_free(&ds);
+      return 2;
+    }
     int r = dl__source_load(&ds, argv[i], &o);
     if (r) {
       fprintf(stderr, "dlshard: %s\n", dl_last_error());
@@ -337,7 +418,7 @@ static int cmd_create(int argc, char **argv) {
   bounds[++nshards] = ds.n;
   char wopts[64];
   snprintf(wopts, sizeof wopts, "align=%lld", (long long)align);
-  create_job j = {.ds = &ds, .prefix = prefix, .writer_opts = wopts, .bounds = bounds, .nshards = nshards,
+  create_job j = {.ds = &ds, .prefix = prefix, .upload = upload, .o = &o, .writer_opts = wopts, .bounds = bounds, .nshards = nshards,
                   .t0 = now(), .tty = isatty(2)};
   pthread_mutex_init(&j.mu, NULL);
   if (threads > (long)nshards)
@@ -365,8 +446,16 @@ static int cmd_create(int argc, char **argv) {
     fprintf(stderr, "dlshard: %s\n", j.errmsg);
     rc = 1;
   } else {
-    printf("%zu samples in %zu shards (%s-%06d.rfs ...), %.2f s, %.0f samples/s\n", ds.n, nshards, prefix,
-           0, dt, ds.n / (dt > 0 ? dt : 1e-9));
+    printf("%zu samples in %zu shards (%s-%06d.rfs ...), %.2f s, %.0f samples/s\n", ds.n, nshards,
+           upload ? upload : prefix, 0, dt, ds.n / (dt > 0 ? dt : 1e-9));
+  }
+  if (staging[0]) { /* what a failed shard left */
+    for (size_t s = 0; s < nshards; s++) {
+      char path[PATH_MAX + 16];
+      snprintf(path, sizeof path, "%s-%06zu.rfs", prefix, s);
+      unlink(path);
+    }
+    rmdir(staging);
   }
   free(t);
   free(bounds);
@@ -505,18 +594,15 @@ static int cmd_verify(int argc, char **argv) {
       continue;
     }
     for (size_t i = 0; i < n; i++) {
-      int fd = open(paths[i], O_RDONLY | O_CLOEXEC);
-      struct stat st;
-      if (fd < 0 || fstat(fd, &st)) {
-        printf("%s: %s\n", paths[i], strerror(errno));
-        if (fd >= 0)
-          close(fd);
+      uint64_t size;
+      int fd = open_shard(paths[i], true, &size, stdout);
+      if (fd < 0) {
         bad++;
         continue;
       }
       char magic[8] = {0};
       bool rfs = pread(fd, magic, 8, 0) == 8 && !memcmp(magic, "RFSHARD1", 8);
-      (rfs ? verify_rfs : verify_tar)(paths[i], fd, (uint64_t)st.st_size, &d, &bad);
+      (rfs ? verify_rfs : verify_tar)(paths[i], fd, size, &d, &bad);
       close(fd);
       shards++;
     }
@@ -566,20 +652,20 @@ static int cmd_ls(int argc, char **argv) {
     usage(stderr);
     return 2;
   }
-  int fd = open(argv[1], O_RDONLY | O_CLOEXEC);
-  struct stat st;
-  if (fd < 0 || fstat(fd, &st)) {
-    fprintf(stderr, "dlshard: %s: %s\n", argv[1], strerror(errno));
+  uint64_t size;
+  int fd = open_shard(argv[1], false, &size, stderr);
+  if (fd < 0)
     return 1;
-  }
   dl__rfs r;
   char why[256];
-  if (dl__rfs_open(&r, fd, (uint64_t)st.st_size, why, sizeof why)) {
+  if (dl__rfs_open(&r, fd, size, why, sizeof why)) {
     /* Not a ringfeed shard: list it as a tar. */
     dl__dataset ds = {0};
+    dl__options o;
+    dl__options_parse(&o, "on_error=skip");
     close(fd);
-    if (dl__tar_load(&ds, argv[1], DL__ON_ERROR_SKIP)) {
-      fprintf(stderr, "dlshard: %s: %s\n", argv[1], why);
+    if (dl__is_url(argv[1]) ? dl__remote_load(&ds, argv[1], &o) : dl__tar_load(&ds, argv[1], DL__ON_ERROR_SKIP)) {
+      fprintf(stderr, "dlshard: %s: %s\n", argv[1], dl__is_url(argv[1]) ? dl_last_error() : why);
       return 1;
     }
     uint64_t bytes = 0;
@@ -594,7 +680,7 @@ static int cmd_ls(int argc, char **argv) {
     return 0;
   }
   printf("%s: ringfeed shard v1, %llu records, alignment %u, %llu bytes\n", argv[1],
-         (unsigned long long)r.nrecords, r.align, (unsigned long long)st.st_size);
+         (unsigned long long)r.nrecords, r.align, (unsigned long long)size);
   for (uint32_t n = 0; n < r.nnames; n++) {
     uint64_t count = 0, stored = 0, raw = 0;
     int codecs = 0;

@@ -324,3 +324,71 @@ int dl__http_download(const dl__options *o, const dl__target *t, int fd, uint64_
   }
   return have == size ? 0 : dl__fail(DL_EREMOTE, "source %s: the download kept stopping", t->name);
 }
+
+/* ---- uploads (dlshard create s3://...) ---- */
+
+typedef struct source {
+  int fd;
+  uint64_t off, size;
+  int err;
+} source;
+
+static size_t on_read(char *p, size_t size, size_t n, void *arg) {
+  source *s = arg;
+  size_t want = size * n;
+  if (want > s->size - s->off)
+    want = (size_t)(s->size - s->off);
+  int64_t got = want ? dl__pread_full(s->fd, p, want, s->off) : 0;
+  if (got < 0 || (size_t)got != want) {
+    s->err = got < 0 ? (int)got : -EIO;
+    return CURL_READFUNC_ABORT;
+  }
+  s->off += (uint64_t)got;
+  return (size_t)got;
+}
+
+int dl__http_put(const dl__options *o, const dl__target *t, int fd, uint64_t size) {
+  int r = dl__http_global_init();
+  if (r)
+    return r;
+  CURL *h = curl_easy_init();
+  if (!h)
+    return dl__fail(-ENOMEM, "out of memory starting a request");
+  uint64_t rng = (uint64_t)(uintptr_t)h ^ (uint64_t)time(NULL);
+  uint8_t answer[1024];
+  for (int attempt = 0;; attempt++) {
+    source src = {.fd = fd, .size = size};
+    sink s = {.buf = answer, .cap = sizeof answer, .fd = -1, .total = -1};
+    dl__http_configure(h, o, t);
+    curl_easy_setopt(h, CURLOPT_UPLOAD, 1L);
+    curl_easy_setopt(h, CURLOPT_INFILESIZE_LARGE, (curl_off_t)size);
+    curl_easy_setopt(h, CURLOPT_READFUNCTION, on_read);
+    curl_easy_setopt(h, CURLOPT_READDATA, &src);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, &s);
+    /* The body is not hashed into the signature (S3's UNSIGNED-PAYLOAD; TLS protects it). */
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, t->s3 ? t->s3->put_headers : NULL);
+    CURLcode c = curl_easy_perform(h);
+    if (c == CURLE_WRITE_ERROR)
+      c = CURLE_OK; /* a long answer: its start says enough */
+    if (src.err) {
+      r = dl__fail(src.err, "reading what to upload to %s: %s", t->name, strerror(-src.err));
+      break;
+    }
+    dl__http_outcome out;
+    bool again = dl__http_outcome_of(h, c, t, -1, (int64_t)s.got, answer, &out);
+    if (!out.code && out.status != 200 && out.status != 201 && out.status != 204) {
+      r = dl__fail(DL_EREMOTE, "%s: upload answered with HTTP %ld", t->name, out.status);
+      break;
+    }
+    if (!out.code || !again || attempt >= o->retries) {
+      r = out.code ? dl__fail(out.code, "%s%s", out.msg, attempt ? " (after retries)" : "") : 0;
+      break;
+    }
+    long wait = dl__http_backoff_ms(attempt + 1, &rng);
+    dl__log(DL__LOG_INFO, "%s; retrying in %ld ms", out.msg, wait);
+    sleep_ms(wait);
+  }
+  curl_easy_cleanup(h);
+  return r;
+}

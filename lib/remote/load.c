@@ -109,8 +109,10 @@ static uint64_t get64(const uint8_t *p) {
   return v;
 }
 
-static int load_rfs(dl__dataset *ds, uint32_t file, const dl__target *t, const dl__options *o, uint64_t size,
-                    const uint8_t *head, size_t head_len) {
+/* A sparse temporary file holding a ringfeed shard's head and index at their places: what
+ * parsing its index reads. */
+static int rfs_index_copy(const dl__target *t, const dl__options *o, uint64_t size, const uint8_t *head,
+                          size_t head_len) {
   const char *url = t->name;
   if (size < RFS_TRAILER + 64)
     return dl__fail(DL_ECORRUPT, "shard %s: %llu bytes, too short for a ringfeed shard", url, (unsigned long long)size);
@@ -138,10 +140,18 @@ static int load_rfs(dl__dataset *ds, uint32_t file, const dl__target *t, const d
     rc = dl__fail(-EIO, "source %s: cannot write its index to a temporary file", url);
   free(tail);
   free(more);
-  if (!rc)
-    rc = dl__rfs_load_fd(ds, file, fd, size);
-  if (fd >= 0)
+  if (rc && fd >= 0)
     close(fd);
+  return rc ? rc : fd;
+}
+
+static int load_rfs(dl__dataset *ds, uint32_t file, const dl__target *t, const dl__options *o, uint64_t size,
+                    const uint8_t *head, size_t head_len) {
+  int fd = rfs_index_copy(t, o, size, head, head_len);
+  if (fd < 0)
+    return fd;
+  int rc = dl__rfs_load_fd(ds, file, fd, size);
+  close(fd);
   return rc;
 }
 
@@ -185,17 +195,60 @@ static int set_remote(dl__dataset *ds, uint32_t file, const char *url, uint64_t 
   return ds->remote[file].url ? 0 : dl__fail(-ENOMEM, "out of memory");
 }
 
-int dl__remote_load(dl__dataset *ds, const char *url, const dl__options *o) {
+/* Where URL is requested (HTTP into HTTP, CAP bytes), and how (S3's signing, kept in DS). */
+static int target_of(dl__dataset *ds, const char *url, const dl__options *o, char *http, size_t cap,
+                     dl__target *t) {
   int rc = dl__http_global_init();
   dl__s3 *s3 = NULL;
-  char http[8192];
   if (!rc && !strncmp(url, "s3://", 5))
-    rc = s3_of(ds, o, &s3) ? -1 : dl__s3_url(s3, url, http, sizeof http);
+    rc = s3_of(ds, o, &s3) ? -1 : dl__s3_url(s3, url, http, cap);
   else if (!rc)
-    snprintf(http, sizeof http, "%s", url);
+    snprintf(http, cap, "%s", url);
+  *t = (dl__target){url, http, s3};
+  return rc;
+}
+
+int dl__remote_copy(const char *url, const dl__options *o, bool whole, int *out, uint64_t *size) {
+  dl__dataset tmp = {0};
+  char http[8192];
+  dl__target t;
+  uint8_t *head = malloc(PROBE);
+  size_t head_len = 0;
+  char etag[128];
+  int rc = !head ? dl__fail(-ENOMEM, "out of memory") : target_of(&tmp, url, o, http, sizeof http, &t);
+  if (!rc)
+    rc = dl__http_probe(o, &t, size, etag, sizeof etag, head, PROBE, &head_len);
+  int fd = -1;
+  if (!rc && !whole && head_len >= 8 && !memcmp(head, "RFSHARD1", 8)) {
+    rc = (fd = rfs_index_copy(&t, o, *size, head, head_len)) < 0 ? fd : 0;
+  } else if (!rc && (rc = (fd = scratch_file(*size, url)) < 0 ? fd : 0) == 0 &&
+             (rc = dl__http_download(o, &t, fd, *size, NULL))) {
+    close(fd);
+    fd = -1;
+  }
+  free(head);
+  dl__remote_free(&tmp);
+  *out = fd;
+  return rc;
+}
+
+int dl__remote_put(const char *url, const dl__options *o, int fd, uint64_t size) {
+  dl__dataset tmp = {0};
+  char http[8192];
+  dl__target t;
+  int rc = target_of(&tmp, url, o, http, sizeof http, &t);
+  if (!rc)
+    rc = dl__http_put(o, &t, fd, size);
+  dl__remote_free(&tmp);
+  return rc;
+}
+
+int dl__remote_load(dl__dataset *ds, const char *url, const dl__options *o) {
+  char http[8192];
+  dl__target t;
+  int rc = target_of(ds, url, o, http, sizeof http, &t);
   if (rc)
     return rc;
-  dl__target t = {url, http, s3};
   uint8_t *head = malloc(PROBE);
   if (!head)
     return dl__fail(-ENOMEM, "out of memory");

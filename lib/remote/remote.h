@@ -20,6 +20,7 @@ typedef struct dl__s3 {
   char sigv4[128];    /* CURLOPT_AWS_SIGV4 */
   char userpwd[512];  /* access key id:secret */
   struct curl_slist *headers; /* x-amz-content-sha256, x-amz-security-token */
+  struct curl_slist *put_headers; /* the same for uploads: UNSIGNED-PAYLOAD */
 } dl__s3;
 
 /* Resolves region, endpoint and credentials from the options and the AWS variables and files. */
@@ -67,6 +68,8 @@ int dl__http_range(const dl__options *o, const dl__target *t, uint64_t off, size
 /* The whole object into FD (retried, resuming where a transfer stopped), SIZE bytes expected;
  * given up with DL_ECLOSED once *CANCEL (may be NULL) turns nonzero. */
 int dl__http_download(const dl__options *o, const dl__target *t, int fd, uint64_t size, const _Atomic int *cancel);
+/* Uploads SIZE bytes of FD to T (a PUT, retried). */
+int dl__http_put(const dl__options *o, const dl__target *t, int fd, uint64_t size);
 /* The body of a GET of T (at most CAP bytes) into OUT, its length in *LEN: small answers (listings). */
 int dl__http_get_small(const dl__options *o, const dl__target *t, uint8_t *out, size_t cap, size_t *len);
 

@@ -76,6 +76,16 @@ static void aws_file(const char *var, const char *name, char *out, size_t cap) {
     snprintf(out, cap, "%s/.aws/%s", home ? home : "", name);
 }
 
+/* LIST with LINE added; NULL (and LIST freed) when out of memory. */
+static struct curl_slist *append(struct curl_slist *list, const char *line) {
+  if (!list)
+    return NULL;
+  struct curl_slist *more = curl_slist_append(list, line);
+  if (!more)
+    curl_slist_free_all(list);
+  return more;
+}
+
 int dl__s3_open(const dl__options *o, dl__s3 **out) {
   dl__s3 *s = calloc(1, sizeof *s);
   if (!s)
@@ -121,11 +131,16 @@ int dl__s3_open(const dl__options *o, dl__s3 **out) {
     snprintf(s->userpwd, sizeof s->userpwd, "%s:%s", key_id, secret);
     char header[4200];
     s->headers = curl_slist_append(NULL, "x-amz-content-sha256: " EMPTY_SHA256);
-    if (s->headers && token[0]) {
+    s->put_headers = curl_slist_append(NULL, "x-amz-content-sha256: UNSIGNED-PAYLOAD");
+    if (token[0]) {
       snprintf(header, sizeof header, "x-amz-security-token: %s", token);
-      struct curl_slist *more = curl_slist_append(s->headers, header);
-      s->headers = more ? more : s->headers;
+      s->headers = append(s->headers, header);
+      s->put_headers = append(s->put_headers, header);
     }
+  }
+  if (!s->anonymous && (!s->headers || !s->put_headers)) {
+    dl__s3_free(s);
+    return dl__fail(-ENOMEM, "out of memory");
   }
   memset(secret, 0, sizeof secret);
   memset(token, 0, sizeof token);
@@ -137,6 +152,7 @@ void dl__s3_free(dl__s3 *s) {
   if (!s)
     return;
   curl_slist_free_all(s->headers);
+  curl_slist_free_all(s->put_headers);
   memset(s, 0, sizeof *s); /* the secret does not outlive the loader in memory */
   free(s);
 }

@@ -3,6 +3,7 @@ nginx over HTTP and HTTPS (a throw-away CA made with openssl), a fault-injecting
 for the tests (latency, a share of 503s, resets mid-body, truncated bodies, stalls), s3rver, and a
 lean latency proxy for benchmarks."""
 import asyncio
+import hashlib
 import os
 import random
 import shutil
@@ -120,14 +121,27 @@ class FaultProxy:
             if not chunk:
                 return None
             data += chunk
-        return data  # GET and HEAD only: no body follows the headers
+        head, _, body = data.partition(b"\r\n\r\n")
+        length = 0
+        for line in head.split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value)
+            if name.strip().lower() == b"expect" and value.strip().lower() == b"100-continue" and not body:
+                conn.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
+        while len(body) < length:  # an upload's body (no chunked encoding: uploads say their size)
+            chunk = conn.recv(1 << 20)
+            if not chunk:
+                return None
+            body += chunk
+        return head + b"\r\n\r\n" + body
 
     def _upstream(self, request):
         with socket.create_connection(("127.0.0.1", self.upstream)) as up:
             # One request per upstream connection, so the answer ends where the connection does.
-            head, _, _ = request.partition(b"\r\n\r\n")
-            lines = [ln for ln in head.split(b"\r\n") if not ln.lower().startswith(b"connection:")]
-            up.sendall(b"\r\n".join(lines) + b"\r\nConnection: close\r\n\r\n")
+            head, _, body = request.partition(b"\r\n\r\n")
+            lines = [ln for ln in head.split(b"\r\n") if not ln.lower().startswith((b"connection:", b"expect:"))]
+            up.sendall(b"\r\n".join(lines) + b"\r\nConnection: close\r\n\r\n" + body)
             out = b""
             while True:
                 chunk = up.recv(1 << 20)
@@ -223,7 +237,8 @@ def sigv4_checker(key_id, secret, region, seen):
                 + body).encode()
 
     def check(request):
-        head = request.partition(b"\r\n\r\n")[0].decode("latin-1").split("\r\n")
+        head, _, body = request.partition(b"\r\n\r\n")
+        head = head.decode("latin-1").split("\r\n")
         method, target, _ = head[0].split(" ", 2)
         headers = {}
         for line in head[1:]:
@@ -244,6 +259,13 @@ def sigv4_checker(key_id, secret, region, seen):
         if fields.get("Signature") != expected or fields["Credential"].split("/")[0] != key_id:
             seen["refused"] += 1
             return refuse("SignatureDoesNotMatch")
+        # As S3: the payload hash the signature covers is the body's, or UNSIGNED-PAYLOAD.
+        claimed = headers.get("x-amz-content-sha256")
+        if claimed != "UNSIGNED-PAYLOAD" and claimed != hashlib.sha256(body).hexdigest():
+            seen["refused"] += 1
+            return refuse("XAmzContentSHA256Mismatch")
+        if method == "PUT":
+            seen["uploads"] = seen.get("uploads", 0) + 1
         return None
 
     return check

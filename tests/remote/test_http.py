@@ -66,6 +66,23 @@ def test_neighbouring_samples_share_a_request(servers, shard):
     assert shuffled["loader"]["requests"] > remote["loader"]["requests"]
 
 
+def test_dlshard_reads_shards_over_http(servers):
+    def dlshard(*args):
+        return subprocess.run([os.path.join(BUILD, "dlshard"), *args], capture_output=True, text=True, timeout=300)
+    url = servers["http"].url
+    for shard in (TAR, "rfs/packed-{000000..000001}.rfs"):
+        remote, local = dlshard("verify", f"{url}/{shard}"), dlshard("verify", os.path.join(SHARDS, shard))
+        assert remote.returncode == local.returncode and remote.stdout.splitlines()[-2:] == local.stdout.splitlines()[-2:]
+    listed = dlshard("ls", f"{url}/format-tar-gnu.tar")
+    assert listed.returncode == 0 and "tar, 2 samples" in listed.stdout
+    listed = dlshard("ls", f"{url}/rfs/packed-000002.rfs")
+    assert listed.returncode == 0 and "ringfeed shard" in listed.stdout
+    refused = dlshard("verify", f"{url}/rfs/packed-*.rfs")
+    assert refused.returncode == 1 and "cannot be listed" in refused.stderr
+    refused = dlshard("create", f"{url}/out", os.path.join(SHARDS, TAR))
+    assert refused.returncode == 2 and "s3://" in refused.stderr
+
+
 def requests_for(log, name):
     with open(log) as f:
         return [line for line in f if f"/{name} " in line]
