@@ -211,8 +211,10 @@ class S3rver:
             raise RuntimeError("s3rver is not installed (scripts/install-deps.sh test)")
         os.makedirs(work, exist_ok=True)
         self.port = free_port()
+        # Buckets answer as BUCKET.s3.localhost too (virtual-hosted addressing; *.localhost is loopback).
         self.proc = subprocess.Popen([self.binary, "-d", work, "-a", "127.0.0.1", "-p", str(self.port), "--silent",
-                                      "--configure-bucket", bucket], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                                      "--service-endpoint", "localhost", "--configure-bucket", bucket],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         wait_listening(self.port)
         self.url = f"http://127.0.0.1:{self.port}"
 

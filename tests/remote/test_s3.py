@@ -119,6 +119,30 @@ def test_dlshard_uploads_what_it_makes_and_reads_remote_shards(s3, tmp_path):
     assert missing.returncode == 1 and "NoSuchKey" in missing.stderr
 
 
+def test_virtual_hosted_addressing(s3):
+    before = dict(s3["seen"])
+    local = bench(os.path.join(SHARDS, "format-tar-gnu.tar"), {})
+    env = dict(s3["env"])
+    hosts = []
+
+    def note_host(request):  # the Host each request names: the bucket's, not a path
+        head = request.partition(b"\r\n\r\n")[0].decode("latin-1").lower()
+        hosts.append(head.split("\r\nhost: ", 1)[1].split("\r\n", 1)[0].split(":")[0])
+        return None
+
+    port = int(env["AWS_ENDPOINT_URL"].rsplit(":", 1)[1])
+    proxy = FaultProxy(port, check=note_host)
+    try:
+        env["AWS_ENDPOINT_URL"] = proxy.url.replace("127.0.0.1", "s3.localhost")  # *.localhost is loopback
+        virtual = bench("s3://shards/format-tar-gnu.tar", env, "--option", "s3_addressing=virtual",
+                        "--option", "retries=0")
+    finally:
+        proxy.stop()
+    assert virtual["batch_digests"] == local["batch_digests"]
+    assert hosts and set(hosts) == {"shards.s3.localhost"}, hosts
+    assert s3["seen"]["refused"] == before["refused"]
+
+
 def test_a_glob_lists_the_bucket(s3):
     listed = bench("s3://shards/rfs/packed-*.rfs", s3["env"])
     braced = bench("s3://shards/rfs/packed-{000000..000001}.rfs", s3["env"])
