@@ -77,8 +77,9 @@ if python3 -c "import torch; assert torch.cuda.is_available()" 2> /dev/null; the
   row "pytest bindings/python/tests (torch $(python3 -c 'import torch; print(torch.__version__)'))" "$(tail -1 "$out/pytest.log")"
 fi
 
-# 5. Side by side with the PyTorch DataLoader, and the training example for a few hundred steps.
-if python3 -c "import torch, torchvision; assert torch.cuda.is_available()" 2> /dev/null; then
+# 5. Side by side with the PyTorch DataLoader, and the training example for a few hundred steps
+#    (SKIP=torch leaves them out when device time is short).
+if [ "${SKIP:-}" != torch ] && python3 -c "import torch, torchvision; assert torch.cuda.is_available()" 2> /dev/null; then
   python3 bench/compare_torch.py --dlbench "$build/dlbench" --workers "$workers" --batch 256 --epochs 2 \
     --device cuda:0 --json "$out/compare_torch.json" > "$out/compare_torch.log" 2>&1
   grep -E '^\| (ringfeed|torch)' "$out/compare_torch.log" | sed 's/^/compare_torch /' | while read -r line; do
