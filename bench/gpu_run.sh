@@ -92,19 +92,21 @@ if [ "${SKIP:-}" != torch ] && python3 -c "import torch, torchvision; assert tor
 fi
 
 # 6. The wheel made with `pip wheel .` on the build machine (WHEEL_DIR, default dist/), installed
-# into a fresh virtual environment here (this machine's Python and torch) and used from elsewhere.
+# with this machine's pip into a folder of its own (this machine's Python and torch, which may
+# live in a virtual environment a new venv would not see) and used from elsewhere.
 wheel=$(ls "${WHEEL_DIR:-dist}"/ringfeed-*.whl 2> /dev/null | head -1)
 if [ -n "$wheel" ]; then
-  rm -rf /tmp/ringfeed-wheel-env
-  python3 -m venv --system-site-packages /tmp/ringfeed-wheel-env > "$out/wheel.log" 2>&1
-  /tmp/ringfeed-wheel-env/bin/pip install --no-index --no-deps "$wheel" >> "$out/wheel.log" 2>&1
+  rm -rf /tmp/ringfeed-wheel-site
+  python3 -m pip install --no-index --no-deps --target /tmp/ringfeed-wheel-site "$wheel" > "$out/wheel.log" 2>&1
   src=$("$build/dlbench" --make-synthetic)
-  (cd /tmp && env -u RINGFEED_LIBRARY /tmp/ringfeed-wheel-env/bin/python -c "
+  (cd /tmp && env -u RINGFEED_LIBRARY PYTHONPATH=/tmp/ringfeed-wheel-site python3 -c "
 import sys, ringfeed, torch
-assert ringfeed.__file__.startswith(sys.prefix)
+assert ringfeed.__file__.startswith('/tmp/ringfeed-wheel-site/')
+n = 0
 with ringfeed.Loader('$src', batch_size=64, device='cuda:0', epochs=1) as loader:
-    n = sum(b['image'].shape[0] for b in loader)
-    assert b['image'].is_cuda
+    for b in loader:
+        assert b['image'].is_cuda
+        n += b['image'].shape[0]
 print('python', sys.version.split()[0], 'torch', torch.__version__, n, 'images on cuda:0')
 ") >> "$out/wheel.log" 2>&1
   row "$(basename "$wheel") in a fresh venv" "exit $? ($(tail -1 "$out/wheel.log"))"

@@ -189,8 +189,13 @@ static int enqueue(gpu *g, dl_batch *host, int slot, dl_batch *dev) {
   in_flight *f = &g->inf[slot];
   bool convert = l->o.dtype != DL__DTYPE_UINT8;
   cudaError_t e = cudaSuccess;
+  /* The consumer's work on the slot's last batch must end before this one lands in it. nvJPEG's
+   * hardware decode is not given a stream that waits on another stream: it stalled there on an
+   * H200 (test_cuda's slow consumer, decode=gpu), so the copy thread waits for the release itself
+   * (it would block in nvJPEG for as long anyway). */
   if (gs->release_pending)
-    e = cudaStreamWaitEvent(g->copy, gs->released, 0);
+    e = g->dec && has_gpu_jobs(host) ? cudaEventSynchronize(gs->released)
+                                     : cudaStreamWaitEvent(g->copy, gs->released, 0);
   gs->release_pending = false;
   /* The GPU's JPEGs first, so the engines start while the CPU samples are copied. A JPEG nvJPEG
    * refuses becomes a CPU sample here, before the copies below. */

@@ -21,11 +21,14 @@ PY = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executabl
 
 def _tools_present():
     probe = subprocess.run([PY, "-c", "import venv, ensurepip, setuptools, wheel"], capture_output=True)
-    return probe.returncode == 0 and shutil.which("git") and shutil.which("cmake")
+    if probe.returncode or not shutil.which("git") or not shutil.which("cmake") or not shutil.which("pkg-config"):
+        return False
+    # The -dev packages a build from source needs (scripts/install-deps.sh installs them).
+    return subprocess.run(["pkg-config", "--exists", "libjpeg", "libpng16", "libzstd", "libwebp", "libcurl"]).returncode == 0
 
 
 pytestmark = pytest.mark.skipif(not _tools_present() or not os.path.isdir(os.path.join(ROOT, ".git")),
-                                reason="needs git, cmake, venv, setuptools and wheel")
+                                reason="needs git, cmake, pkg-config, venv, setuptools, wheel and the -dev packages")
 
 
 def clean_copy(dest):
