@@ -4,7 +4,8 @@ from local disk, from nginx and from an S3 server (s3rver) over loopback, each w
 added latency per request (a pass-through proxy that holds every request LATENCY ms), with the
 shard cache off, cold (first run into an empty folder) and warm; and requests per sample.
 
-Usage: /usr/bin/python3 bench/remote_bench.py [BUILD_DIR] [--images N] [--workers W] [--latency-ms L]
+Usage: /usr/bin/python3 bench/remote_bench.py [BUILD_DIR] [--images N] [--workers W] [--latency-ms L] [--repeat R]
+(each figure the best of R runs; the proxy's own cost shows in its 0 ms rows).
 Needs nginx, and for the S3 rows s3rver (scripts/install-deps.sh test) and python3-botocore."""
 import argparse
 import glob
@@ -24,9 +25,11 @@ ap.add_argument("build", nargs="?", default="build")
 ap.add_argument("--images", type=int, default=4000)
 ap.add_argument("--workers", type=int, default=2)
 ap.add_argument("--latency-ms", type=float, default=20)
+ap.add_argument("--repeat", type=int, default=2)
 args = ap.parse_args()
 dlbench, dlshard = os.path.join(args.build, "dlbench"), os.path.join(args.build, "dlshard")
 work = tempfile.mkdtemp(prefix="ringfeed-remote-bench-")
+os.chmod(work, 0o755)  # nginx's workers read the shards as another user
 env = dict(os.environ, DL_LOG_LEVEL="1", XDG_CACHE_HOME=os.path.join(work, "index"))
 
 tars = subprocess.run([dlbench, "--make-synthetic", "--synthetic", str(args.images)], capture_output=True, text=True,
@@ -42,13 +45,19 @@ nrfs = len(glob.glob(os.path.join(root, "rfs", "*.rfs")))
 sets = {"tar": f"synth-{{000000..{ntar - 1:06d}}}.tar", "rfs": f"rfs/syn-{{000000..{nrfs - 1:06d}}}.rfs"}
 
 
-def bench(source, *extra):
-    cmd = [dlbench, source, "--workers", str(args.workers), "--batch", "64", "--size", "224", "--flip", "--json",
-           "--digest", *extra]
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
-    if out.returncode:
-        sys.exit(f"{' '.join(cmd)}\n{out.stderr[-2000:]}")
-    return json.loads(out.stdout)
+def bench(source, *extra, repeat=None):
+    """The best of REPEAT runs (by steady rate): a 2-core machine's runs vary by several percent."""
+    best = None
+    for _ in range(repeat or args.repeat):
+        cmd = [dlbench, source, "--workers", str(args.workers), "--batch", "64", "--size", "224", "--flip", "--json",
+               "--digest", *extra]
+        out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+        if out.returncode:
+            sys.exit(f"{' '.join(cmd)}\n{out.stderr[-2000:]}")
+        run = json.loads(out.stdout)
+        if not best or run["steady_samples_per_s"] > best["steady_samples_per_s"]:
+            best = run
+    return best
 
 
 servers, rows = [], []
@@ -74,12 +83,12 @@ try:
 
     local = {}
     for kind, path in sets.items():
-        bench(os.path.join(root, path))  # page cache
+        bench(os.path.join(root, path), repeat=1)  # page cache
         local[kind] = bench(os.path.join(root, path))
         rows.append((kind, "local disk", "-", "-", local[kind], local[kind]))
     for name, port, pattern in endpoints:
-        for latency in (0, args.latency_ms):
-            proxy = LatencyProxy(port, latency / 1000) if latency else None
+        for latency in (None, 0, args.latency_ms):  # direct, through the proxy, with added latency
+            proxy = LatencyProxy(port, latency / 1000) if latency is not None else None
             if proxy:
                 servers.append(proxy)
             target = proxy.port if proxy else port
@@ -88,12 +97,20 @@ try:
             for kind, path in sets.items():
                 source = pattern.format(port=target, path=path)
                 folder = os.path.join(work, f"cache-{name}-{latency}-{kind}")
-                for cache, extra in (("off", []), ("cold", ["--option", f"cache_dir={folder}"]),
-                                     ("warm", ["--option", f"cache_dir={folder}"])):
-                    run = bench(source, *extra)
+                caches = (("off", []),) if latency == 0 else (
+                    ("off", []), ("cold", ["--option", f"cache_dir={folder}"]),
+                    ("warm", ["--option", f"cache_dir={folder}"]))
+                for cache, extra in caches:
+                    if cache == "cold":
+                        shutil.rmtree(folder, ignore_errors=True)
+                    run = bench(source, *extra, repeat=1 if cache == "cold" else None)
                     same = run["digest"] == local[kind]["digest"]
-                    rows.append((kind, name + ("" if same else " (DIGEST DIFFERS)"), f"{latency:g} ms", cache, run,
-                                 local[kind]))
+                    how = "direct" if latency is None else f"proxy +{latency:g} ms"
+                    rows.append((kind, name + ("" if same else " (DIGEST DIFFERS)"), how, cache, run, local[kind]))
+            if name == "nginx" and latency == args.latency_ms:  # sequential reading: requests coalesce
+                run = bench(pattern.format(port=target, path=sets["rfs"]), "--option", "shuffle=0")
+                ref = bench(os.path.join(root, sets["rfs"]), "--option", "shuffle=0")
+                rows.append(("rfs, shuffle=0", name, f"proxy +{latency:g} ms", "off", run, ref))
 finally:
     for s in reversed(servers):
         s.stop()
@@ -101,7 +118,7 @@ finally:
 
 print(f"\n{args.images} synthetic JPEGs, {args.workers} workers, batch 64, RandomResizedCrop 224 + flip; "
       "steady images/s after the first batch")
-print("| shards | from | added latency | cache | images/s | of local | requests/sample | first batch ms |")
+print("| shards | from | path | cache | images/s | of local | requests/sample | first batch ms |")
 print("|---|---|---|---|---|---|---|---|")
 for kind, name, latency, cache, run, ref in rows:
     steady, base = run["steady_samples_per_s"], ref["steady_samples_per_s"]

@@ -184,6 +184,10 @@ int dl_open(dl_loader **out, const char *source, const char *options) {
     goto fail;
   }
   l->remote = remote > 0;
+  /* A remote read waits a round trip: more in flight keep the workers busy (at 20 ms of latency,
+   * 16 per worker left them waiting a fifth of the time on a 2-core machine; 64 did not). */
+  if (!l->o.io_depth)
+    l->o.io_depth = l->remote ? 64 : 16;
   if (l->remote) {
     l->io_ops = &dl__io_http_ops;
     snprintf(l->io_reason, sizeof l->io_reason, "remote shards: ranged GETs through libcurl");

@@ -27,7 +27,7 @@ static void set_defaults(dl__options *o) {
   o->device_slots = 3;
   o->on_error = DL__ON_ERROR_SKIP;
   o->io = DL__IO_AUTO;
-  o->io_depth = 16;
+  o->io_depth = 0; /* 16 for local files, 64 for remote ones (dl_open), unless given */
   o->max_pixels = 64ll << 20;
   o->max_member_bytes = 256ll << 20;
   /* DL_LOG_LEVEL, else warn: not whatever the last loader asked for (log=quiet there would

@@ -268,8 +268,12 @@ static void *run(void *arg) {
   }
   int inflight_n = 0;
   bool draining = false;
+  /* Remote reads are topped up in runs of a quarter of the depth: reads submitted together can
+   * share a request when their samples are neighbours (shuffle=0, evaluation). */
+  int refill_below = l->remote && w->depth > 3 ? w->depth - w->depth / 4 + 1 : w->depth;
   for (;;) {
-    while (!draining && inflight_n < w->depth) {
+    bool refill = inflight_n < refill_below;
+    while (refill && !draining && inflight_n < w->depth) {
       dl__claim c;
       int r = dl__ring_claim(l, &c, inflight_n == 0);
       if (r < 0)
