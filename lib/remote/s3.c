@@ -157,12 +157,12 @@ void dl__s3_free(dl__s3 *s) {
   free(s);
 }
 
-/* Percent-encodes a key for a URL path, keeping '/' (S3's canonical form of the path). */
-static size_t encode_key(const char *key, char *out, size_t cap) {
+/* Percent-encodes IN (S3's canonical form: unreserved characters and those in KEEP stay). */
+static void percent_encode(const char *in, const char *keep, char *out, size_t cap) {
   static const char hex[] = "0123456789ABCDEF";
   size_t n = 0;
-  for (const unsigned char *p = (const unsigned char *)key; *p && n + 4 < cap; p++) {
-    if (isalnum(*p) || strchr("-._~/", *p)) {
+  for (const unsigned char *p = (const unsigned char *)in; *p && n + 4 < cap; p++) {
+    if (isalnum(*p) || strchr("-._~", *p) || strchr(keep, *p)) {
       out[n++] = (char)*p;
     } else {
       out[n++] = '%';
@@ -171,7 +171,6 @@ static size_t encode_key(const char *key, char *out, size_t cap) {
     }
   }
   out[n] = 0;
-  return n;
 }
 
 /* BUCKET and KEY of s3://bucket/key (KEY may be empty). */
@@ -204,7 +203,7 @@ int dl__s3_url(const dl__s3 *s, const char *s3url, char *out, size_t cap) {
     r = bucket_url(s, bucket, out, cap);
   if (r)
     return r;
-  encode_key(key, enc, sizeof enc);
+  percent_encode(key, "/", enc, sizeof enc); /* a key's slashes are its path's */
   size_t n = strlen(out);
   int w = snprintf(out + n, cap - n, "/%s", enc);
   return w > 0 && (size_t)w < cap - n ? 0 : dl__fail(DL_ELIMIT, "source %s: URL too long", s3url);
@@ -250,21 +249,6 @@ void dl__s3_error_code(const uint8_t *body, size_t n, char *out, size_t cap) {
     out[0] = 0;
 }
 
-static void query_escape(const char *in, char *out, size_t cap) {
-  static const char hex[] = "0123456789ABCDEF";
-  size_t n = 0;
-  for (const unsigned char *p = (const unsigned char *)in; *p && n + 4 < cap; p++) {
-    if (isalnum(*p) || strchr("-._~", *p)) {
-      out[n++] = (char)*p;
-    } else {
-      out[n++] = '%';
-      out[n++] = hex[*p >> 4];
-      out[n++] = hex[*p & 15];
-    }
-  }
-  out[n] = 0;
-}
-
 int dl__s3_list(const dl__options *o, const dl__s3 *s, const char *pattern, char ***out, size_t *count) {
   char bucket[256], base[1024], prefix[1024], url[8192], token[2048] = "", esc_prefix[3072], esc_token[6144];
   const char *key_pattern;
@@ -276,14 +260,14 @@ int dl__s3_list(const dl__options *o, const dl__s3 *s, const char *pattern, char
   /* List from the part of the key before its first wildcard. */
   size_t plen = strcspn(key_pattern, "*?[");
   snprintf(prefix, sizeof prefix, "%.*s", (int)plen, key_pattern);
-  query_escape(prefix, esc_prefix, sizeof esc_prefix);
+  percent_encode(prefix, "", esc_prefix, sizeof esc_prefix);
   size_t cap = 1 << 20, n = 0, vcap = 0;
   uint8_t *page = malloc(cap);
   char **v = NULL;
   if (!page)
     return dl__fail(-ENOMEM, "out of memory");
   for (bool more = true; more && !r;) {
-    query_escape(token, esc_token, sizeof esc_token);
+    percent_encode(token, "", esc_token, sizeof esc_token);
     snprintf(url, sizeof url, "%s?list-type=2&prefix=%s%s%s", base, esc_prefix, token[0] ? "&continuation-token=" : "",
              token[0] ? esc_token : "");
     dl__target t = {pattern, url, s};
