@@ -155,10 +155,31 @@ typedef struct sink {
   const _Atomic int *cancel; /* a transfer stops when it turns nonzero (may be NULL) */
 } sink;
 
-static int on_progress(void *arg, curl_off_t dt, curl_off_t dn, curl_off_t ut, curl_off_t un) {
-  (void)dt, (void)dn, (void)ut, (void)un;
-  const sink *s = arg;
-  return atomic_load_explicit(s->cancel, memory_order_relaxed) != 0;
+/* H's transfer; with CANCEL, given up within 50 ms of it turning nonzero (libcurl's progress
+ * callback may wait a second between calls on a stalled transfer). */
+static CURLcode perform(CURL *h, const _Atomic int *cancel) {
+  if (!cancel)
+    return curl_easy_perform(h);
+  CURLM *m = curl_multi_init();
+  if (!m || curl_multi_add_handle(m, h) != CURLM_OK) {
+    if (m)
+      curl_multi_cleanup(m);
+    return CURLE_OUT_OF_MEMORY;
+  }
+  CURLcode result = CURLE_ABORTED_BY_CALLBACK;
+  for (int running = 1; running && !atomic_load_explicit(cancel, memory_order_relaxed);) {
+    curl_multi_perform(m, &running);
+    CURLMsg *msg;
+    int left;
+    while ((msg = curl_multi_info_read(m, &left)))
+      if (msg->msg == CURLMSG_DONE)
+        result = msg->data.result;
+    if (running)
+      curl_multi_poll(m, NULL, 0, 50, NULL);
+  }
+  curl_multi_remove_handle(m, h);
+  curl_multi_cleanup(m);
+  return result;
 }
 
 static size_t on_body(char *p, size_t size, size_t n, void *arg) {
@@ -226,15 +247,10 @@ static int get(const dl__options *o, const dl__target *t, const char *range, boo
     curl_easy_setopt(h, CURLOPT_WRITEDATA, s);
     curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
     curl_easy_setopt(h, CURLOPT_HEADERDATA, s);
-    if (s->cancel) {
-      curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
-      curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, on_progress);
-      curl_easy_setopt(h, CURLOPT_XFERINFODATA, s);
-    }
     s->got = start;
     s->err = 0;
     s->total = -1;
-    CURLcode c = curl_easy_perform(h);
+    CURLcode c = perform(h, s->cancel);
     if (s->err) {
       r = dl__fail(s->err, "writing what %s sent: %s", t->name, strerror(-s->err));
       break;

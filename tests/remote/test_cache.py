@@ -168,3 +168,30 @@ def test_cache_options_are_checked(tmp_path):
     out = subprocess.run(command("http://127.0.0.1:9/x.tar", "--option", "cache_limit=1G"), capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 1 and "cache_limit needs cache_dir" in out.stderr
+
+
+def test_close_does_not_wait_for_a_stalled_download(nginx, tmp_path):
+    if not os.environ.get("RINGFEED_LIBRARY"):
+        pytest.skip("the Python binding needs RINGFEED_LIBRARY")
+    folder = tmp_path / "cache"
+    proxy = FaultProxy(nginx.port, stall_s=20, after=2)  # the probe and the index; then nothing comes
+    code = f"""
+import sys, time
+sys.path.insert(0, {os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..', 'bindings', 'python')!r})
+import ringfeed
+loader = ringfeed.Loader({proxy.url + '/rfs/packed-000001.rfs'!r}, batch_size=8, image_size=32, workers=2,
+                         framework="numpy", cache_dir={str(folder)!r})
+time.sleep(0.5)  # the whole-shard download and the ranged reads are in flight, stalled
+t0 = time.perf_counter()
+loader.close()
+print(f"closed {{time.perf_counter() - t0:.3f}}")
+"""
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                             env=dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "index")))
+    finally:
+        proxy.stop()
+    words = out.stdout.split()
+    assert words and words[0] == "closed", out.stdout + out.stderr
+    assert float(words[1]) < 0.5 and proxy.counts["stall"] > 0
+    assert entries(folder) == []  # the abandoned download was removed
