@@ -183,9 +183,12 @@ static int open_entry(const dl__cache_dir *d, const char *name, uint64_t size) {
   if (fd < 0)
     return -errno;
   struct stat st;
-  if (flock(fd, LOCK_SH | LOCK_NB) || fstat(fd, &st) || (uint64_t)st.st_size != size) {
+  int r = flock(fd, LOCK_SH | LOCK_NB) ? -EBUSY /* its writer is just done, or it is being removed */
+          : fstat(fd, &st) || (uint64_t)st.st_size != size ? -ESTALE /* not what it must be: fetched again */
+                                                            : 0;
+  if (r) {
     close(fd);
-    return -EBUSY; /* being removed, or not the size it must be: fetched again */
+    return r;
   }
   futimens(fd, NULL);
   return fd;
@@ -211,10 +214,10 @@ static int fill(dl__cache_dir *d, const dl__dataset *ds, uint32_t f, const char 
     return -EBUSY; /* another process downloads it (or just finished) */
   }
   int r = open_entry(d, name, rf->size); /* finished by another process meanwhile */
-  if (r >= 0) {
+  if (r >= 0 || r == -EBUSY) {
     unlinkat(d->dirfd, part, 0);
     close(fd);
-    return r;
+    return r; /* the copy, or one held for a moment by its writer or an eviction: look again */
   }
   flock(d->lockfd, LOCK_EX);
   r = ftruncate(fd, 0) ? -errno : make_room(d, (int64_t)rf->size);
@@ -249,7 +252,7 @@ int dl__cache_dir_get(dl__cache_dir *d, const dl__dataset *ds, uint32_t f, const
   entry_name(&ds->remote[f], name, sizeof name);
   *fetched = false;
   int fd = open_entry(d, name, ds->remote[f].size);
-  if (fd >= 0 || !fetch)
+  if (fd >= 0 || fd == -EBUSY || !fetch)
     return fd;
   if ((int64_t)ds->remote[f].size > d->limit)
     return -ENOSPC;

@@ -83,7 +83,8 @@ int dl__cache_dir_open(const dl__options *o, dl__cache_dir *d);
 void dl__cache_dir_close(dl__cache_dir *d);
 /* A read-only descriptor of remote file F's whole copy, holding a shared lock that keeps it from
  * eviction: found in the folder, or with FETCH downloaded into it (*FETCHED set). -ENOENT when
- * absent (without FETCH), -EBUSY while another process downloads it, -ENOSPC when entries in use
+ * absent (without FETCH), -EBUSY while another process downloads it or holds it for a moment (its
+ * writer renaming it, an eviction), -ENOSPC when entries in use
  * fill the limit, or another error with its message. */
 int dl__cache_dir_get(dl__cache_dir *d, const dl__dataset *ds, uint32_t f, const dl__options *o, bool fetch,
                       const _Atomic int *cancel, bool *fetched);
