@@ -338,3 +338,24 @@ class LatencyProxy:
         self.loop.call_soon_threadsafe(self.server.close)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(5)
+
+
+def seconds_to_close(source, env, wait_s, **options):
+    """Opens a Loader over SOURCE in a fresh Python (the binding from this tree), lets its reads
+    stall for WAIT_S, then times close(): the seconds it took. Needs RINGFEED_LIBRARY."""
+    binding = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bindings", "python")
+    code = f"""
+import sys, time
+sys.path.insert(0, {binding!r})
+import ringfeed
+loader = ringfeed.Loader({source!r}, batch_size=8, image_size=32, framework="numpy", **{options!r})
+time.sleep({wait_s!r})
+t0 = time.perf_counter()
+loader.close()
+print(f"closed {{time.perf_counter() - t0:.3f}}")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         env=dict(os.environ, **env))
+    words = out.stdout.split()
+    assert words and words[0] == "closed", out.stdout + out.stderr
+    return float(words[1])

@@ -15,7 +15,7 @@ import time
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from servers import FaultProxy, Nginx  # noqa: E402
+from servers import FaultProxy, Nginx, seconds_to_close  # noqa: E402
 
 BUILD = os.path.dirname(os.environ.get("DL_DLSHARD") or os.environ.get("RINGFEED_LIBRARY", ""))
 DLBENCH = os.path.join(BUILD, "dlbench")
@@ -175,23 +175,10 @@ def test_close_does_not_wait_for_a_stalled_download(nginx, tmp_path):
         pytest.skip("the Python binding needs RINGFEED_LIBRARY")
     folder = tmp_path / "cache"
     proxy = FaultProxy(nginx.port, stall_s=20, after=2)  # the probe and the index; then nothing comes
-    code = f"""
-import sys, time
-sys.path.insert(0, {os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..', 'bindings', 'python')!r})
-import ringfeed
-loader = ringfeed.Loader({proxy.url + '/rfs/packed-000001.rfs'!r}, batch_size=8, image_size=32, workers=2,
-                         framework="numpy", cache_dir={str(folder)!r})
-time.sleep(0.5)  # the whole-shard download and the ranged reads are in flight, stalled
-t0 = time.perf_counter()
-loader.close()
-print(f"closed {{time.perf_counter() - t0:.3f}}")
-"""
-    try:
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                             env=dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "index")))
+    try:  # the whole-shard download and the ranged reads in flight, stalled
+        took = seconds_to_close(proxy.url + "/rfs/packed-000001.rfs", {"XDG_CACHE_HOME": str(tmp_path / "index")},
+                                0.5, workers=2, cache_dir=str(folder))
     finally:
         proxy.stop()
-    words = out.stdout.split()
-    assert words and words[0] == "closed", out.stdout + out.stderr
-    assert float(words[1]) < 0.5 and proxy.counts["stall"] > 0
+    assert took < 0.5 and proxy.counts["stall"] > 0
     assert entries(folder) == []  # the abandoned download was removed
