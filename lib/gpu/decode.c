@@ -33,6 +33,10 @@ struct dl__gpu_decoder {
   int channels, batch;
   uint8_t *pool; /* decoded regions of one chunk */
   size_t pool_cap;
+  /* Recorded after the kernels that read the pool. nvJPEG's hardware decode writes its output
+   * when it is called, not in the stream's order, so the host waits for this before each one. */
+  cudaEvent_t pool_read;
+  bool pool_pending;
   dl__resize_job *jobs_dev;  /* one chunk's jobs, for the kernel */
   dl__resize_job *jobs_host; /* pinned, a batch's worth per host slot: its copy may still be queued */
   /* The arrays of one nvJPEG call, and which jobs go to which decoder. */
@@ -71,6 +75,8 @@ void dl__gpu_decoder_destroy(dl__gpu_decoder *d) {
     if (engines[i]->h)
       d->nv->Destroy(engines[i]->h);
   }
+  if (d->pool_read)
+    cudaEventDestroy(d->pool_read);
   cudaFree(d->pool);
   cudaFree(d->jobs_dev);
   cudaFreeHost(d->jobs_host);
@@ -146,6 +152,7 @@ int dl__gpu_decoder_create(dl_loader *l, int device, dl__gpu_decoder **out, size
     ok = nv->DecodeParamsCreate(d->hw.h, &d->params[d->nparams]) == NVJPEG_STATUS_SUCCESS;
   if (ok && ((ce = cudaMalloc((void **)&d->pool, d->pool_cap)) ||
              (ce = cudaMalloc((void **)&d->jobs_dev, B * sizeof *d->jobs_dev)) ||
+             (ce = cudaEventCreateWithFlags(&d->pool_read, cudaEventDisableTiming | cudaEventBlockingSync)) ||
              (ce = cudaHostAlloc((void **)&d->jobs_host, (size_t)l->o.prefetch * B * sizeof *d->jobs_host,
                                  cudaHostAllocPortable))))
     ok = false;
@@ -277,6 +284,11 @@ typedef struct chunk {
 /* Decodes a chunk and queues the kernel that turns it into batch samples. */
 static int flush(dl__gpu_decoder *d, dl_loader *l, dl_batch *host, dl__resize_job *kj, chunk *c, bool scaled,
                  void *out, cudaStream_t s, char *why, size_t cap) {
+  cudaError_t e = cudaSuccess;
+  if (c->nhw && d->pool_pending && (e = cudaEventSynchronize(d->pool_read)) != cudaSuccess) {
+    snprintf(why, cap, "JPEG decoding on cuda:%d failed: %s", d->device, cudaGetErrorString(e));
+    return -1;
+  }
   decode_list(d, l, host, &d->hw, true, kj, d->hw_list, c->nhw, s);
   decode_list(d, l, host, &d->cuda, false, kj, d->cuda_list, c->ncuda, s);
   int m = c->first;
@@ -284,7 +296,6 @@ static int flush(dl__gpu_decoder *d, dl_loader *l, dl_batch *host, dl__resize_jo
     if (kj[k].out >= 0)
       kj[m++] = kj[k];
   int n = m - c->first;
-  cudaError_t e = cudaSuccess;
   if (n) {
     e = cudaMemcpyAsync(d->jobs_dev, kj + c->first, (size_t)n * sizeof *kj, cudaMemcpyHostToDevice, s);
     if (e == cudaSuccess && scaled)
@@ -292,6 +303,9 @@ static int flush(dl__gpu_decoder *d, dl_loader *l, dl_batch *host, dl__resize_jo
     if (e == cudaSuccess)
       e = (cudaError_t)dl__resize_launch(d->jobs_dev, n, out, l->o.height, l->o.width, l->o.channels,
                                          l->o.layout == DL__LAYOUT_NCHW, l->o.dtype, l->o.mean, l->o.std, s);
+    if (e == cudaSuccess)
+      e = cudaEventRecord(d->pool_read, s);
+    d->pool_pending = e == cudaSuccess;
   }
   if (e != cudaSuccess) {
     snprintf(why, cap, "JPEG decoding on cuda:%d failed: %s", d->device, cudaGetErrorString(e));
