@@ -532,7 +532,7 @@ struct dl_batch {
    * sample what it decodes (jobs[i].len 0: the sample was done on the CPU). */
   uint8_t *arena;
   size_t arena_used;
-  int gpu_from;      /* samples [gpu_from, len) may go to the GPU (hybrid's split) */
+  int cpu_n;         /* hybrid's split: the workers decode this many, spread evenly (dl__gpu_arena_take) */
   dl__gpu_job *jobs;
   uint8_t *fields;   /* this slot's tensor fields (loader.fields layout); host or device memory */
   /* Bytes fields: per sample a grow-only buffer holding its members, and per sample and field
@@ -598,6 +598,7 @@ typedef struct dl__split {
   double gpu_ms, cpu_ms;  /* smoothed time per image: one device's decoder, one worker */
   double balanced;        /* the share at which both sides would finish together */
   double target;          /* the share it moves toward; l->share follows in steps */
+  int votes;              /* batches since the last step: + the GPU should take more, - less */
   int64_t cpu_decoded, cpu_ns, starved; /* the counters at the last update */
   int64_t updates;
 } dl__split;

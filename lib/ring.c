@@ -34,8 +34,8 @@ static dl_batch *open_slot(dl_loader *l, dl__stream *s) {
   b->err_i = INT_MAX;
   b->errmsg[0] = 0;
   b->arena_used = 0;
-  /* Hybrid's split: the first samples go to the workers, the rest may go to the GPU. */
-  b->gpu_from = l->decode == DL__DECODE_HYBRID ? (int)lround(b->len * (1 - l->share)) : 0;
+  /* Hybrid's split: how many samples the workers decode (the GPU may take the others). */
+  b->cpu_n = l->decode == DL__DECODE_HYBRID ? (int)lround(b->len * (1 - l->share)) : 0;
   return b;
 }
 

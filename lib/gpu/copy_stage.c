@@ -35,6 +35,8 @@ typedef struct in_flight {
   cudaEvent_t d0, d1;  /* around the decode of its GPU samples */
   size_t bytes;        /* copied */
   int gpu_samples;     /* decoded on the device; -1: no decode queued */
+  double waited_ms;    /* the copy thread waited for the workers to complete it */
+  double busy_ms;      /* and then queued it (nvJPEG's calls return when their decode is done) */
 } in_flight;
 
 typedef struct gpu {
@@ -52,6 +54,7 @@ typedef struct gpu {
   double copy_ms;    /* GPU time of the host-to-device copies */
   int64_t copy_bytes;
   double decode_ms;  /* GPU time of the JPEG decodes (engine, kernels) */
+  double decode_host_ms; /* the copy thread's time queueing them (nvJPEG parses on the host, and waits) */
   int64_t decode_batches;
   char error[256];
 } gpu;
@@ -154,7 +157,7 @@ static int reap(gpu *g, bool wait) {
       g->decode_ms += dms;
       g->decode_batches++;
     }
-    dl__gpu_share_update(l, f->gpu_samples > 0 ? f->gpu_samples : 0, dms);
+    dl__gpu_share_update(l, f->gpu_samples > 0 ? f->gpu_samples : 0, dms, f->waited_ms, f->busy_ms);
     pthread_mutex_lock(&l->mu);
     dl__slot_free_locked(host);
     pthread_mutex_unlock(&l->mu);
@@ -202,9 +205,11 @@ static int enqueue(gpu *g, dl_batch *host, int slot, dl_batch *dev) {
   f->gpu_samples = -1;
   if (!e && g->dec && has_gpu_jobs(host)) {
     e = cudaEventRecord(f->d0, g->copy);
+    double t0 = dl__now();
     if (!e && (f->gpu_samples = dl__gpu_decode(g->dec, l, host, slot, gs->image, g->copy, g->error,
                                                sizeof g->error)) < 0)
       return -1;
+    g->decode_host_ms += (dl__now() - t0) * 1e3;
     if (!e)
       e = cudaEventRecord(f->d1, g->copy);
   }
@@ -260,12 +265,15 @@ static void *copy_thread(void *arg) {
     dl_batch *host = &s->slots[slot];
     dl_batch *dev = &s->dslots[k % l->o.device_slots];
     bool stop = false;
+    double t_enter = dl__now(), t_host = 0; /* when the workers had completed it */
     for (;;) {
       if (reap(g, false))
         goto failed;
       pthread_mutex_lock(&l->mu);
       bool host_ok = host->k == k && host->state == DL__SLOT_COMPLETE;
       bool dev_ok = dev->state == DL__SLOT_FREE;
+      if (host_ok && !t_host)
+        t_host = dl__now();
       stop = l->stop;
       if (host_ok && dev_ok) {
         dev->state = DL__SLOT_FILLING;
@@ -297,8 +305,11 @@ static void *copy_thread(void *arg) {
     if (host->err && g->dec && has_gpu_jobs(host))
       dl__gpu_decode_failed_batch(g->dec, l, host);
     bool queued = !host->err;
+    double t_busy = dl__now();
     if (queued && enqueue(g, host, slot, dev))
       goto failed;
+    g->inf[slot].waited_ms = (t_host - t_enter) * 1e3;
+    g->inf[slot].busy_ms = (dl__now() - t_busy) * 1e3;
     pthread_mutex_lock(&l->mu);
     dev->k = k;
     dev->epoch = host->epoch;
@@ -488,20 +499,22 @@ void dl__cuda_release_locked(dl_batch *b) {
 
 int dl__cuda_stats(dl_loader *l, char *buf, size_t cap) {
   cuda_state *c = l->cuda;
-  double ms = 0, decode_ms = 0;
+  double ms = 0, decode_ms = 0, decode_host_ms = 0;
   int64_t bytes = 0, decode_batches = 0;
   for (int i = 0; i < c->n; i++) {
     ms += c->g[i].copy_ms;
     bytes += c->g[i].copy_bytes;
     decode_ms += c->g[i].decode_ms;
+    decode_host_ms += c->g[i].decode_host_ms;
     decode_batches += c->g[i].decode_batches;
   }
   size_t pinned = l->image_bytes * (size_t)l->o.prefetch * (size_t)l->nstreams +
                   (l->field_block + l->arena_bytes) * (size_t)l->o.prefetch * (size_t)l->nstreams;
   return snprintf(buf, cap,
                   ",\"h2d_bytes\":%lld,\"h2d_gpu_ms\":%.3f,\"h2d_gb_s\":%.3f,\"device_slots\":%d"
-                  ",\"gpu_decode_ms\":%.3f,\"gpu_decode_batches\":%lld,\"pinned_mb\":%.1f,\"device_mb\":%.1f",
+                  ",\"gpu_decode_ms\":%.3f,\"gpu_decode_host_ms\":%.3f,\"gpu_decode_batches\":%lld,\"pinned_mb\":%.1f,\"device_mb\":%.1f",
                   (long long)bytes, ms, ms > 0 ? bytes / ms / 1e6 : 0.0, l->o.device_slots,
-                  decode_batches ? decode_ms / (double)decode_batches : 0.0, (long long)decode_batches,
+                  decode_batches ? decode_ms / (double)decode_batches : 0.0,
+                  decode_batches ? decode_host_ms / (double)decode_batches : 0.0, (long long)decode_batches,
                   (double)pinned / 1048576.0, (double)c->device_bytes / 1048576.0);
 }

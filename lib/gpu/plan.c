@@ -31,8 +31,16 @@ static bool candidate(const dl_loader *l, const dl__sample *s) {
          (int64_t)s->size <= l->o.max_member_bytes;
 }
 
+/* Hybrid: whether sample I of B is one of the workers' share. The CPU's samples are spread evenly
+ * over the batch, not put first: a worker claims a run of neighbouring samples at a time, and a
+ * run of CPU samples alone left a few workers decoding the whole share while the rest waited (on
+ * an H200 the split batch then took longer than either side's part of it). */
+static bool cpu_share(const dl_batch *b, int i) {
+  return b->cpu_n && (int64_t)(i + 1) * b->cpu_n / b->len > (int64_t)i * b->cpu_n / b->len;
+}
+
 uint8_t *dl__gpu_arena_take(dl_loader *l, dl_batch *b, int i, const dl__sample *s) {
-  if (!b->arena || i < b->gpu_from || !candidate(l, s))
+  if (!b->arena || cpu_share(b, i) || !candidate(l, s))
     return NULL;
   size_t align, need = arena_need(l, s, &align);
   size_t at = (b->arena_used + align - 1) / align * align;
@@ -175,7 +183,7 @@ bool dl__gpu_plan(const dl_loader *l, dl_batch *b, int i, int64_t index, uint8_t
   return true;
 }
 
-void dl__gpu_share_update(dl_loader *l, int gpu_samples, double gpu_ms) {
+void dl__gpu_share_update(dl_loader *l, int gpu_samples, double gpu_ms, double waited_ms, double busy_ms) {
   if (l->decode != DL__DECODE_HYBRID || l->o.gpu_share >= 0)
     return;
   pthread_mutex_lock(&l->mu);
@@ -186,22 +194,31 @@ void dl__gpu_share_update(dl_loader *l, int gpu_samples, double gpu_ms) {
   s->cpu_decoded = cpu_n, s->cpu_ns = cpu_ns, s->starved = l->st.starved;
   /* The first batches carry the decoders' start-up. */
   if (++s->updates > 2) {
+    /* The per-image rates say where the balance would be if both sides scaled linearly (reported
+     * only: nvJPEG's time per call is not linear in its images, and the cores slow each other). */
     if (gpu_samples > 0)
       s->gpu_ms = s->gpu_ms > 0 ? 0.8 * s->gpu_ms + 0.2 * gpu_ms / gpu_samples : gpu_ms / gpu_samples;
     if (dn > 0)
       s->cpu_ms = s->cpu_ms > 0 ? 0.8 * s->cpu_ms + 0.2 * (double)dns / 1e6 / (double)dn : (double)dns / 1e6 / (double)dn;
     if (s->gpu_ms > 0 && s->cpu_ms > 0) {
-      /* Images per ms: one device's decoder against its share of the workers. */
       double gpu_rate = 1 / s->gpu_ms, cpu_rate = l->o.workers / s->cpu_ms / l->nstreams;
       s->balanced = gpu_rate / (gpu_rate + cpu_rate);
-      if (starved)
-        s->target += 0.25 * (s->balanced - s->target);
-      else /* the loader is ahead of its consumer: the idle cores take work back from the GPU */
-        s->target = s->target > 0.01 ? s->target - 0.01 : 0;
-      /* The split moves in steps of 1/32 of a batch: nvJPEG sets up again for every new batch size. */
-      double step = round(s->target * 32) / 32;
-      if (fabs(step - l->share) >= 1.0 / 32)
-        l->share = step;
+    }
+    /* What moves the split is which side the other waited for. The copy thread that had to wait
+     * for the workers to finish a batch could have decoded more of it; one that found every batch
+     * complete is the slower side. A consumer that never waits leaves the split drifting to the
+     * CPU: the GPU's time is then better left to training. */
+    if (!starved)
+      s->votes--;
+    else
+      s->votes += waited_ms > 0.1 * busy_ms ? 1 : -1;
+    /* Steps of 1/32 of a batch, after three votes the same way: nvJPEG sets up again for every new
+     * batch size, so the split does not flicker. */
+    if (s->votes >= 3 || s->votes <= -3) {
+      double step = s->votes > 0 ? 1.0 / 32 : -1.0 / 32;
+      s->target = fmin(1, fmax(0, round((l->share + step) * 32) / 32));
+      l->share = s->target;
+      s->votes = 0;
     }
   }
   pthread_mutex_unlock(&l->mu);
