@@ -56,29 +56,40 @@ def main():
                              dtype="bfloat16", layout="NCHW", seed=0, state=state, decode=args.decode)
     keys = open(args.keys_out.replace("%RANK%", str(rank)), "w") if args.keys_out else None
     step, seen, t0 = 0, 0, time.perf_counter()
-    for batch in loader:
-        images = batch["image"].contiguous(memory_format=torch.channels_last)
-        labels = batch["label"].clamp_(0, args.classes - 1)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = F.cross_entropy(model(images), labels)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        if keys:
-            keys.write("\n".join(batch["key"]) + "\n")
-        step += 1
-        seen += images.shape[0]
-        if step % 50 == 0 and rank == 0:
-            torch.cuda.synchronize()
-            dt = time.perf_counter() - t0
-            print(f"step {step} loss {loss.item():.3f} {seen * world / dt:.0f} images/s", flush=True)
-        if args.steps and step >= args.steps:
-            break
+    warm, warm_seen, warm_t = 30, 0, None  # the steady rate counts from step 30 on
+    done = False
+    while not done:  # each `for` over the loader is one epoch; none left: it yields nothing
+        batches = 0
+        for batch in loader:
+            batches += 1
+            images = batch["image"].contiguous(memory_format=torch.channels_last)
+            labels = batch["label"].clamp_(0, args.classes - 1)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = F.cross_entropy(model(images), labels)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            if keys:
+                keys.write("\n".join(batch["key"]) + "\n")
+            step += 1
+            seen += images.shape[0]
+            if step == warm:
+                torch.cuda.synchronize()
+                warm_seen, warm_t = seen, time.perf_counter()
+            if step % 50 == 0 and rank == 0:
+                torch.cuda.synchronize()
+                dt = time.perf_counter() - t0
+                print(f"step {step} loss {loss.item():.3f} {seen * world / dt:.0f} images/s", flush=True)
+            if args.steps and step >= args.steps:
+                done = True
+                break
+        done = done or batches == 0
     torch.cuda.synchronize()
     dt = time.perf_counter() - t0
+    steady = (seen - warm_seen) / (time.perf_counter() - warm_t) if warm_t and seen > warm_seen else None
     stats = loader.stats()
     result = {"rank": rank, "world": world, "steps": step, "images": seen, "seconds": dt,
-              "images_per_s_per_gpu": seen / dt, "final_loss": float(loss.item()), "decode": args.decode,
+              "images_per_s_per_gpu": seen / dt, "steady_images_per_s_per_gpu": steady, "final_loss": float(loss.item()), "decode": args.decode,
               "decode_backend": stats["decode_backend"], "gpu_share": stats["gpu_share"],
               "gpu_decoded": stats["gpu_decoded"], "cpu_decoded": stats["cpu_decoded"]}
     print(json.dumps(result), flush=True)
