@@ -5,11 +5,12 @@
 # time limit and adds its output to $OUT/run.log and its row to $OUT/table.md as it finishes (so a
 # run cut short still tells where it was); the table is printed last.
 # Usage: bench/gpu_decode_run.sh [BUILD_DIR] [SHARDS_DIR] [PARTS]
-#   PARTS: any of abi tests bench train sanitize (default: all of them); N=images per synthetic set
+#   PARTS: any of abi tests ceiling bench train sanitize (default: all of them); N=images per
+#   synthetic set; SKIP=torch leaves out the PyTorch contenders
 set -u
 build=${1:-build-device}
 shards=${2:-$build/tests/shards}
-parts=${3:-abi tests sanitize bench train}
+parts=${3:-abi tests ceiling sanitize bench train}
 n=${N:-10000}
 dest=${OUT:-out}
 out=$(mktemp -d /tmp/ringfeed-gpu-decode.XXXXXX)
@@ -27,6 +28,22 @@ num() { sed -n "s/.*\"$2\": *\([0-9.e+-]*\).*/\1/p" "$1" | head -1; }
 str() { sed -n "s/.*\"$2\":\"\([^\"]*\)\".*/\1/p" "$1" | head -1; }
 has() { case " $parts " in *" $1 "*) return 0 ;; esac; return 1; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN{ if (b > 0) printf "%.2f", a / b; else print "-" }'; }
+# guarded LIMIT STDOUT STDERR CMD...: runs CMD for at most LIMIT seconds; one still running then is
+# stuck: where each of its threads is goes to STDERR.stuck.txt (and run.log), and it is killed.
+guarded() {
+  limit=$1 o=$2 e=$3
+  shift 3
+  "$@" > "$o" 2> "$e" &
+  pid=$!
+  waited=0
+  while kill -0 $pid 2> /dev/null && [ $waited -lt "$limit" ]; do sleep 1; waited=$((waited + 1)); done
+  if kill -0 $pid 2> /dev/null; then
+    cuda-gdb -p $pid -batch -ex "thread apply all bt" > "$e.stuck.txt" 2>&1
+    kill -9 $pid
+    keep "$e.stuck.txt"
+  fi
+  wait $pid
+}
 
 row "GPU" "$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1)"
 
@@ -48,17 +65,8 @@ fi
 
 # 2. The tests: GPU decode against the CPU path, the GPU stage with both decoders.
 if has tests; then
-  for t in test_gpu_decode test_cuda; do
-    DL_TEST_SHARDS="$shards" "$build/tests/$t" > "$out/$t.log" 2>&1 &
-    pid=$!
-    waited=0
-    while kill -0 $pid 2> /dev/null && [ $waited -lt 120 ]; do sleep 1; waited=$((waited + 1)); done
-    if kill -0 $pid 2> /dev/null; then # stuck: where every thread is, then stop it
-      cuda-gdb -p $pid -batch -ex "thread apply all bt" > "$out/$t-stuck.txt" 2>&1
-      kill -9 $pid
-      keep "$out/$t-stuck.txt"
-    fi
-    wait $pid
+  for t in ${TESTS:-test_gpu_decode test_cuda}; do
+    DL_TEST_SHARDS="$shards" guarded 120 "$out/$t.log" "$out/$t.log" "$build/tests/$t"
     row "$t" "exit $? ($(grep -vE '^ringfeed|^$|^slow consumer' "$out/$t.log" | tail -1))"
     keep "$out/$t.log"
   done
@@ -73,39 +81,66 @@ if has tests; then
   fi
 fi
 
+# 3. nvJPEG alone (bench/nvjpeg_ceiling): the engines' rate on whole images, and what each choice
+#    of the loader costs: its flags, decoding the crop's region only, more host threads.
+if has ceiling || has bench; then
+  q90=$("$build/dlbench" --synthetic "$n" --make-synthetic 2> "$out/make-q90.log")
+  q96=$("$build/dlbench" --synthetic "$n" --quality 96 --subsampling 444 --make-synthetic 2> "$out/make-q96.log")
+fi
+if has ceiling; then
+  for set in q90 q96; do
+    eval src=\$$set
+    # (more than two host threads of hardware decode hung in nvJPEG 13.0 on an H200: not tried)
+    for args in "--flags none" "--flags strict" "--flags interp" "" "--roi" "--roi --threads 2" "--backend cuda"; do
+      name=$(echo "$set $args" | tr -d '-' | tr ' ' '_')
+      guarded 60 "$out/ceiling-$name.json" "$out/ceiling-$name.err" "$build/bench/nvjpeg_ceiling" $args \
+        "$(dirname "$src")"/*.tar
+      keep "$out/ceiling-$name.json" "$out/ceiling-$name.err"
+      row "$set nvJPEG alone ${args:-(loader's flags)}" "$(num "$out/ceiling-$name.json" images_per_s) images/s, $(num "$out/ceiling-$name.json" host_ms_per_call) ms host per call"
+    done
+  done
+fi
+
 # 4. Side by side on two sets: decode=cpu, gpu, hybrid; nvJPEG alone through torchvision; the
 #    PyTorch DataLoader with torchvision.io. RandomResizedCrop(224) + flip, uint8 to cuda:0.
 if has bench; then
-  q90=$("$build/dlbench" --synthetic "$n" --make-synthetic 2> "$out/make-q90.log")
-  q96=$("$build/dlbench" --synthetic "$n" --quality 96 --subsampling 444 --make-synthetic 2> "$out/make-q96.log")
   for set in q90 q96; do
     eval src=\$$set
     cat "$(dirname "$src")"/*.tar > /dev/null # into the page cache, for every contender alike
     bench="$build/dlbench $src --workers $workers --batch 256 --size 224 --flip --device cuda:0 --json"
     for mode in cpu gpu hybrid; do
-      timeout 120 $bench --epochs 3 --decode $mode > "$out/$set-$mode.json" 2> "$out/$set-$mode.err"
+      guarded 120 "$out/$set-$mode.json" "$out/$set-$mode.err" $bench --epochs 5 --decode $mode
       keep "$out/$set-$mode.json" "$out/$set-$mode.err"
     done
-    timeout 120 python3 bench/nvjpeg_alone.py --shards "$src" --batch 256 --epochs 2 > "$out/$set-tv-alone.json" \
+    # hybrid at fixed splits: where the adaptive one should land
+    for share in ${SHARES-0.5 0.6 0.7 0.8 0.9}; do
+      j="$out/$set-share-$share.json"
+      guarded 120 "$j" "$out/$set-share-$share.err" $bench --epochs 5 --decode hybrid --option gpu_share=$share
+      keep "$j" "$out/$set-share-$share.err"
+      row "$set hybrid gpu_share=$share" "$(num "$j" steady_samples_per_s) images/s steady; GPU decode $(num "$j" gpu_decode_ms) ms/batch"
+    done
+    [ "${SKIP:-}" = torch ] || timeout 120 python3 bench/nvjpeg_alone.py --shards "$src" --batch 256 --epochs 2 > "$out/$set-tv-alone.json" \
       2> "$out/$set-tv-alone.err"
     keep "$out/$set-tv-alone.json" "$out/$set-tv-alone.err"
-    timeout 150 python3 bench/compare_torch.py --only torch-tvio --shards "$src" --workers "$workers" --batch 256 \
+    [ "${SKIP:-}" = torch ] || timeout 150 python3 bench/compare_torch.py --only torch-tvio --shards "$src" --workers "$workers" --batch 256 \
       --epochs 2 --device cuda:0 > "$out/$set-dataloader.json" 2> "$out/$set-dataloader.err"
     keep "$out/$set-dataloader.json" "$out/$set-dataloader.err"
     cpu=$(num "$out/$set-cpu.json" steady_samples_per_s)
     dl=$(num "$out/$set-dataloader.json" images_per_s)
     for mode in cpu gpu hybrid; do
       j="$out/$set-$mode.json"
-      row "$set decode=$mode" "$(num "$j" steady_samples_per_s) images/s steady ($(num "$j" samples_per_s) with start-up), x$(ratio "$(num "$j" steady_samples_per_s)" "$cpu") of cpu, x$(ratio "$(num "$j" steady_samples_per_s)" "$dl") of DataLoader; first batch $(num "$j" first_batch_ms) ms; gpu $(num "$j" gpu_decoded) / cpu $(num "$j" cpu_decoded) images, fallbacks $(num "$j" gpu_fallbacks), share $(num "$j" gpu_share); GPU decode $(num "$j" gpu_decode_ms) ms/batch, copies $(num "$j" h2d_gpu_ms) ms total; pinned $(num "$j" pinned_mb) MB, device $(num "$j" device_mb) MB ours, $(num "$j" device_mem_open_mb) MB at open / $(num "$j" device_mem_end_mb) MB at the end in all, RSS $(num "$j" peak_rss_mb) MB"
+      row "$set decode=$mode" "$(num "$j" steady_samples_per_s) images/s steady ($(num "$j" samples_per_s) with start-up), x$(ratio "$(num "$j" steady_samples_per_s)" "$cpu") of cpu, x$(ratio "$(num "$j" steady_samples_per_s)" "$dl") of DataLoader; first batch $(num "$j" first_batch_ms) ms; gpu $(num "$j" gpu_decoded) / cpu $(num "$j" cpu_decoded) images, fallbacks $(num "$j" gpu_fallbacks), share $(num "$j" gpu_share); GPU decode $(num "$j" gpu_decode_ms) ms/batch (copy thread $(num "$j" gpu_decode_host_ms) ms in it), copies $(num "$j" h2d_gpu_ms) ms total; pinned $(num "$j" pinned_mb) MB, device $(num "$j" device_mb) MB ours, $(num "$j" device_mem_open_mb) MB at open / $(num "$j" device_mem_end_mb) MB at the end in all, RSS $(num "$j" peak_rss_mb) MB"
     done
     row "$set nvJPEG alone (torchvision decode_jpeg device=cuda, batch 256, whole images)" "$(num "$out/$set-tv-alone.json" images_per_s) images/s, $(num "$out/$set-tv-alone.json" mean_jpeg_kb) KB per JPEG"
     row "$set PyTorch DataLoader, torchvision.io, $workers workers" "$dl images/s steady"
     hyb=$(num "$out/$set-hybrid.json" steady_samples_per_s)
     row "$set hybrid / cpu, / DataLoader, / nvJPEG alone" "$(ratio "$hyb" "$cpu"), $(ratio "$hyb" "$dl"), $(ratio "$hyb" "$(num "$out/$set-tv-alone.json" images_per_s)")"
     step=$(awk -v s="$hyb" 'BEGIN{ if (s > 0) printf "%.3f", 1.2 * 256 / s * 1000; else print 100 }')
-    timeout 120 $bench --epochs 3 --decode hybrid --step-ms "$step" > "$out/$set-step.json" 2> "$out/$set-step.err"
-    keep "$out/$set-step.json" "$out/$set-step.err"
-    row "$set hybrid, GPU consumer --step-ms $step (1.2 x batch time)" "gpu_idle_frac $(num "$out/$set-step.json" gpu_idle_frac), $(num "$out/$set-step.json" samples_per_s) images/s, share $(num "$out/$set-step.json" gpu_share)"
+    for mode in $(for r in $(seq ${STEP_REPEATS:-1}); do echo gpu hybrid; done); do
+      guarded 90 "$out/$set-$mode-step.json" "$out/$set-$mode-step.err" $bench --epochs 3 --decode $mode --step-ms "$step"
+      keep "$out/$set-$mode-step.json" "$out/$set-$mode-step.err"
+      row "$set $mode, GPU consumer --step-ms $step (1.2 x hybrid's batch time)" "gpu_idle_frac $(num "$out/$set-$mode-step.json" gpu_idle_frac), $(num "$out/$set-$mode-step.json" samples_per_s) images/s, share $(num "$out/$set-$mode-step.json" gpu_share)"
+    done
   done
 fi
 
@@ -113,7 +148,7 @@ fi
 if has train && python3 -c "import torch, torchvision; assert torch.cuda.is_available()" 2> /dev/null; then
   src=$("$build/dlbench" --synthetic "$n" --make-synthetic 2> /dev/null)
   for mode in cpu auto; do
-    RINGFEED_LIBRARY="$PWD/$build/libringfeed.so" timeout 300 python3 examples/train_imagenet.py --data "$src" \
+    RINGFEED_LIBRARY="$PWD/$build/libringfeed.so" timeout ${TRAIN_LIMIT:-300} python3 examples/train_imagenet.py --data "$src" \
       --steps 300 --epochs 0 --decode $mode > "$out/train-$mode.log" 2>&1
     row "train_imagenet.py ResNet-50 bf16, 300 steps, decode=$mode" "exit $? $(tail -1 "$out/train-$mode.log")"
     keep "$out/train-$mode.log"
@@ -122,7 +157,7 @@ fi
 
 # 6. Memory and race checks of the GPU tests (last: the slowest).
 if has sanitize && command -v compute-sanitizer > /dev/null; then
-  for tool in memcheck racecheck; do
+  for tool in ${SANITIZE_TOOLS:-memcheck racecheck}; do
     for t in ${SANITIZE_TESTS:-test_cuda test_gpu_decode}; do
       DL_TEST_SHARDS="$shards" RINGFEED_UNDER_SANITIZER=1 timeout ${SANITIZE_LIMIT:-240} compute-sanitizer --tool $tool \
         --error-exitcode 9 "$build/tests/$t" > "$out/sanitizer-$tool-$t.log" 2>&1

@@ -2,6 +2,7 @@
 # Every GPU check and benchmark, in one run on the GPU machine, over binaries built elsewhere
 # (`make device`; this script builds nothing). Writes logs and JSON to $OUT (or out/) and prints
 # a short table last. Usage: bench/gpu_run.sh [BUILD_DIR]
+#   PARTS: any of tests copy bench python torch wheel (default: all of them)
 set -u
 build=${1:-build-device}
 dest=${OUT:-out}
@@ -10,6 +11,8 @@ mkdir -p "$dest"
 export XDG_CACHE_HOME=${XDG_CACHE_HOME:-/tmp/ringfeed-cache}
 export DL_LOG_LEVEL=${DL_LOG_LEVEL:-1}
 workers=$(nproc)
+parts=${PARTS:-tests copy bench python torch wheel}
+has() { case " $parts " in *" $1 "*) return 0 ;; esac; return 1; }
 table="$out/table.md"
 : > "$table"
 row() { echo "| $1 | $2 |" >> "$table"; }
@@ -20,11 +23,11 @@ row "GPU" "$(cat "$out/gpu.txt")"
 
 # 1. GPU tests, plain and under compute-sanitizer.
 # (ctest files name this machine's build paths, so the test programs run directly.)
-for t in ${GPU_TESTS:-test_cuda test_options test_sampler test_loader test_rfs}; do
+for t in $(has tests && echo ${GPU_TESTS:-test_cuda test_options test_sampler test_loader test_rfs}); do
   DL_DLSHARD="$build/dlshard" timeout 300 "$build/tests/$t" > "$out/$t.log" 2>&1
   row "$t" "exit $? ($(tail -1 "$out/$t.log"))"
 done
-if [ "${SKIP_SANITIZER:-}" != 1 ] && command -v compute-sanitizer >/dev/null; then
+if has tests && [ "${SKIP_SANITIZER:-}" != 1 ] && command -v compute-sanitizer >/dev/null; then
   for tool in memcheck racecheck; do
     RINGFEED_UNDER_SANITIZER=1 compute-sanitizer --tool $tool --error-exitcode 9 "$build/tests/test_cuda" > "$out/sanitizer-$tool.log" 2>&1
     row "compute-sanitizer $tool test_cuda" "exit $? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitizer-$tool.log" | tail -1))"
@@ -32,11 +35,14 @@ if [ "${SKIP_SANITIZER:-}" != 1 ] && command -v compute-sanitizer >/dev/null; th
 fi
 
 # 2. The card's copy rate against the loader's copy stage.
+if has copy || has bench; then
 "$build/bench/h2d_baseline" 256 > "$out/h2d_baseline.json"
 pinned=$(num "$out/h2d_baseline.json" pinned_gb_s)
 row "plain cudaMemcpyAsync, pinned, 256x224x224x3 uint8" "$pinned GB/s (pageable $(num "$out/h2d_baseline.json" pageable_gb_s))"
+fi
 
 # 3. dlbench: CPU and GPU delivery, then a GPU consumer at 1.2x the loader's batch time.
+if has bench; then
 bench="$build/dlbench --workers $workers --batch 256 --size 224 --flip"
 $bench --epochs 1 --json > "$out/warm.json" 2> "$out/warm.err"
 $bench --device cpu --epochs 2 --json > "$out/cpu.json" 2> "$out/cpu.err"
@@ -71,15 +77,17 @@ for io in auto mmap; do
   row "raw 1 MiB records to cuda:0, io=$io, $workers workers, batch 64" "$(awk -v b="$steady" -v p="$pinned" 'BEGIN{printf "%.2f GB/s after the first batch = %.3f of plain pinned", b, b/p}') ($(awk -v b="$(num "$out/raw-$io.json" bytes_per_s)" 'BEGIN{printf "%.2f", b/1e9}') GB/s with start-up)"
 done
 
+fi
+
 # 4. The Python binding with PyTorch on the GPU.
-if python3 -c "import torch; assert torch.cuda.is_available()" 2> /dev/null; then
+if has python && python3 -c "import torch; assert torch.cuda.is_available()" 2> /dev/null; then
   RINGFEED_LIBRARY="$PWD/$build/libringfeed.so" python3 -m pytest -q bindings/python/tests > "$out/pytest.log" 2>&1
   row "pytest bindings/python/tests (torch $(python3 -c 'import torch; print(torch.__version__)'))" "$(tail -1 "$out/pytest.log")"
 fi
 
 # 5. Side by side with the PyTorch DataLoader, and the training example for a few hundred steps
 #    (SKIP=torch leaves them out when device time is short).
-if [ "${SKIP:-}" != torch ] && python3 -c "import torch, torchvision; assert torch.cuda.is_available()" 2> /dev/null; then
+if has torch && [ "${SKIP:-}" != torch ] && python3 -c "import torch, torchvision; assert torch.cuda.is_available()" 2> /dev/null; then
   python3 bench/compare_torch.py --dlbench "$build/dlbench" --workers "$workers" --batch 256 --epochs 2 \
     --device cuda:0 --json "$out/compare_torch.json" > "$out/compare_torch.log" 2>&1
   grep -E '^\| (ringfeed|torch)' "$out/compare_torch.log" | sed 's/^/compare_torch /' | while read -r line; do
@@ -95,7 +103,7 @@ fi
 # with this machine's pip into a folder of its own (this machine's Python and torch, which may
 # live in a virtual environment a new venv would not see) and used from elsewhere.
 wheel=$(ls "${WHEEL_DIR:-dist}"/ringfeed-*.whl 2> /dev/null | head -1)
-if [ -n "$wheel" ]; then
+if has wheel && [ -n "$wheel" ]; then
   rm -rf /tmp/ringfeed-wheel-site
   python3 -m pip install --no-index --no-deps --target /tmp/ringfeed-wheel-site "$wheel" > "$out/wheel.log" 2>&1
   src=$("$build/dlbench" --make-synthetic)
@@ -109,7 +117,7 @@ with ringfeed.Loader('$src', batch_size=64, device='cuda:0', epochs=1) as loader
         n += b['image'].shape[0]
 print('python', sys.version.split()[0], 'torch', torch.__version__, n, 'images on cuda:0')
 ") >> "$out/wheel.log" 2>&1
-  row "$(basename "$wheel") in a fresh venv" "exit $? ($(tail -1 "$out/wheel.log"))"
+  row "$(basename "$wheel") installed by pip --target, imported from elsewhere" "exit $? ($(tail -1 "$out/wheel.log"))"
 fi
 
 # Only a few files come back from the machine: the table, and the logs and JSON in one archive.
