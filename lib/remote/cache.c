@@ -140,19 +140,29 @@ static int make_room(const dl__cache_dir *d, int64_t need) {
   return used + need <= d->limit ? 0 : -ENOSPC;
 }
 
+/* The folder's lock, held while sizes are counted and entries evicted: an open of its own each
+ * time, because flock excludes open files, not threads, and the fetchers of one loader share D. */
+static int lock_folder(const dl__cache_dir *d) {
+  int fd = openat(d->dirfd, ".lock", O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0)
+    return -errno;
+  flock(fd, LOCK_EX);
+  return fd;
+}
+
+static void unlock_folder(int fd) { close(fd); }
+
 int dl__cache_dir_open(const dl__options *o, dl__cache_dir *d) {
   memset(d, 0, sizeof *d);
-  d->dirfd = d->lockfd = -1;
+  d->dirfd = -1;
   snprintf(d->path, sizeof d->path, "%s", o->cache_dir);
   if (mkdir(o->cache_dir, 0755) && errno != EEXIST)
     return dl__fail(-errno, "cache_dir=%s: cannot create it: %s", o->cache_dir, strerror(errno));
   d->dirfd = open(o->cache_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (d->dirfd >= 0)
-    d->lockfd = openat(d->dirfd, ".lock", O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (d->dirfd < 0 || d->lockfd < 0) {
-    int e = errno;
+  int lock = d->dirfd >= 0 ? lock_folder(d) : -errno;
+  if (lock < 0) {
     dl__cache_dir_close(d);
-    return dl__fail(-e, "cache_dir=%s: %s", o->cache_dir, strerror(e));
+    return dl__fail(lock, "cache_dir=%s: %s", o->cache_dir, strerror(-lock));
   }
   d->limit = o->cache_limit;
   if (!d->limit) { /* what the disk has free now, less a tenth, plus what the cache holds */
@@ -160,21 +170,18 @@ int dl__cache_dir_open(const dl__options *o, dl__cache_dir *d) {
     item *items = NULL;
     size_t n;
     int64_t used = 0;
-    flock(d->lockfd, LOCK_EX);
     list(d, &items, &n, &used);
-    flock(d->lockfd, LOCK_UN);
     free(items);
     d->limit = used + (fstatvfs(d->dirfd, &v) ? 0 : (int64_t)((double)v.f_bavail * (double)v.f_frsize * 0.9));
   }
+  unlock_folder(lock);
   return 0;
 }
 
 void dl__cache_dir_close(dl__cache_dir *d) {
-  if (d->lockfd >= 0)
-    close(d->lockfd);
   if (d->dirfd >= 0)
     close(d->dirfd);
-  d->dirfd = d->lockfd = -1;
+  d->dirfd = -1;
 }
 
 /* NAME's whole copy, read-locked and marked as just used. */
@@ -219,11 +226,12 @@ static int fill(dl__cache_dir *d, const dl__dataset *ds, uint32_t f, const char 
     close(fd);
     return r; /* the copy, or one held for a moment by its writer or an eviction: look again */
   }
-  flock(d->lockfd, LOCK_EX);
-  r = ftruncate(fd, 0) ? -errno : make_room(d, (int64_t)rf->size);
+  int lock = lock_folder(d);
+  r = lock < 0 ? lock : ftruncate(fd, 0) ? -errno : make_room(d, (int64_t)rf->size);
   if (!r && ftruncate(fd, (off_t)rf->size))
     r = -errno;
-  flock(d->lockfd, LOCK_UN);
+  if (lock >= 0)
+    unlock_folder(lock);
   if (r == -ENOSPC) {
     unlinkat(d->dirfd, part, 0);
     close(fd);
@@ -441,7 +449,7 @@ int dl__cache_start(dl_loader *l) {
   if (!c)
     return dl__fail(-ENOMEM, "out of memory");
   c->l = l;
-  c->dir.dirfd = c->dir.lockfd = -1;
+  c->dir.dirfd = -1;
   pthread_mutex_init(&c->mu, NULL);
   pthread_cond_init(&c->cv, NULL);
   l->cache = c;

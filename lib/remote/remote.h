@@ -75,7 +75,7 @@ int dl__http_get_small(const dl__options *o, const dl__target *t, uint8_t *out, 
 
 /* The shard cache's folder (cache.c): entries named by shard version, locked while read. */
 typedef struct dl__cache_dir {
-  int dirfd, lockfd; /* the folder; its .lock, held while sizes are counted and entries evicted */
+  int dirfd;         /* the folder (its .lock is held while sizes are counted and entries evicted) */
   int64_t limit;     /* bytes its entries and downloads in progress may take */
   char path[512];
 } dl__cache_dir;
