@@ -581,6 +581,7 @@ typedef struct dl__stream {
 typedef struct dl__stats {
   _Atomic int64_t samples, errors, bytes_read;
   _Atomic int64_t decode_ns, read_wait_ns;
+  _Atomic int64_t slot_wait_ns; /* workers with nothing to read or decode: every slot was taken */
   _Atomic int64_t cpu_decoded, gpu_planned; /* images decoded by the workers; handed to the GPU */
   _Atomic int64_t cpu_decode_ns;            /* the workers' time on those decodes */
   _Atomic int64_t gpu_decoded, gpu_fallbacks; /* by nvJPEG; refused by it and decoded on the CPU */
@@ -591,6 +592,8 @@ typedef struct dl__stats {
   int64_t starved; /* batches the consumer had to wait for */
   double consumer_wait_s;
   double first_batch_ms;
+  double first_wait_s; /* of consumer_wait_s, waiting for the first batch (start-up) */
+  double last_batch_s; /* when the last batch was handed out, from dl_open */
 } dl__stats;
 
 /* Hybrid's measurements (gpu/plan.c, under l->mu). */

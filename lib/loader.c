@@ -280,6 +280,8 @@ int dl_next_batch_timed(dl_loader *l, int dev, int timeout_ms, dl_batch **out) {
     }
   }
   if (r) {
+    if (r == -ETIMEDOUT) /* a consumer waiting in slices (the Python binding) still waited */
+      l->st.consumer_wait_s += dl__now() - t0;
     if (--l->consumers == 0 && l->closing)
       pthread_cond_broadcast(&l->ready_cv); /* dl_close waits for the last one to leave */
     pthread_mutex_unlock(&l->mu);
@@ -296,8 +298,11 @@ int dl_next_batch_timed(dl_loader *l, int dev, int timeout_ms, dl_batch **out) {
   l->st.consumer_wait_s += now - t0;
   if (now - t0 > 0.0005)
     l->st.starved++;
-  if (l->st.batches == 1)
+  l->st.last_batch_s = now - l->open_time;
+  if (l->st.batches == 1) {
     l->st.first_batch_ms = (now - l->open_time) * 1000;
+    l->st.first_wait_s = l->st.consumer_wait_s;
+  }
   int err = b->err;
   if (err) {
     dl__fail(err, "%s", b->errmsg);
@@ -564,6 +569,51 @@ static const char *json_text(const char *s, char *out, size_t cap) {
   return out;
 }
 
+/* "Is my GPU waiting?": which stage holds the consumer back, in one word, and the figures that show
+ * it. The consumer's waits count from its first batch (the start-up is first_batch_ms); the
+ * workers' time is split between decoding, waiting for reads and waiting for a free slot. */
+typedef struct verdict {
+  const char *word;
+  double consumer, decode, read, slot; /* fractions of the consumer's and the workers' time */
+  char why[320];
+} verdict;
+
+static void judge(const dl_loader *l, int64_t batches, double wall, double since_first, double waited, verdict *v) {
+  double workers = (double)l->o.workers * wall;
+  v->decode = workers > 0 ? (double)atomic_load(&l->st.decode_ns) * 1e-9 / workers : 0;
+  v->read = workers > 0 ? (double)atomic_load(&l->st.read_wait_ns) * 1e-9 / workers : 0;
+  v->slot = workers > 0 ? (double)atomic_load(&l->st.slot_wait_ns) * 1e-9 / workers : 0;
+  v->consumer = since_first > 0 ? waited / since_first : 0;
+  char workers_did[160];
+  snprintf(workers_did, sizeof workers_did, "workers decoding %.0f%% of their time, waiting for reads %.0f%%, "
+           "for a free slot %.0f%%", 100 * v->decode, 100 * v->read, 100 * v->slot);
+  if (batches < 3 || since_first <= 0) {
+    v->word = "unknown";
+    snprintf(v->why, sizeof v->why, "too early: %" PRId64 " batches", batches);
+    return;
+  }
+  if (v->consumer < 0.05) {
+    v->word = "consumer";
+    snprintf(v->why, sizeof v->why, "the consumer waited %.1f%% of the time since its first batch: the loader keeps "
+             "up (%s)", 100 * v->consumer, workers_did);
+    return;
+  }
+  const char *gpu_stage = l->decode == DL__DECODE_CPU ? "its copies" : "its copies and JPEG decoding";
+  if (l->cuda && v->slot >= v->decode && v->slot >= v->read) {
+    v->word = "copy";
+    snprintf(v->why, sizeof v->why, "the consumer waited %.0f%% of the time while the GPU stage (%s) held the "
+             "slots: %s", 100 * v->consumer, gpu_stage, workers_did);
+  } else if (v->read > v->decode) {
+    v->word = "read";
+    snprintf(v->why, sizeof v->why, "the consumer waited %.0f%% of the time, the workers mostly for reads: %s",
+             100 * v->consumer, workers_did);
+  } else {
+    v->word = "decode";
+    snprintf(v->why, sizeof v->why, "the consumer waited %.0f%% of the time, the workers mostly decoding: %s",
+             100 * v->consumer, workers_did);
+  }
+}
+
 int dl_stats_json(dl_loader *l, char *buf, size_t cap) {
   if (forked(l))
     return DL_EFORKED;
@@ -577,8 +627,12 @@ int dl_stats_json(dl_loader *l, char *buf, size_t cap) {
   pthread_mutex_lock(&l->mu);
   int64_t batches = l->st.batches;
   double wait = l->st.consumer_wait_s, first = l->st.first_batch_ms, share = l->share;
-  double balanced = l->split.balanced;
+  double balanced = l->split.balanced, first_wait = l->st.first_wait_s, last = l->st.last_batch_s;
   pthread_mutex_unlock(&l->mu);
+  double wall = dl__now() - l->open_time;
+  verdict v; /* over the time batches were handed out: a run's stats read later say the same */
+  judge(l, batches, last, batches ? last - first / 1000 : 0, wait - first_wait, &v);
+  char why[400];
   char gpu[768] = "", io_reason[320], decode_reason[512];
   if (l->cuda)
     dl__cuda_stats(l, gpu, sizeof gpu);
@@ -591,9 +645,11 @@ int dl_stats_json(dl_loader *l, char *buf, size_t cap) {
       ",\"decode_reason\":\"%s\",\"cpu_decoded\":%" PRId64 ",\"gpu_decoded\":%" PRId64 ",\"gpu_fallbacks\":%" PRId64
       ",\"gpu_share\":%.4f,\"gpu_share_balanced\":%.4f,\"arena_mb\":%.1f,\"host_batch_bytes\":%zu"
       ",\"pinned_bytes_in_process\":%zu,\"requests\":%" PRId64 ",\"retries\":%" PRId64
-      ",\"cache_hits\":%" PRId64 ",\"cache_fetches\":%" PRId64 ",\"cache_fetch_bytes\":%" PRId64 "%s}",
+      ",\"cache_hits\":%" PRId64 ",\"cache_fetches\":%" PRId64 ",\"cache_fetch_bytes\":%" PRId64
+      ",\"slot_wait_s\":%.6f,\"bottleneck\":\"%s\",\"bottleneck_why\":\"%s\",\"consumer_wait_frac\":%.4f"
+      ",\"worker_decode_frac\":%.4f,\"worker_read_frac\":%.4f,\"worker_slot_wait_frac\":%.4f%s}",
       atomic_load(&l->st.samples), batches, atomic_load(&l->st.errors), atomic_load(&l->st.bytes_read),
-      dl__now() - l->open_time, first, wait, atomic_load(&l->st.decode_ns) * 1e-9,
+      wall, first, wait, atomic_load(&l->st.decode_ns) * 1e-9,
       atomic_load(&l->st.read_wait_ns) * 1e-9, l->o.workers, l->o.prefetch, l->o.batch_size, l->ds.n,
       l->o.io == DL__IO_MMAP ? "mmap" : l->io_ops->name, json_text(l->io_reason, io_reason, sizeof io_reason),
       device, decoders[l->decode], json_text(l->decode_reason, decode_reason, sizeof decode_reason),
@@ -601,7 +657,9 @@ int dl_stats_json(dl_loader *l, char *buf, size_t cap) {
       l->decode == DL__DECODE_CPU ? 0.0 : share, balanced,
       (double)l->arena_bytes * l->o.prefetch * l->nstreams / 1048576.0, l->host_mem_bytes,
       atomic_load(&pinned_in_process), atomic_load(&l->st.requests), atomic_load(&l->st.retries),
-      atomic_load(&l->st.cache_hits), atomic_load(&l->st.cache_fetches), atomic_load(&l->st.cache_fetch_bytes), gpu);
+      atomic_load(&l->st.cache_hits), atomic_load(&l->st.cache_fetches), atomic_load(&l->st.cache_fetch_bytes),
+      atomic_load(&l->st.slot_wait_ns) * 1e-9, v.word, json_text(v.why, why, sizeof why), v.consumer, v.decode,
+      v.read, v.slot, gpu);
   return n < 0 || (size_t)n >= cap ? dl__fail(-ENOSPC, "stats need %d bytes", n + 1) : n;
 }
 

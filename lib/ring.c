@@ -76,7 +76,9 @@ int dl__ring_claim(dl_loader *l, dl__claim *c, bool block) {
       pthread_mutex_unlock(&l->mu);
       return any_left ? 0 : -1;
     }
+    double t0 = dl__now();
     pthread_cond_wait(&l->work_cv, &l->mu);
+    atomic_fetch_add_explicit(&l->st.slot_wait_ns, (int64_t)((dl__now() - t0) * 1e9), memory_order_relaxed);
   }
 }
 

@@ -82,6 +82,18 @@ static double stat_of(const char *stats, const char *key) {
   return p ? atof(p + strlen(k)) : 0;
 }
 
+/* A string of the loader's stats (those it writes have no escaped quotes), or "". */
+static const char *text_of(const char *stats, const char *key, char *out, size_t cap) {
+  char k[64];
+  snprintf(k, sizeof k, "\"%s\":\"", key);
+  const char *p = strstr(stats, k), *end = p ? strchr(p + strlen(k), '"') : NULL;
+  size_t n = end ? (size_t)(end - p - strlen(k)) : 0;
+  n = n < cap - 1 ? n : cap - 1;
+  memcpy(out, p ? p + strlen(k) : "", n);
+  out[n] = 0;
+  return out;
+}
+
 static double now(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
@@ -434,6 +446,9 @@ int main(int argc, char **argv) {
     if (strstr(opts, "cache_dir="))
       printf("shard cache: %.0f samples read from cached shards, %.0f shards (%.1f MB) fetched whole\n", hits,
              stat_of(stats, "cache_fetches"), stat_of(stats, "cache_fetch_bytes") / 1e6);
+    char word[32], why[400];
+    printf("bottleneck: %s (%s)\n", text_of(stats, "bottleneck", word, sizeof word),
+           text_of(stats, "bottleneck_why", why, sizeof why));
   }
   free(host_copy);
   free(batch_digests.p);

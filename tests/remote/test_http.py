@@ -135,6 +135,19 @@ def test_faults_are_retried_to_the_same_stream(servers):
     assert proxy.counts["503"] > 0 and proxy.counts["reset"] > 0 and proxy.counts["short"] > 0
 
 
+def test_a_slow_server_makes_reading_the_bottleneck(servers):
+    # 40 ms a request, one request at a time: the worker waits far longer than it decodes.
+    proxy = FaultProxy(servers["http"].port, latency_s=0.04)
+    try:
+        run = bench(f"{proxy.url}/{RFS}", "--workers", "1", "--option", "io_depth=1", "--stop-after", "6",
+                    env=servers["env"])
+    finally:
+        proxy.stop()
+    loader = run["loader"]
+    assert loader["bottleneck"] == "read", loader["bottleneck_why"]
+    assert loader["worker_read_frac"] > 0.5 and loader["worker_read_frac"] > 4 * loader["worker_decode_frac"]
+
+
 def test_what_still_fails_after_retries_is_a_counted_error(servers, tmp_path):
     env = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
     # The probe and the index download pass; every sample read then gets 503.

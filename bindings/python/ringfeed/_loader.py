@@ -3,6 +3,7 @@
 import ctypes
 import json
 import os
+import sys
 from typing import Iterator
 
 from . import _dlpack
@@ -153,7 +154,9 @@ class Loader:
     Each `for batch in loader` yields one epoch (len(loader) batches), the next `for` the next
     epoch, while the workers prefetch across the boundary; after the last of epochs=E nothing;
     with epochs=0 epochs without end. next(loader) takes batches regardless of epochs. A Loader
-    has its own workers: iterate it directly, not through torch.utils.data.DataLoader."""
+    has its own workers: iterate it directly, not through torch.utils.data.DataLoader.
+    log_stats_every=N writes the loader's verdict on what holds training back (stats()'s
+    "bottleneck" and "bottleneck_why") to stderr every N batches."""
 
     def __init__(self, source, *, state=None, framework=None, **options):
         self._handle = ctypes.c_void_p()
@@ -169,7 +172,10 @@ class Loader:
             options["resume"] = state["token"] if isinstance(state, dict) else state
         self._options = dict(options)
         self._source = source
-        text = " ".join(f"{k}={_format(k, v)}" for k, v in options.items() if v is not None)
+        self._log_every = int(options.get("log_stats_every") or 0)
+        self._handed = 0
+        text = " ".join(f"{k}={_format(k, v)}" for k, v in options.items()
+                        if v is not None and k != "log_stats_every")
         _check(lib.dl_open(ctypes.byref(self._handle), source.encode(), text.encode()))
         # The epoch the next batch belongs to: the token names where the run starts.
         self._epoch = int(self.state_dict()["token"].split(".")[2])
@@ -248,6 +254,9 @@ class Loader:
         _check(rc)
         if rc == _DL_EOF:
             return None
+        self._handed += 1
+        if self._log_every and self._handed % self._log_every == 0:
+            self._log_stats()
         try:
             stream = self._consumer_stream(b)
             if stream is not None:
@@ -317,7 +326,15 @@ class Loader:
         self.__init__(self._source, state=state, framework=self._framework, **{
             k: v for k, v in self._options.items() if k != "resume"})
 
+    def _log_stats(self):
+        s = self.stats()
+        sys.stderr.write(f"ringfeed: after {self._handed} batches: bottleneck {s['bottleneck']} "
+                         f"({s['bottleneck_why']})\n")
+
     def stats(self):
+        """The loader's counters since it opened, as a dict; "bottleneck" says in one word what holds
+        the consumer back (consumer: nothing, the loader keeps up; else decode, read or copy) and
+        "bottleneck_why" the figures that show it."""
         buf = ctypes.create_string_buffer(8192)
         _check(lib.dl_stats_json(self._live(), buf, len(buf)))
         return json.loads(buf.value.decode())

@@ -1,0 +1,46 @@
+""""Is my GPU waiting?": the loader's one-word verdict names the stage that holds the consumer
+back, in set-ups made to be bound by one stage each (a read-bound one is in tests/remote)."""
+import os
+import time
+
+import pytest
+
+import ringfeed
+
+JPEGS = os.path.join(os.environ.get("DL_TEST_SHARDS", ""), "sweep-gnu.tar")
+pytestmark = pytest.mark.skipif(not os.path.exists(JPEGS), reason="the test shards are not built")
+
+
+def consume(loader, batches, pause_s=0.0):
+    for _ in range(batches):
+        batch = next(loader)
+        assert batch is not None
+        del batch
+        time.sleep(pause_s)
+    return loader.stats()
+
+
+def test_a_slow_consumer_is_the_bottleneck(capsys):
+    # Two workers make a batch of 8 small images in a few ms; the consumer takes 80 ms each.
+    with ringfeed.Loader(JPEGS, batch_size=8, image_size=32, crop="resize", workers=2, framework="dlpack",
+                         log_stats_every=4) as loader:
+        s = consume(loader, 12, pause_s=0.08)
+    assert s["bottleneck"] == "consumer", s["bottleneck_why"]
+    assert s["consumer_wait_frac"] < 0.05
+    assert "keeps up" in s["bottleneck_why"]
+    logged = capsys.readouterr().err
+    assert logged.count("ringfeed: after") == 3 and "bottleneck consumer" in logged
+
+
+def test_one_worker_decoding_is_the_bottleneck():
+    # Full-size JPEGs resized to 224 by a single worker, the consumer taking each batch at once.
+    with ringfeed.Loader(JPEGS, batch_size=16, image_size=224, workers=1, framework="dlpack") as loader:
+        s = consume(loader, 8)
+    assert s["bottleneck"] == "decode", s["bottleneck_why"]
+    assert s["consumer_wait_frac"] > 0.5
+    assert s["worker_decode_frac"] > 0.5 and s["worker_decode_frac"] > 4 * s["worker_read_frac"]
+
+
+def test_too_early_to_say():
+    with ringfeed.Loader(JPEGS, batch_size=8, image_size=32, workers=1, framework="dlpack") as loader:
+        assert loader.stats()["bottleneck"] == "unknown"
