@@ -14,6 +14,8 @@
 
 #include <jpeglib.h>
 
+#include "tar_jpegs.h"
+
 typedef struct blob {
   unsigned char *p;
   size_t n;
@@ -29,35 +31,14 @@ static double now(void) {
   return (double)t.tv_sec + t.tv_nsec * 1e-9;
 }
 
-static void load_tar(const char *path) {
-  FILE *f = fopen(path, "rb");
-  if (!f) {
-    perror(path);
-    exit(1);
+static unsigned char *plain(size_t n) { return malloc(n ? n : 1); }
+
+static void keep(unsigned char *p, size_t n) {
+  if (nblobs == cap) {
+    cap = cap ? cap * 2 : 1024;
+    blobs = realloc(blobs, cap * sizeof *blobs);
   }
-  unsigned char h[512];
-  while (fread(h, 1, 512, f) == 512 && h[0]) {
-    size_t size = strtoull((char *)h + 124, NULL, 8);
-    size_t pad = (512 - size % 512) % 512;
-    const char *dot = strrchr((char *)h, '.');
-    if (dot && (!strcmp(dot, ".jpg") || !strcmp(dot, ".jpeg"))) {
-      if (nblobs == cap) {
-        cap = cap ? cap * 2 : 1024;
-        blobs = realloc(blobs, cap * sizeof *blobs);
-      }
-      blob *b = &blobs[nblobs++];
-      b->p = malloc(size);
-      b->n = size;
-      if (fread(b->p, 1, size, f) != size) {
-        fprintf(stderr, "%s: truncated\n", path);
-        exit(1);
-      }
-      fseek(f, (long)pad, SEEK_CUR);
-    } else {
-      fseek(f, (long)(size + pad), SEEK_CUR);
-    }
-  }
-  fclose(f);
+  blobs[nblobs++] = (blob){p, n};
 }
 
 typedef struct worker {
@@ -114,7 +95,7 @@ int main(int argc, char **argv) {
     }
   }
   for (; i < argc; i++)
-    load_tar(argv[i]);
+    tar_jpegs(argv[i], plain, keep);
   if (!nblobs || threads < 1) {
     fprintf(stderr, "decode_ceiling: no JPEG members found\n");
     return 1;

@@ -13,6 +13,7 @@
  */
 #include "gpu/nvjpeg.h"
 #include "internal.h"
+#include "tar_jpegs.h"
 
 #include <cuda_runtime.h>
 #include <pthread.h>
@@ -67,39 +68,26 @@ static void region(jpeg *j, size_t i) {
   j->roi[0] = x0, j->roi[1] = y0, j->roi[2] = x1 - x0, j->roi[3] = y1 - y0;
 }
 
-static void load_tar(const char *path) {
-  FILE *f = fopen(path, "rb");
-  if (!f) {
-    perror(path);
-    exit(1);
+static unsigned char *pinned(size_t n) {
+  unsigned char *p = NULL;
+  return cudaHostAlloc((void **)&p, n ? n : 1, cudaHostAllocPortable) == cudaSuccess ? p : NULL;
+}
+
+/* Baseline JPEGs only: the engine's kind. */
+static void keep(unsigned char *p, size_t n) {
+  dl__jpeg_info info;
+  if (dl__jpeg_probe(p, n, false, &info) || info.sof != 0xC0) {
+    cudaFreeHost(p);
+    return;
   }
-  unsigned char h[512];
-  while (fread(h, 1, 512, f) == 512 && h[0]) {
-    size_t size = strtoull((char *)h + 124, NULL, 8), pad = (512 - size % 512) % 512;
-    const char *dot = strrchr((char *)h, '.');
-    if (!dot || (strcmp(dot, ".jpg") && strcmp(dot, ".jpeg"))) {
-      fseek(f, (long)(size + pad), SEEK_CUR);
-      continue;
-    }
-    if (njpegs == cap) {
-      cap = cap ? cap * 2 : 1024;
-      jpegs = realloc(jpegs, cap * sizeof *jpegs);
-    }
-    jpeg *j = &jpegs[njpegs];
-    if (cudaHostAlloc((void **)&j->p, size, cudaHostAllocPortable) || fread(j->p, 1, size, f) != size)
-      die("reading a member", 0);
-    j->n = size;
-    fseek(f, (long)pad, SEEK_CUR);
-    dl__jpeg_info info;
-    if (dl__jpeg_probe(j->p, size, false, &info) || info.sof != 0xC0) {
-      cudaFreeHost(j->p); /* the engine's kind only: baseline */
-      continue;
-    }
-    j->w = info.width, j->h = info.height;
-    region(j, njpegs);
-    njpegs++;
+  if (njpegs == cap) {
+    cap = cap ? cap * 2 : 1024;
+    jpegs = realloc(jpegs, cap * sizeof *jpegs);
   }
-  fclose(f);
+  jpeg *j = &jpegs[njpegs];
+  *j = (jpeg){.p = p, .n = n, .w = info.width, .h = info.height};
+  region(j, njpegs);
+  njpegs++;
 }
 
 typedef struct lane {
@@ -197,7 +185,7 @@ int main(int argc, char **argv) {
     return 77;
   }
   for (; i < argc; i++)
-    load_tar(argv[i]);
+    tar_jpegs(argv[i], pinned, keep);
   if (njpegs < (size_t)batch) {
     fprintf(stderr, "nvjpeg_ceiling: %zu baseline JPEGs, fewer than a batch\n", njpegs);
     return 1;
