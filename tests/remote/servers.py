@@ -1,9 +1,10 @@
 """Real servers for the remote-source tests, started on 127.0.0.1 with free ports and stopped after:
 nginx over HTTP and HTTPS (a throw-away CA made with openssl), a fault-injecting proxy written
 for the tests (latency, a share of 503s, resets mid-body, truncated bodies, stalls), s3rver, and a
-lean latency proxy for benchmarks."""
+lean latency proxy for benchmarks; and dlbench run against them."""
 import asyncio
 import hashlib
+import json
 import os
 import random
 import shutil
@@ -16,6 +17,27 @@ import time
 
 # The proxy serves many connections from threads: switch between them often, not every 5 ms.
 sys.setswitchinterval(0.0002)
+
+
+BUILD = os.path.dirname(os.environ.get("DL_DLSHARD") or os.environ.get("RINGFEED_LIBRARY", ""))
+DLBENCH = os.path.join(BUILD, "dlbench")
+SHARDS = os.environ.get("DL_TEST_SHARDS", "")
+
+
+def dlbench_command(source, *args):
+    return [DLBENCH, source, "--json", "--digest", *args]
+
+
+def dlbench(source, *args, env=None, ok=True, aws_env=True):
+    """dlbench's JSON for SOURCE (quiet, ENV added; without AWS_ variables of the caller's unless
+    AWS_ENV); with ok=False the finished process instead, whatever its exit status."""
+    e = {k: v for k, v in os.environ.items() if aws_env or not k.startswith("AWS_")}
+    e.update(DL_LOG_LEVEL="1", **(env or {}))
+    out = subprocess.run(dlbench_command(source, *args), capture_output=True, text=True, timeout=300, env=e)
+    if not ok:
+        return out
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout)
 
 
 def free_port():

@@ -15,11 +15,8 @@ import time
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from servers import FaultProxy, Nginx, seconds_to_close  # noqa: E402
+from servers import DLBENCH, SHARDS, FaultProxy, Nginx, dlbench, dlbench_command, seconds_to_close  # noqa: E402
 
-BUILD = os.path.dirname(os.environ.get("DL_DLSHARD") or os.environ.get("RINGFEED_LIBRARY", ""))
-DLBENCH = os.path.join(BUILD, "dlbench")
-SHARDS = os.environ.get("DL_TEST_SHARDS", "")
 TAR, RFS = "sweep-gnu.tar", "rfs/packed-{000000..000006}.rfs"
 pytestmark = pytest.mark.skipif(not (os.path.exists(DLBENCH) and os.path.exists(os.path.join(SHARDS, TAR))),
                                 reason="dlbench or the test shards are not built")
@@ -27,14 +24,11 @@ SMALL = ["--batch", "8", "--size", "32", "--crop", "resize", "--epochs", "2"]
 
 
 def command(source, *args):
-    return [DLBENCH, source, *SMALL, "--json", "--digest", *args]
+    return dlbench_command(source, *SMALL, *args)
 
 
 def bench(source, *args, env=None):
-    out = subprocess.run(command(source, *args), capture_output=True, text=True, timeout=300,
-                         env=dict(os.environ, DL_LOG_LEVEL="1", **(env or {})))
-    assert out.returncode == 0, out.stderr[-2000:]
-    return json.loads(out.stdout)
+    return dlbench(source, *SMALL, *args, env=env)
 
 
 def entries(folder):

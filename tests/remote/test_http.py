@@ -1,7 +1,6 @@
 """Shards over HTTP and HTTPS, from nginx and through a fault-injecting proxy: the same stream as
 from local disk, a cached index, resume across local and remote copies, clear errors, retries, and
 a close that does not wait for a stalled server."""
-import json
 import os
 import subprocess
 import sys
@@ -9,11 +8,9 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from servers import FaultProxy, Nginx, free_port, make_ca, seconds_to_close  # noqa: E402
+from servers import (BUILD, DLBENCH, SHARDS, FaultProxy, Nginx, dlbench, free_port, make_ca,  # noqa: E402
+                     seconds_to_close)
 
-BUILD = os.path.dirname(os.environ.get("DL_DLSHARD") or os.environ.get("RINGFEED_LIBRARY", ""))
-DLBENCH = os.path.join(BUILD, "dlbench")
-SHARDS = os.environ.get("DL_TEST_SHARDS", "")
 TAR, RFS = "sweep-gnu.tar", "rfs/packed-{000000..000006}.rfs"
 pytestmark = pytest.mark.skipif(not (os.path.exists(DLBENCH) and os.path.exists(os.path.join(SHARDS, TAR))),
                                 reason="dlbench or the test shards are not built")
@@ -21,13 +18,7 @@ SMALL = ["--batch", "8", "--size", "32", "--crop", "resize"]
 
 
 def bench(source, *args, env=None, ok=True):
-    e = dict(os.environ, DL_LOG_LEVEL="1", **(env or {}))
-    out = subprocess.run([DLBENCH, source, *SMALL, "--json", "--digest", *args], capture_output=True, text=True,
-                         timeout=300, env=e)
-    if not ok:
-        return out
-    assert out.returncode == 0, out.stderr[-2000:]
-    return json.loads(out.stdout)
+    return dlbench(source, *SMALL, *args, env=env, ok=ok)
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,6 @@
 """Shards on an S3-compatible server (s3rver), every request's SigV4 signature checked by AWS's own
 signer (botocore) in a proxy in front of it: the same stream as local disk, globs through
 ListObjectsV2, credentials from the variables and from profile files, and S3's own errors."""
-import json
 import os
 import subprocess
 import sys
@@ -9,11 +8,7 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from servers import FaultProxy, S3rver, free_port, sigv4_checker  # noqa: E402
-
-BUILD = os.path.dirname(os.environ.get("DL_DLSHARD") or os.environ.get("RINGFEED_LIBRARY", ""))
-DLBENCH = os.path.join(BUILD, "dlbench")
-SHARDS = os.environ.get("DL_TEST_SHARDS", "")
+from servers import BUILD, DLBENCH, SHARDS, FaultProxy, S3rver, dlbench, free_port, sigv4_checker  # noqa: E402
 OBJECTS = ["sweep-gnu.tar", "format-tar-gnu.tar", "rfs/packed-000000.rfs", "rfs/packed-000001.rfs"]
 KEY, SECRET, REGION = "S3RVER", "S3RVER", "eu-test-1"
 SMALL = ["--batch", "8", "--size", "32", "--crop", "resize"]
@@ -54,14 +49,7 @@ def s3(tmp_path_factory):
 
 
 def bench(source, env, *args, ok=True):
-    e = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    e.update(DL_LOG_LEVEL="1", **env)
-    out = subprocess.run([DLBENCH, source, *SMALL, "--json", "--digest", *args], capture_output=True, text=True,
-                         timeout=300, env=e)
-    if not ok:
-        return out
-    assert out.returncode == 0, out.stderr[-2000:]
-    return json.loads(out.stdout)
+    return dlbench(source, *SMALL, *args, env=env, ok=ok, aws_env=False)
 
 
 @pytest.mark.parametrize("shard,workers", [("sweep-gnu.tar", 1), ("rfs/packed-{000000..000001}.rfs", 1),
