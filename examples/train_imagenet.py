@@ -27,7 +27,8 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--data", required=True, help="shards: a path, a glob or a brace pattern")
     p.add_argument("--batch-size", type=int, default=256, help="per GPU")
-    p.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))))
+    p.add_argument("--workers", type=int, help="default: the loader's own choice (its CPUs, shared by the "
+                   "LOCAL_WORLD_SIZE ranks of the host)")
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--steps", type=int, default=0, help="stop after this many steps (0: all epochs)")
     p.add_argument("--lr", type=float, default=0.1)

@@ -53,8 +53,8 @@ enum { DL__DECODE_AUTO, DL__DECODE_CPU, DL__DECODE_GPU, DL__DECODE_HYBRID };
 
 typedef struct dl__options {
   int batch_size;
-  int workers;
-  int prefetch;
+  int workers;  /* 0: auto (dl_open chooses, see counts_choose) */
+  int prefetch; /* 0: auto */
   int height, width;
   int crop;
   int flip;
@@ -84,6 +84,7 @@ typedef struct dl__options {
   int shuffle_block; /* shuffle within blocks of this many shards (0: the whole dataset at once) */
   char cache_dir[512]; /* remote sources: whole shards kept here (empty: no cache) */
   int64_t cache_limit; /* bytes the cache folder may hold */
+  int64_t memory_budget; /* bytes the batch slots may take (prefetch=auto); 0: auto */
   int s3_addressing; /* DL__S3_*: path-style (endpoint/bucket/key) or virtual-hosted (bucket.host/key) */
   int log_level;
   int direct;
@@ -625,6 +626,7 @@ struct dl_loader {
   size_t host_mem_bytes; /* host_mem, field_mem and arena_mem together */
   const dl__io_ops *io_ops;
   char io_reason[160];
+  char workers_reason[160], prefetch_reason[200]; /* how workers= and prefetch= were chosen */
   bool remote; /* every file is a URL: read through dl__io_http_ops */
   struct dl__cache *cache; /* cache_dir=: whole remote shards on local disk (remote/cache.c) */
   pthread_mutex_t mu;

@@ -9,6 +9,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,6 +65,65 @@ static void raise_fd_limit(void) {
     r.rlim_cur = r.rlim_max;
     setrlimit(RLIMIT_NOFILE, &r);
   }
+}
+
+/* CPUs this process may run on (its affinity: taskset, cgroup cpusets), else those online. */
+static int usable_cpus(void) {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0)
+    return CPU_COUNT(&set);
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? (int)n : 1;
+}
+
+/* torchrun's LOCAL_WORLD_SIZE: the ranks of this job on this host, which share its CPUs and memory. */
+static int local_ranks(void) {
+  const char *v = getenv("LOCAL_WORLD_SIZE");
+  int n = v ? atoi(v) : 0;
+  return n > 0 ? n : 1;
+}
+
+/* workers=auto and prefetch=auto (the defaults), each chosen once here and said why. Workers: the
+ * CPUs this process may use, shared with the other ranks of the host. Slots: four per stream (one
+ * being copied or consumed, the rest filling), fewer when memory_budget (auto: an eighth of the
+ * host's memory, shared likewise) does not hold them, never fewer than two. */
+static void choose_counts(dl_loader *l) {
+  int cpus = usable_cpus(), ranks = local_ranks();
+  if (!l->o.workers) {
+    l->o.workers = cpus / ranks > 0 ? cpus / ranks : 1;
+    if (ranks > 1)
+      snprintf(l->workers_reason, sizeof l->workers_reason,
+               "workers=auto: %d, the %d CPUs this process may use shared by LOCAL_WORLD_SIZE=%d ranks",
+               l->o.workers, cpus, ranks);
+    else
+      snprintf(l->workers_reason, sizeof l->workers_reason, "workers=auto: %d, the CPUs this process may use",
+               l->o.workers);
+  } else {
+    snprintf(l->workers_reason, sizeof l->workers_reason, "workers=%d as given", l->o.workers);
+  }
+  size_t image = l->has_image ? (size_t)l->o.height * l->o.width * (size_t)l->o.channels * (size_t)l->o.batch_size : 0;
+  size_t arena = l->has_image && l->o.ndevices && l->o.decode != DL__DECODE_CPU ? dl__gpu_arena_size(l) : 0;
+  size_t slot = (image + l->field_block + arena) * (size_t)l->nstreams; /* one slot of every stream */
+  int64_t budget = l->o.memory_budget;
+  const char *whose = "memory_budget";
+  if (!budget) {
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    budget = pages > 0 && page > 0 ? (int64_t)pages * page / 8 / ranks : INT64_C(1) << 30;
+    whose = ranks > 1 ? "memory_budget=auto (an eighth of the host's memory, shared by its ranks)"
+                      : "memory_budget=auto (an eighth of the host's memory)";
+  }
+  if (l->o.prefetch) {
+    snprintf(l->prefetch_reason, sizeof l->prefetch_reason, "prefetch=%d as given: %.1f MB of slots", l->o.prefetch,
+             (double)slot * l->o.prefetch / 1e6);
+    return;
+  }
+  int64_t fit = slot ? budget / (int64_t)slot : 4;
+  l->o.prefetch = fit >= 4 ? 4 : fit >= 2 ? (int)fit : 2;
+  snprintf(l->prefetch_reason, sizeof l->prefetch_reason, "prefetch=auto: %d slots of %.1f MB; %s is %.0f MB%s",
+           l->o.prefetch, (double)slot / 1e6, whose, (double)budget / 1e6,
+           fit < 2 ? ", less than the two slots a pipeline needs" : fit < 4 ? ", which holds no more" : "");
+  if (fit < 2)
+    dl__log(DL__LOG_WARN, "%s", l->prefetch_reason);
 }
 
 static int alloc_slots(dl_loader *l) {
@@ -197,6 +257,8 @@ int dl_open(dl_loader **out, const char *source, const char *options) {
   if (!l->io_ops || (l->o.io == DL__IO_MMAP && (r = dl__dataset_map(&l->ds))))
     goto fail;
   dl__log(DL__LOG_INFO, "reading with %s: %s", l->io_ops->name, l->io_reason);
+  choose_counts(l);
+  dl__log(DL__LOG_INFO, "%s; %s", l->workers_reason, l->prefetch_reason);
   if ((l->o.ndevices && (r = dl__cuda_open(l))) || (r = dl__decode_choose(l)))
     goto fail;
   if ((r = alloc_slots(l)))
@@ -633,7 +695,7 @@ int dl_stats_json(dl_loader *l, char *buf, size_t cap) {
   verdict v; /* over the time batches were handed out: a run's stats read later say the same */
   judge(l, batches, last, batches ? last - first / 1000 : 0, wait - first_wait, &v);
   char why[400];
-  char gpu[768] = "", io_reason[320], decode_reason[512];
+  char gpu[768] = "", io_reason[320], decode_reason[512], workers_reason[320], prefetch_reason[400];
   if (l->cuda)
     dl__cuda_stats(l, gpu, sizeof gpu);
   int n = snprintf(
@@ -641,7 +703,7 @@ int dl_stats_json(dl_loader *l, char *buf, size_t cap) {
       "{\"samples\":%" PRId64 ",\"batches\":%" PRId64 ",\"errors\":%" PRId64 ",\"bytes_read\":%" PRId64
       ",\"wall_s\":%.6f,\"first_batch_ms\":%.3f,\"consumer_wait_s\":%.6f,\"decode_s\":%.6f"
       ",\"read_wait_s\":%.6f,\"workers\":%d,\"prefetch\":%d,\"batch_size\":%d,\"dataset_samples\":%zu"
-      ",\"io_backend\":\"%s\",\"io_reason\":\"%s\",\"device\":\"%s\",\"decode_backend\":\"%s\""
+      ",\"workers_reason\":\"%s\",\"prefetch_reason\":\"%s\",\"io_backend\":\"%s\",\"io_reason\":\"%s\",\"device\":\"%s\",\"decode_backend\":\"%s\""
       ",\"decode_reason\":\"%s\",\"cpu_decoded\":%" PRId64 ",\"gpu_decoded\":%" PRId64 ",\"gpu_fallbacks\":%" PRId64
       ",\"gpu_share\":%.4f,\"gpu_share_balanced\":%.4f,\"arena_mb\":%.1f,\"host_batch_bytes\":%zu"
       ",\"pinned_bytes_in_process\":%zu,\"requests\":%" PRId64 ",\"retries\":%" PRId64
@@ -651,6 +713,8 @@ int dl_stats_json(dl_loader *l, char *buf, size_t cap) {
       atomic_load(&l->st.samples), batches, atomic_load(&l->st.errors), atomic_load(&l->st.bytes_read),
       wall, first, wait, atomic_load(&l->st.decode_ns) * 1e-9,
       atomic_load(&l->st.read_wait_ns) * 1e-9, l->o.workers, l->o.prefetch, l->o.batch_size, l->ds.n,
+      json_text(l->workers_reason, workers_reason, sizeof workers_reason),
+      json_text(l->prefetch_reason, prefetch_reason, sizeof prefetch_reason),
       l->o.io == DL__IO_MMAP ? "mmap" : l->io_ops->name, json_text(l->io_reason, io_reason, sizeof io_reason),
       device, decoders[l->decode], json_text(l->decode_reason, decode_reason, sizeof decode_reason),
       atomic_load(&l->st.cpu_decoded), atomic_load(&l->st.gpu_decoded), atomic_load(&l->st.gpu_fallbacks),

@@ -9,10 +9,9 @@
 
 static void set_defaults(dl__options *o) {
   memset(o, 0, sizeof *o);
-  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
   o->batch_size = 256;
-  o->workers = cpus > 0 ? (int)cpus : 1;
-  o->prefetch = 4;
+  o->workers = 0;  /* auto: chosen at open from the CPUs this process may use */
+  o->prefetch = 0; /* auto: chosen at open from the slots' size and memory_budget */
   o->height = o->width = 224;
   o->crop = DL__CROP_RANDOM_RESIZED;
   o->channels = 3;
@@ -209,6 +208,10 @@ static int apply(dl__options *o, const char *key, const char *v) {
     return 0;                                                                                      \
   }
   INT_OPT("batch_size", batch_size, 1, 1 << 20)
+  if ((!strcmp(key, "workers") || !strcmp(key, "prefetch")) && !strcmp(v, "auto")) {
+    *(key[0] == 'w' ? &o->workers : &o->prefetch) = 0;
+    return 0;
+  }
   INT_OPT("workers", workers, 1, 1024)
   INT_OPT("prefetch", prefetch, 1, 1024)
   INT_OPT("epochs", epochs, 0, INT64_MAX / 2)
@@ -302,6 +305,15 @@ static int apply(dl__options *o, const char *key, const char *v) {
   if (!strcmp(key, "s3_addressing")) {
     static const char *const modes[] = {"auto", "path", "virtual"};
     return parse_choice(key, v, modes, 3, &o->s3_addressing);
+  }
+  if (!strcmp(key, "memory_budget")) {
+    if (!strcmp(v, "auto")) {
+      o->memory_budget = 0;
+      return 0;
+    }
+    if ((r = parse_bytes(key, v, &o->memory_budget)))
+      return r;
+    return o->memory_budget ? 0 : bad(key, v, "must be above zero");
   }
   if (!strcmp(key, "cache_limit")) {
     if ((r = parse_bytes(key, v, &o->cache_limit)))

@@ -39,6 +39,23 @@ int main(void) {
     ASSERT_EQ(dl__options_parse(&o, text), 0);
     ASSERT_EQ(o.cache_limit, strtoll(sizes[i][1], NULL, 10));
   }
+  /* workers, prefetch and memory_budget are auto (0) unless given; dl_open chooses. */
+  ASSERT_EQ(dl__options_parse(&o, NULL), 0);
+  ASSERT_EQ(o.workers, 0);
+  ASSERT_EQ(o.prefetch, 0);
+  ASSERT_EQ(o.memory_budget, 0);
+  ASSERT_EQ(dl__options_parse(&o, "workers=3 prefetch=6 memory_budget=2G"), 0);
+  ASSERT_EQ(o.workers, 3);
+  ASSERT_EQ(o.prefetch, 6);
+  ASSERT_EQ(o.memory_budget, 2ll << 30);
+  ASSERT_EQ(dl__options_parse(&o, "workers=3 workers=auto prefetch=auto memory_budget=auto"), 0);
+  ASSERT_EQ(o.workers, 0);
+  ASSERT_EQ(o.prefetch, 0);
+  ASSERT_EQ(o.memory_budget, 0);
+  expect_bad("workers=0", "workers=0");
+  expect_bad("prefetch=many", "prefetch=many");
+  expect_bad("memory_budget=0", "must be above zero");
+  expect_bad("memory_budget=lots", "memory_budget=lots");
   ASSERT_EQ(o.height, 224);
   ASSERT_EQ(o.crop, DL__CROP_RANDOM_RESIZED);
   ASSERT_EQ(dl__options_parse(&o, "  batch_size=32 image_size=160x128 crop=center flip=1 seed=42 "

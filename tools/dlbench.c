@@ -106,7 +106,7 @@ static void usage(FILE *f) {
           "  SOURCE            tar or ringfeed shards (list with ::, globs, {000..009} ranges) or an\n"
           "                    ImageFolder; several are read as one list (a shell-expanded glob);\n"
           "                    none: the built-in synthetic set\n"
-          "  --workers N       worker threads (default: all CPUs)\n"
+          "  --workers N       worker threads (default: auto, the CPUs this process may use / LOCAL_WORLD_SIZE)\n"
           "  --batch B         batch size (256)\n"
           "  --size S          output size, N or HxW (224)\n"
           "  --crop MODE       random_resized | center | resize | none (random_resized)\n"
@@ -152,7 +152,7 @@ int main(int argc, char **argv) {
   char opts[4096] = "";
   size_t olen = 0;
 #define ADD(...) olen += (size_t)snprintf(opts + olen, sizeof opts - olen, __VA_ARGS__)
-  int json = 0, digest = 0, keys = 0, workers = 0, make_only = 0;
+  int json = 0, digest = 0, keys = 0, make_only = 0;
   long synthetic = 10000, stop_after = -1;
   double step_ms = 0;
   const char *device = "cpu";
@@ -160,7 +160,7 @@ int main(int argc, char **argv) {
   int c;
   while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
     switch (c) {
-    case O_WORKERS: workers = atoi(optarg); ADD(" workers=%s", optarg); break;
+    case O_WORKERS: ADD(" workers=%s", optarg); break;
     case O_BATCH: ADD(" batch_size=%s", optarg); break;
     case O_SIZE: ADD(" image_size=%s", optarg); break;
     case O_CROP: ADD(" crop=%s", optarg); break;
@@ -415,7 +415,7 @@ int main(int argc, char **argv) {
            ",\"workers\":%d,\"io_backend\":\"%s\",\"device\":\"%s\",\"decode_backend\":\"%s\""
            ",\"peak_rss_mb\":%.1f,\"steady_samples_per_s\":%.3f",
            samples, batches, wall, samples / wall, bytes / wall, first_ms, wait, errors,
-           workers ? workers : (int)sysconf(_SC_NPROCESSORS_ONLN), io, device, decode, rss_mb, steady);
+           (int)stat_of(stats, "workers"), io, device, decode, rss_mb, steady);
     if (idle >= 0)
       printf(",\"gpu_idle_frac\":%.6f,\"step_ms\":%.3f", idle, step_ms);
     if (h2d >= 0)

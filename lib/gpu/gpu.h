@@ -54,6 +54,9 @@ struct dl__gpu_job {
  * the CPU. Then sizes the arenas (l->arena_bytes) from the dataset's JPEG sizes. */
 int dl__decode_choose(dl_loader *l);
 
+/* The bytes of a host slot's arena for the dataset's JPEGs (0 without JPEGs the GPU may take). */
+size_t dl__gpu_arena_size(const dl_loader *l);
+
 /* At a claim (under l->mu): room in B's arena for sample I's bytes when the GPU may decode it,
  * else NULL. Deterministic: claims of a batch are made in sample order. */
 uint8_t *dl__gpu_arena_take(dl_loader *l, dl_batch *b, int i, const dl__sample *s);

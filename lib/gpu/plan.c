@@ -51,7 +51,7 @@ uint8_t *dl__gpu_arena_take(dl_loader *l, dl_batch *b, int i, const dl__sample *
 }
 
 /* Enough for a batch of the dataset's average JPEG with room to spare, and for the largest. */
-static size_t arena_size(const dl_loader *l) {
+size_t dl__gpu_arena_size(const dl_loader *l) {
   double sum = 0;
   size_t n = 0, largest = 0;
   for (size_t k = 0; k < l->ds.n; k++) {
@@ -95,7 +95,7 @@ int dl__decode_choose(dl_loader *l) {
   dl__log(DL__LOG_INFO, "decoding JPEGs: %s (%s)", decode_names[l->decode], l->decode_reason);
   if (l->decode == DL__DECODE_CPU)
     return 0;
-  l->arena_bytes = arena_size(l);
+  l->arena_bytes = dl__gpu_arena_size(l);
   if (l->decode == DL__DECODE_GPU)
     l->share = 1;
   else /* a first guess from the measured rates of engines and cores; it adapts from there */
