@@ -721,7 +721,8 @@ int dl_stats_json(dl_loader *l, char *buf, size_t cap) {
       l->decode == DL__DECODE_CPU ? 0.0 : share, balanced,
       (double)l->arena_bytes * l->o.prefetch * l->nstreams / 1048576.0, l->host_mem_bytes,
       atomic_load(&pinned_in_process), atomic_load(&l->st.requests), atomic_load(&l->st.retries),
-      atomic_load(&l->st.cache_hits), atomic_load(&l->st.cache_fetches), atomic_load(&l->st.cache_fetch_bytes),
+      atomic_load(&l->st.cache_hits), atomic_load(&l->st.cache_fetches) + l->ds.cache_fetches,
+      atomic_load(&l->st.cache_fetch_bytes) + l->ds.cache_fetch_bytes,
       atomic_load(&l->st.slot_wait_ns) * 1e-9, v.word, json_text(v.why, why, sizeof why), v.consumer, v.decode,
       v.read, v.slot, gpu);
   return n < 0 || (size_t)n >= cap ? dl__fail(-ENOSPC, "stats need %d bytes", n + 1) : n;

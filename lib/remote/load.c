@@ -71,6 +71,10 @@ static int download(dl__dataset *ds, uint32_t file, const dl__target *t, const d
       fd = dl__cache_dir_get(&d, ds, file, o, true, NULL, &fetched);
     }
     dl__cache_dir_close(&d);
+    if (fd >= 0 && fetched) { /* counted with the fetchers' downloads */
+      ds->cache_fetches++;
+      ds->cache_fetch_bytes += (int64_t)size;
+    }
     if (fd != -ENOSPC && fd != -EBUSY)
       return fd; /* the copy, or an error (other than no room: then a temporary file) */
   }
