@@ -401,6 +401,17 @@ static void *fetch_loop(void *arg) {
 int dl__cache_take(struct dl__cache *c, uint32_t file) {
   pthread_mutex_lock(&c->mu);
   shard *s = &c->s[file];
+  /* A whole copy in the folder that no fetcher has opened: not planned yet, or let go when no batch
+   * ahead needed it. Opening it here (a lookup, no download) spares the ranged GET a worker would
+   * otherwise make before a fetcher comes round to it. */
+  if (s->state == ABSENT) {
+    bool fetched;
+    int fd = dl__cache_dir_get(&c->dir, &c->l->ds, file, &c->l->o, false, NULL, &fetched);
+    if (fd >= 0) {
+      s->fd = fd;
+      s->state = CACHED;
+    }
+  }
   int fd = s->state == CACHED ? s->fd : -1;
   if (fd >= 0)
     s->refs++;
