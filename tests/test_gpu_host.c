@@ -6,7 +6,9 @@
  *   to the CUDA decoder, arithmetic, 12-bit, CMYK and truncated files to the CPU);
  * - the region the engine decodes holds the crop and its filter's reach, on the 16-pixel grid;
  * - decode=gpu and decode=hybrid without a GPU fail at open with DL_ENODEVICE and the reason;
- *   decode=auto decodes on the CPU and says so in the stats; a missing nvJPEG is named.
+ *   decode=auto decodes on the CPU and says so in the stats; a missing nvJPEG is named;
+ * - hybrid's split: the workers' share is spread evenly over the batch, and moves a step toward
+ *   the side the other waited for only after three batches agree.
  */
 #include "gpu/gpu.h"
 #include "gpu/nvjpeg.h"
@@ -201,12 +203,62 @@ static void missing_nvjpeg(void) {
   printf("nvJPEG named by RINGFEED_NVJPEG and absent: %s\n", why);
 }
 
+static void split(void) {
+  /* The workers' share spread over the batch: 77 of 256, never two CPU samples side by side. */
+  l.arena_bytes = 1 << 20;
+  uint32_t direct[1] = {0};
+  l.ds.direct = direct;
+  uint8_t *mem = malloc(l.arena_bytes);
+  dl_batch b = {.arena = mem, .len = 256, .cpu_n = 77};
+  dl__sample s = {.codec = DL__CODEC_JPEG, .size = 1000};
+  int cpu_n = 0, run = 0, longest = 0;
+  for (int i = 0; i < b.len; i++) {
+    bool on_cpu = dl__gpu_arena_take(&l, &b, i, &s) == NULL;
+    cpu_n += on_cpu;
+    run = on_cpu ? run + 1 : 0;
+    longest = run > longest ? run : longest;
+  }
+  ASSERT_EQ(cpu_n, 77);
+  ASSERT_EQ(longest, 1);
+  free(mem);
+  l.ds.direct = NULL;
+
+  /* The split steps by 1/32 after three batches that agree, and only then. */
+  pthread_mutex_init(&l.mu, NULL);
+  l.decode = DL__DECODE_HYBRID;
+  l.o.gpu_share = -1;
+  l.share = 0.75;
+  struct { bool starved; double waited; double want; } steps[] = {
+      {true, 5, 0.75}, {true, 5, 0.75},                     /* start-up: not counted */
+      {true, 5, 0.75}, {true, 5, 0.75}, {true, 5, 0.78125}, /* the copy thread waited: GPU takes more */
+      {true, 0, 0.78125}, {true, 0, 0.78125}, {true, 0, 0.75}, /* it did not wait: less */
+      {true, 5, 0.75}, {true, 0, 0.75}, {true, 5, 0.75}, {true, 0, 0.75}, /* mixed: stays */
+      {false, 5, 0.75}, {false, 5, 0.75}, {false, 5, 0.71875}, /* the consumer never waited: to the CPU */
+  };
+  for (size_t k = 0; k < sizeof steps / sizeof *steps; k++) {
+    if (steps[k].starved)
+      l.st.starved++;
+    dl__gpu_share_update(&l, 192, 10.0, steps[k].waited, 10.0);
+    if (fabs(l.share - steps[k].want) > 1e-9)
+      FAIL_AT("after update %zu the share is %.5f, not %.5f", k, l.share, steps[k].want);
+  }
+  l.share = 1;
+  for (int k = 0; k < 6; k++) {
+    l.st.starved++;
+    dl__gpu_share_update(&l, 256, 10.0, 5, 10.0);
+  }
+  ASSERT(l.share == 1);
+  l.decode = DL__DECODE_CPU;
+  printf("hybrid: 77 of 256 samples spread for the workers; the split steps by 1/32 after three agreeing batches\n");
+}
+
 int main(void) {
   const char *shards = test_shards();
   const char *testdata = getenv("DL_TESTDATA");
   ASSERT(testdata && *testdata);
   ASSERT_EQ(dl__options_parse(&l.o, "image_size=64 crop=random_resized flip=1"), 0);
   routes(testdata);
+  split();
   choices(shards);
   missing_nvjpeg();
   return 0;
