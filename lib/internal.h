@@ -53,7 +53,7 @@ enum { DL__DECODE_AUTO, DL__DECODE_CPU, DL__DECODE_GPU, DL__DECODE_HYBRID };
 
 typedef struct dl__options {
   int batch_size;
-  int workers;  /* 0: auto (dl_open chooses, see counts_choose) */
+  int workers;  /* 0: auto (dl_open chooses: choose_counts in loader.c) */
   int prefetch; /* 0: auto */
   int height, width;
   int crop;
@@ -602,7 +602,6 @@ typedef struct dl__stats {
 typedef struct dl__split {
   double gpu_ms, cpu_ms;  /* smoothed time per image: one device's decoder, one worker */
   double balanced;        /* the share at which both sides would finish together */
-  double target;          /* the share it moves toward; l->share follows in steps */
   int votes;              /* batches since the last step: + the GPU should take more, - less */
   int64_t cpu_decoded, cpu_ns, starved; /* the counters at the last update */
   int64_t updates;

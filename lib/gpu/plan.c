@@ -100,7 +100,6 @@ int dl__decode_choose(dl_loader *l) {
     l->share = 1;
   else /* a first guess from the measured rates of engines and cores; it adapts from there */
     l->share = l->o.gpu_share >= 0 ? l->o.gpu_share : l->gpu_hw ? 0.75 : 0.5;
-  l->split.target = l->share;
   return 0;
 }
 
@@ -216,8 +215,7 @@ void dl__gpu_share_update(dl_loader *l, int gpu_samples, double gpu_ms, double w
      * batch size, so the split does not flicker. */
     if (s->votes >= 3 || s->votes <= -3) {
       double step = s->votes > 0 ? 1.0 / 32 : -1.0 / 32;
-      s->target = fmin(1, fmax(0, round((l->share + step) * 32) / 32));
-      l->share = s->target;
+      l->share = fmin(1, fmax(0, round((l->share + step) * 32) / 32));
       s->votes = 0;
     }
   }
