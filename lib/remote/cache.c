@@ -279,6 +279,7 @@ typedef struct shard {
   uint8_t state;
   bool wanted;
   int64_t retry_at_ms;
+  int64_t looked_at_ms; /* a worker last looked for its copy in the folder (dl__cache_take) */
 } shard;
 
 struct dl__cache {
@@ -403,8 +404,11 @@ int dl__cache_take(struct dl__cache *c, uint32_t file) {
   shard *s = &c->s[file];
   /* A whole copy in the folder that no fetcher has opened: not planned yet, or let go when no batch
    * ahead needed it. Opening it here (a lookup, no download) spares the ranged GET a worker would
-   * otherwise make before a fetcher comes round to it. */
-  if (s->state == ABSENT) {
+   * otherwise make before a fetcher comes round to it. A shard with no copy is looked for again
+   * only every 20 ms, as often as the fetchers look: not once per sample. */
+  int64_t now = s->state == ABSENT ? now_ms() : 0;
+  if (s->state == ABSENT && now - s->looked_at_ms >= 20) {
+    s->looked_at_ms = now;
     bool fetched;
     int fd = dl__cache_dir_get(&c->dir, &c->l->ds, file, &c->l->o, false, NULL, &fetched);
     if (fd >= 0) {
