@@ -596,6 +596,9 @@ typedef struct dl__stats {
   double first_batch_ms;
   double first_wait_s; /* of consumer_wait_s, waiting for the first batch (start-up) */
   double last_batch_s; /* when the last batch was handed out, from dl_open */
+  /* dl_open's own time, by step: the source's index, the devices (CUDA's start and the copy
+   * stage), the GPU's JPEG decoders, the host slots (pinned when a device is used), all of it */
+  double open_index_ms, open_cuda_ms, open_gpu_decode_ms, open_slots_ms, open_ms;
 } dl__stats;
 
 /* Hybrid's measurements (gpu/plan.c, under l->mu). */
@@ -620,10 +623,12 @@ struct dl_loader {
   int nbfields;
   int nfields;
   size_t field_block; /* bytes of one slot's tensor fields (and lengths) */
-  uint8_t *field_mem;
   char len_names[DL__MAX_FIELDS][80];
-  uint8_t *host_mem;  /* all slots' images, one allocation (pinned with CUDA) */
-  size_t host_mem_bytes; /* host_mem, field_mem and arena_mem together */
+  /* Every host slot, one after the other: its images, its tensor fields and its arena for the
+   * GPU's JPEGs, each starting on a page (pinned with CUDA, a slot at a time: gpu/copy_stage.c). */
+  uint8_t *host_mem;
+  size_t host_mem_bytes;
+  size_t slot_stride;  /* bytes of one host slot in host_mem */
   const dl__io_ops *io_ops;
   char io_reason[160];
   char workers_reason[160], prefetch_reason[200]; /* how workers= and prefetch= were chosen */
@@ -649,7 +654,7 @@ struct dl_loader {
   bool gpu_hw;         /* the devices' JPEG engines decode (else nvJPEG's CUDA decoder) */
   size_t gpu_pool;     /* device bytes for one batch's decoded JPEGs: a larger image goes to the CPU */
   size_t arena_bytes;  /* per host slot, for the compressed JPEGs */
-  uint8_t *arena_mem;
+  bool decode_starting; /* decode=auto: nvJPEG starts while the workers decode every JPEG (under mu) */
   double share;        /* hybrid: the GPU's share of the next batch opened (under mu) */
   dl__split split;
 };
@@ -664,6 +669,7 @@ typedef struct dl__claim {
   int64_t index; /* dataset index */
   int64_t epoch;
   uint8_t *arena; /* where the sample's bytes go when the GPU may decode it, else NULL */
+  bool hybrid;    /* its batch is split between the workers and the GPU */
 } dl__claim;
 int dl__ring_claim(dl_loader *l, dl__claim *c, bool block);
 /* Marks sample C done; signals the consumer when its batch is complete. */

@@ -45,11 +45,7 @@ static void free_loader(dl_loader *l) {
   if (l->cuda)
     atomic_fetch_sub(&pinned_in_process, l->host_mem_bytes);
   if (l->host_mem)
-    dl__host_free(l, l->host_mem);
-  if (l->field_mem)
-    dl__host_free(l, l->field_mem);
-  if (l->arena_mem)
-    dl__host_free(l, l->arena_mem);
+    dl__host_free(l, l->host_mem, l->host_mem_bytes);
   dl__cuda_close(l);
   dl__dataset_free(&l->ds);
   pthread_mutex_destroy(&l->mu);
@@ -126,42 +122,43 @@ static void choose_counts(dl_loader *l) {
     dl__log(DL__LOG_WARN, "%s", l->prefetch_reason);
 }
 
+static size_t page_round(size_t n) { return (n + 4095) / 4096 * 4096; }
+
 static int alloc_slots(dl_loader *l) {
   int ch = l->o.channels;
   l->sample_bytes = l->has_image ? (size_t)l->o.height * l->o.width * ch : 0;
   l->image_bytes = l->sample_bytes * (size_t)l->o.batch_size;
   size_t nslots = (size_t)l->o.prefetch * (size_t)l->nstreams;
-  size_t total = l->image_bytes * nslots;
-  /* Images; tensor fields; and the compressed JPEGs the GPU decodes, an arena per host slot
-   * that the workers read into. What was allocated before a failure is freed with the loader. */
-  size_t field_total = l->field_block * nslots, arena_total = l->arena_bytes * nslots;
-  bool ok = (l->host_mem = dl__host_alloc(l, total ? total : 4096)) != NULL;
-  if (ok && field_total)
-    ok = (l->field_mem = dl__host_alloc(l, field_total)) != NULL;
-  if (ok && arena_total)
-    ok = (l->arena_mem = dl__host_alloc(l, arena_total)) != NULL;
-  if (!ok)
-    return dl__fail(-ENOMEM, "could not allocate %zu bytes of %s batch memory", total + field_total + arena_total,
+  /* A slot's images, its tensor fields, and the compressed JPEGs the GPU decodes, which the
+   * workers read into; a slot is one range of pages, so that it can be pinned by itself. What was
+   * allocated before a failure is freed with the loader. */
+  size_t images = page_round(l->image_bytes), fields = page_round(l->field_block);
+  l->slot_stride = images + fields + page_round(l->arena_bytes);
+  if (!l->slot_stride)
+    l->slot_stride = 4096;
+  size_t total = l->slot_stride * nslots;
+  if (!(l->host_mem = dl__host_alloc(l, total)))
+    return dl__fail(-ENOMEM, "could not allocate %zu bytes of %s batch memory", total,
                     l->o.ndevices ? "pinned" : "host");
-  l->host_mem_bytes = total + field_total + arena_total;
+  l->host_mem_bytes = total;
   if (l->cuda)
     atomic_fetch_add(&pinned_in_process, l->host_mem_bytes);
-  size_t at = 0;
   for (int s = 0; s < l->nstreams; s++) {
     dl_batch *slots = calloc((size_t)l->o.prefetch, sizeof *slots);
     l->streams[s].slots = slots;
     if (!slots)
       return dl__fail(-ENOMEM, "out of memory");
-    for (int i = 0; i < l->o.prefetch; i++, at += l->image_bytes) {
+    for (int i = 0; i < l->o.prefetch; i++) {
       dl_batch *b = &slots[i];
+      uint8_t *at = l->host_mem + l->slot_stride * ((size_t)s * (size_t)l->o.prefetch + (size_t)i);
       b->l = l;
       b->stream = s;
       b->k = -1;
-      b->image = l->host_mem + at;
-      if (l->field_mem)
-        b->fields = l->field_mem + l->field_block * ((size_t)s * (size_t)l->o.prefetch + (size_t)i);
-      if (l->arena_mem) {
-        b->arena = l->arena_mem + l->arena_bytes * ((size_t)s * (size_t)l->o.prefetch + (size_t)i);
+      b->image = at;
+      if (l->field_block)
+        b->fields = at + images;
+      if (l->arena_bytes) {
+        b->arena = at + images + fields;
         if (!(b->jobs = calloc((size_t)l->o.batch_size, sizeof *b->jobs)))
           return dl__fail(-ENOMEM, "out of memory");
       }
@@ -218,6 +215,7 @@ int dl_open(dl_loader **out, const char *source, const char *options) {
   dl__io_faults_init();
   if ((r = dl__source_load(&l->ds, source, &l->o)) || (r = dl__fields_schema(l)))
     goto fail;
+  l->st.open_index_ms = (dl__now() - t0) * 1e3;
   dl__fields_narrow(l);
   for (int f = 0; f < l->nfields; f++)
     snprintf(l->len_names[f], sizeof l->len_names[f], "%.72s_len", l->fields[f].name);
@@ -259,14 +257,25 @@ int dl_open(dl_loader **out, const char *source, const char *options) {
   dl__log(DL__LOG_INFO, "reading with %s: %s", l->io_ops->name, l->io_reason);
   choose_counts(l);
   dl__log(DL__LOG_INFO, "%s; %s", l->workers_reason, l->prefetch_reason);
-  if ((l->o.ndevices && (r = dl__cuda_open(l))) || (r = dl__decode_choose(l)))
+  double t = dl__now();
+  if (l->o.ndevices && (r = dl__cuda_open(l)))
     goto fail;
+  l->st.open_cuda_ms = (dl__now() - t) * 1e3;
+  t = dl__now();
+  if ((r = dl__decode_choose(l)))
+    goto fail;
+  l->st.open_gpu_decode_ms = (dl__now() - t) * 1e3;
+  t = dl__now();
   if ((r = alloc_slots(l)))
     goto fail;
+  l->st.open_slots_ms = (dl__now() - t) * 1e3;
+  t = dl__now();
   if (l->cuda && (r = dl__cuda_start(l)))
     goto fail;
+  l->st.open_cuda_ms += (dl__now() - t) * 1e3;
   if ((r = dl__cache_start(l)) || (r = dl__workers_start(l)))
     goto fail;
+  l->st.open_ms = (dl__now() - t0) * 1e3;
   *out = l;
   return 0;
 fail:
@@ -640,7 +649,8 @@ typedef struct verdict {
   char why[320];
 } verdict;
 
-static void judge(const dl_loader *l, int64_t batches, double wall, double since_first, double waited, verdict *v) {
+static void judge(const dl_loader *l, int decode, int64_t batches, double wall, double since_first, double waited,
+                  verdict *v) {
   double workers = (double)l->o.workers * wall;
   v->decode = workers > 0 ? (double)atomic_load(&l->st.decode_ns) * 1e-9 / workers : 0;
   v->read = workers > 0 ? (double)atomic_load(&l->st.read_wait_ns) * 1e-9 / workers : 0;
@@ -660,7 +670,7 @@ static void judge(const dl_loader *l, int64_t batches, double wall, double since
              "up (%s)", 100 * v->consumer, workers_did);
     return;
   }
-  const char *gpu_stage = l->decode == DL__DECODE_CPU ? "its copies" : "its copies and JPEG decoding";
+  const char *gpu_stage = decode == DL__DECODE_CPU ? "its copies" : "its copies and JPEG decoding";
   if (l->cuda && v->slot >= v->decode && v->slot >= v->read) {
     v->word = "copy";
     snprintf(v->why, sizeof v->why, "the consumer waited %.0f%% of the time while the GPU stage (%s) held the "
@@ -690,10 +700,13 @@ int dl_stats_json(dl_loader *l, char *buf, size_t cap) {
   int64_t batches = l->st.batches;
   double wait = l->st.consumer_wait_s, first = l->st.first_batch_ms, share = l->share;
   double balanced = l->split.balanced, first_wait = l->st.first_wait_s, last = l->st.last_batch_s;
+  int decode = l->decode; /* decode=auto changes it once nvJPEG has started */
+  char decode_now[sizeof l->decode_reason];
+  memcpy(decode_now, l->decode_reason, sizeof decode_now);
   pthread_mutex_unlock(&l->mu);
   double wall = dl__now() - l->open_time;
   verdict v; /* over the time batches were handed out: a run's stats read later say the same */
-  judge(l, batches, last, batches ? last - first / 1000 : 0, wait - first_wait, &v);
+  judge(l, decode, batches, last, batches ? last - first / 1000 : 0, wait - first_wait, &v);
   char why[400];
   char gpu[768] = "", io_reason[320], decode_reason[512], workers_reason[320], prefetch_reason[400];
   if (l->cuda)
@@ -701,7 +714,8 @@ int dl_stats_json(dl_loader *l, char *buf, size_t cap) {
   int n = snprintf(
       buf, cap,
       "{\"samples\":%" PRId64 ",\"batches\":%" PRId64 ",\"errors\":%" PRId64 ",\"bytes_read\":%" PRId64
-      ",\"wall_s\":%.6f,\"first_batch_ms\":%.3f,\"consumer_wait_s\":%.6f,\"decode_s\":%.6f"
+      ",\"wall_s\":%.6f,\"first_batch_ms\":%.3f,\"open_ms\":%.3f,\"open_index_ms\":%.3f,\"open_cuda_ms\":%.3f"
+      ",\"open_gpu_decode_ms\":%.3f,\"open_slots_ms\":%.3f,\"consumer_wait_s\":%.6f,\"decode_s\":%.6f"
       ",\"read_wait_s\":%.6f,\"workers\":%d,\"prefetch\":%d,\"batch_size\":%d,\"dataset_samples\":%zu"
       ",\"workers_reason\":\"%s\",\"prefetch_reason\":\"%s\",\"io_backend\":\"%s\",\"io_reason\":\"%s\",\"device\":\"%s\",\"decode_backend\":\"%s\""
       ",\"decode_reason\":\"%s\",\"cpu_decoded\":%" PRId64 ",\"gpu_decoded\":%" PRId64 ",\"gpu_fallbacks\":%" PRId64
@@ -711,14 +725,15 @@ int dl_stats_json(dl_loader *l, char *buf, size_t cap) {
       ",\"slot_wait_s\":%.6f,\"bottleneck\":\"%s\",\"bottleneck_why\":\"%s\",\"consumer_wait_frac\":%.4f"
       ",\"worker_decode_frac\":%.4f,\"worker_read_frac\":%.4f,\"worker_slot_wait_frac\":%.4f%s}",
       atomic_load(&l->st.samples), batches, atomic_load(&l->st.errors), atomic_load(&l->st.bytes_read),
-      wall, first, wait, atomic_load(&l->st.decode_ns) * 1e-9,
+      wall, first, l->st.open_ms, l->st.open_index_ms, l->st.open_cuda_ms, l->st.open_gpu_decode_ms,
+      l->st.open_slots_ms, wait, atomic_load(&l->st.decode_ns) * 1e-9,
       atomic_load(&l->st.read_wait_ns) * 1e-9, l->o.workers, l->o.prefetch, l->o.batch_size, l->ds.n,
       json_text(l->workers_reason, workers_reason, sizeof workers_reason),
       json_text(l->prefetch_reason, prefetch_reason, sizeof prefetch_reason),
       l->o.io == DL__IO_MMAP ? "mmap" : l->io_ops->name, json_text(l->io_reason, io_reason, sizeof io_reason),
-      device, decoders[l->decode], json_text(l->decode_reason, decode_reason, sizeof decode_reason),
+      device, decoders[decode], json_text(decode_now, decode_reason, sizeof decode_reason),
       atomic_load(&l->st.cpu_decoded), atomic_load(&l->st.gpu_decoded), atomic_load(&l->st.gpu_fallbacks),
-      l->decode == DL__DECODE_CPU ? 0.0 : share, balanced,
+      decode == DL__DECODE_CPU ? 0.0 : share, balanced,
       (double)l->arena_bytes * l->o.prefetch * l->nstreams / 1048576.0, l->host_mem_bytes,
       atomic_load(&pinned_in_process), atomic_load(&l->st.requests), atomic_load(&l->st.retries),
       atomic_load(&l->st.cache_hits), atomic_load(&l->st.cache_fetches) + l->ds.cache_fetches,

@@ -34,8 +34,11 @@ static dl_batch *open_slot(dl_loader *l, dl__stream *s) {
   b->err_i = INT_MAX;
   b->errmsg[0] = 0;
   b->arena_used = 0;
-  /* Hybrid's split: how many samples the workers decode (the GPU may take the others). */
-  b->cpu_n = l->decode == DL__DECODE_HYBRID ? (int)lround(b->len * (1 - l->share)) : 0;
+  /* Hybrid's split: how many samples the workers decode (the GPU may take the others). A batch
+   * opened while nvJPEG was still starting (decode=auto) stays on the workers. */
+  b->cpu_n = l->decode == DL__DECODE_HYBRID ? (int)lround(b->len * (1 - l->share))
+             : l->decode == DL__DECODE_CPU  ? b->len
+                                            : 0;
   return b;
 }
 
@@ -65,6 +68,7 @@ int dl__ring_claim(dl_loader *l, dl__claim *c, bool block) {
       c->i = best->claim_i;
       c->index = dl__sampler_sample(&best->sm, best->claim_k, best->claim_i, &c->epoch);
       c->arena = dl__gpu_arena_take(l, slot, c->i, &l->ds.samples[c->index]);
+      c->hybrid = l->decode == DL__DECODE_HYBRID;
       if (++best->claim_i == slot->len) {
         best->claim_i = 0;
         best->claim_k++;

@@ -257,15 +257,7 @@ static bool start(struct dl__worker *w, const dl__claim *c) {
 static void *run(void *arg) {
   struct dl__worker *w = arg;
   dl_loader *l = w->l;
-  /* Hybrid: the workers yield to the copy thread and nvJPEG's host work, which keep the JPEG
-   * engines busy; an engine left waiting costs more than a core does (on an H200 the engines' time
-   * per image was a third longer in hybrid runs, every core decoding, than with the workers idle). */
-  if (l->decode == DL__DECODE_HYBRID) {
-    errno = 0;
-    int nice = getpriority(PRIO_PROCESS, (id_t)gettid());
-    if (errno == 0)
-      setpriority(PRIO_PROCESS, (id_t)gettid(), nice + 4 > 19 ? 19 : nice + 4);
-  }
+  bool yielded = false;
   int inflight_n = 0;
   bool draining = false;
   /* Remote reads are topped up in runs of a quarter of the depth: reads submitted together can
@@ -280,6 +272,17 @@ static void *run(void *arg) {
         draining = true;
       if (r <= 0)
         break;
+      /* Hybrid (from its first batch: decode=auto starts nvJPEG later): the workers yield to the
+       * copy thread and nvJPEG's host work, which keep the JPEG engines busy; an engine left
+       * waiting costs more than a core does (on an H200 the engines' time per image was a third
+       * longer in hybrid runs, every core decoding, than with the workers idle). */
+      if (c.hybrid && !yielded) {
+        errno = 0;
+        int nice = getpriority(PRIO_PROCESS, (id_t)gettid());
+        if (errno == 0)
+          setpriority(PRIO_PROCESS, (id_t)gettid(), nice + 4 > 19 ? 19 : nice + 4);
+        yielded = true;
+      }
       if (start(w, &c))
         inflight_n++;
     }

@@ -439,6 +439,12 @@ int main(int argc, char **argv) {
       printf("GPU idle %.4f of the time between steps of %.2f ms\n", idle, step_ms);
     if (h2d >= 0)
       printf("host-to-device copies %.2f GB/s\n", h2d);
+    printf("dl_open %.1f ms: index %.1f, devices %.1f, GPU JPEG decoders %.1f, batch slots %.1f\n",
+           stat_of(stats, "open_ms"), stat_of(stats, "open_index_ms"), stat_of(stats, "open_cuda_ms"),
+           stat_of(stats, "open_gpu_decode_ms"), stat_of(stats, "open_slots_ms"));
+    if (stat_of(stats, "pin_ms") > 0 || stat_of(stats, "gpu_decoders_start_ms") > 0)
+      printf("meanwhile, while the workers decoded: batch slots pinned in %.1f ms, nvJPEG started in %.1f ms\n",
+             stat_of(stats, "pin_ms"), stat_of(stats, "gpu_decoders_start_ms"));
     double requests = stat_of(stats, "requests"), hits = stat_of(stats, "cache_hits");
     if (requests || hits)
       printf("remote: %.0f requests (%.3f per sample), %.0f retries, %.1f MB of samples read\n", requests,

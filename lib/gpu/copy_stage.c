@@ -10,12 +10,14 @@
  * Lock order: l->mu only (CUDA calls are made without it, except event records on release).
  */
 #include "gpu/decode.h"
+#include "gpu/nvjpeg.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/mman.h>
 
 #include <cuda_runtime.h>
 
@@ -63,8 +65,19 @@ typedef struct cuda_state {
   int n;
   gpu g[DL__MAX_DEVICES];
   size_t out_sample_bytes; /* one sample on the device */
-  size_t device_bytes;     /* taken at open */
+  size_t device_bytes;     /* taken at open, and by decoders started later (under l->mu) */
+  /* The starter: pins the host slots while the workers already fill them, then starts nvJPEG
+   * when decode=auto left it to start in the background. */
+  pthread_t starter;
+  bool starter_started;
+  int pinned;       /* host slots the starter has pinned (or tried to), in pin_order (under l->mu) */
+  bool *registered; /* per host slot (s * prefetch + i): cudaHostRegister took it */
+  double pin_ms, decoders_ms; /* the starter's time on each */
 } cuda_state;
+
+/* Slots are pinned in the order the copy threads take them: the first slot of every device, then
+ * the second ... */
+static int pin_order(const dl_loader *l, int stream, int slot) { return slot * l->nstreams + stream; }
 
 static int dtype_size(int dtype) { return dtype == DL__DTYPE_UINT8 ? 1 : dtype == DL__DTYPE_FLOAT32 ? 4 : 2; }
 
@@ -94,43 +107,169 @@ int dl__cuda_open(dl_loader *l) {
     c->g[i].id = l->o.device_ids[i];
   }
   l->cuda = c;
+  /* Starts each device's context here (a no-op where the process already has it), so that the
+   * stats' split of dl_open's time puts CUDA's start-up under the devices. */
+  for (int i = 0; i < c->n; i++)
+    if ((e = cudaSetDevice(c->g[i].id)) != cudaSuccess || (e = cudaFree(NULL)) != cudaSuccess)
+      return dl__fail(DL_ENODEVICE, "option device=cuda:%d: CUDA could not start on it (%s)", c->g[i].id,
+                      cudaGetErrorString(e));
   return 0;
 }
 
+/* With a device, plain pages that the starter pins a slot at a time while the workers already
+ * decode into them: pinning 255 MB took 90-125 ms on an H200 host, longer than decoding a first
+ * batch. */
 void *dl__host_alloc(dl_loader *l, size_t bytes) {
   if (!l->cuda)
     return aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
-  void *p = NULL;
-  cudaSetDevice(((cuda_state *)l->cuda)->g[0].id);
-  return cudaHostAlloc(&p, bytes, cudaHostAllocPortable) == cudaSuccess ? p : NULL;
+  cuda_state *c = l->cuda;
+  if (!(c->registered = calloc((size_t)l->o.prefetch * (size_t)c->n, sizeof *c->registered)))
+    return NULL;
+  void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED)
+    return NULL;
+  madvise(p, bytes, MADV_HUGEPAGE); /* fewer pages to fault in and pin, where the kernel allows */
+  return p;
 }
 
-void dl__host_free(dl_loader *l, void *p) {
-  if (l->cuda)
-    cudaFreeHost(p);
-  else
+void dl__host_free(dl_loader *l, void *p, size_t bytes) {
+  cuda_state *c = l->cuda;
+  if (!c) {
     free(p);
+    return;
+  }
+  for (int s = 0; s < c->n; s++)
+    for (int i = 0; i < l->o.prefetch; i++)
+      if (c->registered && c->registered[s * l->o.prefetch + i])
+        cudaHostUnregister(l->host_mem + l->slot_stride * ((size_t)s * (size_t)l->o.prefetch + (size_t)i));
+  munmap(p, bytes);
 }
 
-int dl__gpu_decoders_open(dl_loader *l, char *why, size_t cap) {
+/* Whether host slot SLOT of STREAM may be copied from: pinned, or the starter gave up on it. */
+static bool pinned_locked(const dl_loader *l, int stream, int slot) {
+  return ((cuda_state *)l->cuda)->pinned > pin_order(l, stream, slot);
+}
+
+bool dl__gpu_decoders_available(char *why, size_t cap) { return dl__nvjpeg_load(why, cap) != NULL; }
+
+/* One device's decoder, made on a thread of its own: nvJPEG takes about a second to start on each. */
+typedef struct decoder_start {
+  dl_loader *l;
+  int device;
+  dl__gpu_decoder *dec;
+  size_t bytes;
+  int r;
+  char why[200];
+} decoder_start;
+
+static void *decoder_start_run(void *arg) {
+  decoder_start *d = arg;
+  d->r = dl__gpu_decoder_create(d->l, d->device, &d->dec, &d->bytes, d->why, sizeof d->why);
+  return NULL;
+}
+
+/* A decoder on every device, the devices in parallel. All or none: a failure frees the others. */
+static int decoders_create(dl_loader *l, decoder_start *d, char *why, size_t cap) {
+  cuda_state *c = l->cuda;
+  pthread_t t[DL__MAX_DEVICES];
+  bool started[DL__MAX_DEVICES] = {false};
+  for (int i = 0; i < c->n; i++)
+    d[i] = (decoder_start){.l = l, .device = c->g[i].id};
+  for (int i = 1; i < c->n; i++)
+    started[i] = pthread_create(&t[i], NULL, decoder_start_run, &d[i]) == 0;
+  decoder_start_run(&d[0]);
+  for (int i = 1; i < c->n; i++) {
+    if (started[i])
+      pthread_join(t[i], NULL);
+    else
+      d[i].r = -1, snprintf(d[i].why, sizeof d[i].why, "could not start a thread");
+  }
+  int failed = -1;
+  for (int i = 0; i < c->n && failed < 0; i++)
+    if (d[i].r)
+      failed = i;
+  if (failed < 0)
+    return 0;
+  snprintf(why, cap, "%s", d[failed].why);
+  for (int i = 0; i < c->n; i++) /* decoding stays on the CPU: give their memory back */
+    dl__gpu_decoder_destroy(d[i].dec);
+  return -1;
+}
+
+/* Hands the decoders to the copy stage; WHY says which nvJPEG runs them. */
+static void decoders_commit(dl_loader *l, decoder_start *d, char *why, size_t cap) {
   cuda_state *c = l->cuda;
   char what[400] = "";
   bool engines = true;
   for (int i = 0; i < c->n; i++) {
-    if (dl__gpu_decoder_create(l, c->g[i].id, &c->g[i].dec, &c->device_bytes, why, cap)) {
-      for (int j = 0; j < i; j++) { /* decoding stays on the CPU: give their memory back */
-        dl__gpu_decoder_destroy(c->g[j].dec);
-        c->g[j].dec = NULL;
-      }
-      c->device_bytes = 0;
-      return -1;
-    }
-    engines &= dl__gpu_decoder_has_engine(c->g[i].dec);
+    c->g[i].dec = d[i].dec;
+    c->device_bytes += d[i].bytes;
+    engines &= dl__gpu_decoder_has_engine(d[i].dec);
   }
   l->gpu_hw = engines;
   l->gpu_pool = (size_t)l->o.gpu_decode_mb << 20;
   snprintf(why, cap, "%s", dl__gpu_decoder_describe(c->g[0].dec, what, sizeof what));
+}
+
+int dl__gpu_decoders_open(dl_loader *l, char *why, size_t cap) {
+  decoder_start d[DL__MAX_DEVICES];
+  if (decoders_create(l, d, why, cap))
+    return -1;
+  decoders_commit(l, d, why, cap);
   return 0;
+}
+
+/* Pins the host slots in the order they are copied, each copy thread starting as soon as its
+ * slot is pinned; then, for decode=auto, starts nvJPEG while the workers decode every JPEG. */
+static void *starter(void *arg) {
+  dl_loader *l = arg;
+  cuda_state *c = l->cuda;
+  cudaSetDevice(c->g[0].id);
+  double t0 = dl__now();
+  int nslots = l->o.prefetch * c->n;
+  bool warned = false;
+  for (int k = 0; k < nslots; k++) {
+    int s = k % c->n, i = k / c->n, at = s * l->o.prefetch + i;
+    cudaError_t e = cudaHostRegister(l->host_mem + l->slot_stride * (size_t)at, l->slot_stride,
+                                     cudaHostRegisterPortable);
+    c->registered[at] = e == cudaSuccess;
+    if (e != cudaSuccess && !warned) {
+      cudaGetLastError();
+      dl__log(DL__LOG_WARN, "pinning %zu bytes of batch memory failed (%s): copies to the GPU read pageable "
+              "memory, slower", l->slot_stride, cudaGetErrorString(e));
+      warned = true;
+    }
+    pthread_mutex_lock(&l->mu);
+    c->pinned = k + 1;
+    pthread_cond_broadcast(&l->ready_cv);
+    bool stop = l->stop;
+    pthread_mutex_unlock(&l->mu);
+    if (stop)
+      break;
+  }
+  c->pin_ms = (dl__now() - t0) * 1e3;
+  pthread_mutex_lock(&l->mu);
+  bool start_decoders = l->decode_starting && !l->stop;
+  pthread_mutex_unlock(&l->mu);
+  if (!start_decoders)
+    return NULL;
+  t0 = dl__now();
+  decoder_start d[DL__MAX_DEVICES];
+  char why[400] = "";
+  bool ok = decoders_create(l, d, why, sizeof why) == 0;
+  pthread_mutex_lock(&l->mu);
+  if (ok && l->stop) { /* closed meanwhile: nothing will decode with them */
+    for (int i = 0; i < c->n; i++)
+      dl__gpu_decoder_destroy(d[i].dec);
+    ok = false;
+    snprintf(why, sizeof why, "the loader was closed");
+  }
+  if (ok)
+    decoders_commit(l, d, why, sizeof why);
+  c->decoders_ms = (dl__now() - t0) * 1e3;
+  dl__decode_started_locked(l, ok, why);
+  pthread_mutex_unlock(&l->mu);
+  return NULL;
 }
 
 /* Returns host slots of finished transfers to the workers; with WAIT, waits for the oldest. */
@@ -197,13 +336,13 @@ static int enqueue(gpu *g, dl_batch *host, int slot, dl_batch *dev) {
    * H200 (test_cuda's slow consumer, decode=gpu), so the copy thread waits for the release itself
    * (it would block in nvJPEG for as long anyway). */
   if (gs->release_pending)
-    e = g->dec && has_gpu_jobs(host) ? cudaEventSynchronize(gs->released)
+    e = has_gpu_jobs(host) && g->dec ? cudaEventSynchronize(gs->released)
                                      : cudaStreamWaitEvent(g->copy, gs->released, 0);
   gs->release_pending = false;
   /* The GPU's JPEGs first, so the engines start while the CPU samples are copied. A JPEG nvJPEG
    * refuses becomes a CPU sample here, before the copies below. */
   f->gpu_samples = -1;
-  if (!e && g->dec && has_gpu_jobs(host)) {
+  if (!e && has_gpu_jobs(host) && g->dec) { /* jobs come only after the decoders (under l->mu) */
     e = cudaEventRecord(f->d0, g->copy);
     double t0 = dl__now();
     if (!e && (f->gpu_samples = dl__gpu_decode(g->dec, l, host, slot, gs->image, g->copy, g->error,
@@ -270,7 +409,7 @@ static void *copy_thread(void *arg) {
       if (reap(g, false))
         goto failed;
       pthread_mutex_lock(&l->mu);
-      bool host_ok = host->k == k && host->state == DL__SLOT_COMPLETE;
+      bool host_ok = host->k == k && host->state == DL__SLOT_COMPLETE && pinned_locked(l, g->index, slot);
       bool dev_ok = dev->state == DL__SLOT_FREE;
       if (host_ok && !t_host)
         t_host = dl__now();
@@ -302,7 +441,7 @@ static void *copy_thread(void *arg) {
       break;
     /* A batch that failed on the workers (on_error=fail) is not copied; one that fails in the
      * GPU decode is copied and then reported: its host slot returns through reap. */
-    if (host->err && g->dec && has_gpu_jobs(host))
+    if (host->err && has_gpu_jobs(host) && g->dec)
       dl__gpu_decode_failed_batch(g->dec, l, host);
     bool queued = !host->err;
     double t_busy = dl__now();
@@ -404,8 +543,12 @@ int dl__cuda_start(dl_loader *l) {
         return cuda_fail(e, "creating events");
     }
   }
+  int r = pthread_create(&c->starter, NULL, starter, l);
+  if (r)
+    return dl__fail(-r, "could not start the GPU stage's starter: %s", strerror(r));
+  c->starter_started = true;
   for (int i = 0; i < c->n; i++) {
-    int r = pthread_create(&c->g[i].thread, NULL, copy_thread, &c->g[i]);
+    r = pthread_create(&c->g[i].thread, NULL, copy_thread, &c->g[i]);
     if (r)
       return dl__fail(-r, "could not start the copy thread: %s", strerror(r));
     c->g[i].started = true;
@@ -424,6 +567,10 @@ void dl__cuda_stop(dl_loader *l) {
       pthread_join(c->g[i].thread, NULL);
       c->g[i].started = false;
     }
+  if (c && c->starter_started) {
+    pthread_join(c->starter, NULL);
+    c->starter_started = false;
+  }
 }
 
 void dl__cuda_close(dl_loader *l) {
@@ -469,6 +616,7 @@ void dl__cuda_close(dl_loader *l) {
     s->dslots = NULL;
   }
   l->cuda = NULL;
+  free(c->registered);
   free(c);
 }
 
@@ -508,13 +656,16 @@ int dl__cuda_stats(dl_loader *l, char *buf, size_t cap) {
     decode_host_ms += c->g[i].decode_host_ms;
     decode_batches += c->g[i].decode_batches;
   }
-  size_t pinned = l->image_bytes * (size_t)l->o.prefetch * (size_t)l->nstreams +
-                  (l->field_block + l->arena_bytes) * (size_t)l->o.prefetch * (size_t)l->nstreams;
+  size_t pinned = l->host_mem_bytes;
+  pthread_mutex_lock(&l->mu);
+  size_t device_bytes = c->device_bytes;
+  double pin_ms = c->pin_ms, decoders_ms = c->decoders_ms;
+  pthread_mutex_unlock(&l->mu);
   return snprintf(buf, cap,
-                  ",\"h2d_bytes\":%lld,\"h2d_gpu_ms\":%.3f,\"h2d_gb_s\":%.3f,\"device_slots\":%d"
+                  ",\"pin_ms\":%.3f,\"gpu_decoders_start_ms\":%.3f,\"h2d_bytes\":%lld,\"h2d_gpu_ms\":%.3f,\"h2d_gb_s\":%.3f,\"device_slots\":%d"
                   ",\"gpu_decode_ms\":%.3f,\"gpu_decode_host_ms\":%.3f,\"gpu_decode_batches\":%lld,\"pinned_mb\":%.1f,\"device_mb\":%.1f",
-                  (long long)bytes, ms, ms > 0 ? bytes / ms / 1e6 : 0.0, l->o.device_slots,
+                  pin_ms, decoders_ms, (long long)bytes, ms, ms > 0 ? bytes / ms / 1e6 : 0.0, l->o.device_slots,
                   decode_batches ? decode_ms / (double)decode_batches : 0.0,
                   decode_batches ? decode_host_ms / (double)decode_batches : 0.0, (long long)decode_batches,
-                  (double)pinned / 1048576.0, (double)c->device_bytes / 1048576.0);
+                  (double)pinned / 1048576.0, (double)device_bytes / 1048576.0);
 }

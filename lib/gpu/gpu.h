@@ -19,9 +19,10 @@ int dl__cuda_start(dl_loader *l);
 void dl__cuda_stop(dl_loader *l);
 /* Frees device memory, streams, events and decoders. NULL l->cuda is a no-op. */
 void dl__cuda_close(dl_loader *l);
-/* Host memory for the slots: pinned when a device is in use. */
+/* Host memory for the slots: pinned (after dl__cuda_start, in the background) when a device is
+ * in use. */
 void *dl__host_alloc(dl_loader *l, size_t bytes);
-void dl__host_free(dl_loader *l, void *p);
+void dl__host_free(dl_loader *l, void *p, size_t bytes);
 int dl__cuda_field(const dl_batch *b, const char *name, DLTensor *out);
 int dl__cuda_wait(dl_batch *b, void *stream);
 /* Under l->mu, when a device batch's last reference goes: records the consumer's event. */
@@ -30,6 +31,8 @@ int dl__cuda_stats(dl_loader *l, char *buf, size_t cap);
 /* Makes a JPEG decoder on every device of l->cuda (nvJPEG's hardware engine where there is
  * one); sets l->gpu_hw and l->gpu_pool. Fails with the reason in WHY. */
 int dl__gpu_decoders_open(dl_loader *l, char *why, size_t cap);
+/* Whether nvJPEG loads here (quick: it is not started); else the reason in WHY. */
+bool dl__gpu_decoders_available(char *why, size_t cap);
 
 /* ---- JPEG decoding on the GPU: the workers' side (plan.c) ---- */
 
@@ -53,6 +56,10 @@ struct dl__gpu_job {
  * once). decode=gpu|hybrid that cannot run fails with DL_ENODEVICE; decode=auto falls back to
  * the CPU. Then sizes the arenas (l->arena_bytes) from the dataset's JPEG sizes. */
 int dl__decode_choose(dl_loader *l);
+
+/* Under l->mu, when nvJPEG that decode=auto started in the background is ready (OK, the decoders
+ * are in place) or failed (WHY says why): JPEGs go to the GPU from the next batch opened. */
+void dl__decode_started_locked(dl_loader *l, bool ok, const char *why);
 
 /* The bytes of a host slot's arena for the dataset's JPEGs (0 without JPEGs the GPU may take). */
 size_t dl__gpu_arena_size(const dl_loader *l);

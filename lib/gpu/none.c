@@ -19,8 +19,8 @@ void *dl__host_alloc(dl_loader *l, size_t bytes) {
   (void)l;
   return aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
 }
-void dl__host_free(dl_loader *l, void *p) {
-  (void)l;
+void dl__host_free(dl_loader *l, void *p, size_t bytes) {
+  (void)l, (void)bytes;
   free(p);
 }
 int dl__cuda_field(const dl_batch *b, const char *name, DLTensor *out) {
@@ -36,6 +36,10 @@ int dl__gpu_decoders_open(dl_loader *l, char *why, size_t cap) {
   (void)l;
   snprintf(why, cap, "this ringfeed was built without CUDA");
   return -1;
+}
+bool dl__gpu_decoders_available(char *why, size_t cap) {
+  snprintf(why, cap, "this ringfeed was built without CUDA");
+  return false;
 }
 int dl__cuda_stats(dl_loader *l, char *buf, size_t cap) {
   (void)l;

@@ -70,6 +70,11 @@ size_t dl__gpu_arena_size(const dl_loader *l) {
   return ((size_t)(bytes < cap ? bytes : cap) + 4095) / 4096 * 4096;
 }
 
+/* Hybrid's first split, a guess from the measured rates of engines and cores; it adapts from there. */
+static double first_share(const dl_loader *l) {
+  return l->o.gpu_share >= 0 ? l->o.gpu_share : l->gpu_hw ? 0.75 : 0.5;
+}
+
 int dl__decode_choose(dl_loader *l) {
   int want = l->o.decode;
   const char *asked = decode_names[want];
@@ -84,6 +89,13 @@ int dl__decode_choose(dl_loader *l) {
       return dl__fail(DL_ENODEVICE, "option decode=%s: JPEGs are decoded on the GPU given by device=cuda:N, "
                                     "and this loader has device=cpu", asked);
     snprintf(l->decode_reason, sizeof l->decode_reason, "device=cpu");
+  } else if (want == DL__DECODE_AUTO && dl__gpu_decoders_available(why, sizeof why)) {
+    /* nvJPEG takes about a second to start (1.2 s on an H200, more than the first batches take on
+     * the CPU): the GPU stage starts it in the background and the workers decode every JPEG until
+     * it is ready. Only auto: decode=gpu|hybrid fail at open when it cannot start. */
+    l->decode_starting = true;
+    snprintf(l->decode_reason, sizeof l->decode_reason,
+             "decode=auto: nvJPEG is starting; the workers decode every JPEG until it is ready");
   } else if (dl__gpu_decoders_open(l, why, sizeof why)) {
     if (want != DL__DECODE_AUTO)
       return dl__fail(DL_ENODEVICE, "option decode=%s: %s", asked, why);
@@ -93,14 +105,23 @@ int dl__decode_choose(dl_loader *l) {
     snprintf(l->decode_reason, sizeof l->decode_reason, "%s", why);
   }
   dl__log(DL__LOG_INFO, "decoding JPEGs: %s (%s)", decode_names[l->decode], l->decode_reason);
-  if (l->decode == DL__DECODE_CPU)
+  if (l->decode == DL__DECODE_CPU && !l->decode_starting)
     return 0;
   l->arena_bytes = dl__gpu_arena_size(l);
-  if (l->decode == DL__DECODE_GPU)
-    l->share = 1;
-  else /* a first guess from the measured rates of engines and cores; it adapts from there */
-    l->share = l->o.gpu_share >= 0 ? l->o.gpu_share : l->gpu_hw ? 0.75 : 0.5;
+  l->share = l->decode == DL__DECODE_GPU ? 1 : first_share(l);
   return 0;
+}
+
+void dl__decode_started_locked(dl_loader *l, bool ok, const char *why) {
+  l->decode_starting = false;
+  if (ok) {
+    l->decode = DL__DECODE_HYBRID;
+    l->share = first_share(l);
+    snprintf(l->decode_reason, sizeof l->decode_reason, "%s", why);
+  } else {
+    snprintf(l->decode_reason, sizeof l->decode_reason, "no GPU decoder: %s", why);
+  }
+  dl__log(DL__LOG_INFO, "decoding JPEGs: %s (%s)", decode_names[l->decode], l->decode_reason);
 }
 
 size_t dl__gpu_job_bytes(const int32_t roi[4], int scale, int channels) {
@@ -183,9 +204,13 @@ bool dl__gpu_plan(const dl_loader *l, dl_batch *b, int i, int64_t index, uint8_t
 }
 
 void dl__gpu_share_update(dl_loader *l, int gpu_samples, double gpu_ms, double waited_ms, double busy_ms) {
-  if (l->decode != DL__DECODE_HYBRID || l->o.gpu_share >= 0)
+  if (l->o.gpu_share >= 0)
     return;
   pthread_mutex_lock(&l->mu);
+  if (l->decode != DL__DECODE_HYBRID) {
+    pthread_mutex_unlock(&l->mu);
+    return;
+  }
   dl__split *s = &l->split;
   int64_t cpu_n = atomic_load(&l->st.cpu_decoded), cpu_ns = atomic_load(&l->st.cpu_decode_ns);
   int64_t dn = cpu_n - s->cpu_decoded, dns = cpu_ns - s->cpu_ns;
