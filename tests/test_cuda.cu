@@ -190,6 +190,99 @@ static void no_leaks(const char *decode) {
     ASSERT_LE(rss1 - rss0, 16 * 1024);
 }
 
+// One batch of L to the host (uint8 images) through the test's stream, released after.
+static void batch_to_host(dl_loader *l, cudaStream_t s, unsigned char *out, size_t cap, int *len) {
+  dl_batch *b;
+  int r = dl_next_batch(l, &b);
+  if (r)
+    FAIL_AT("%s: %s", dl_errname(r), dl_last_error());
+  DLTensor img;
+  ASSERT_EQ(dl_batch_field(b, "image", &img), 0);
+  ASSERT_LE(tensor_bytes(&img), cap);
+  *len = dl_batch_size(b);
+  ASSERT_EQ(dl_batch_wait(b, s), 0);
+  CHECK_CUDA(cudaMemcpyAsync(out, img.data, tensor_bytes(&img), cudaMemcpyDeviceToHost, s));
+  dl_batch_release(b, s);
+  CHECK_CUDA(cudaStreamSynchronize(s));
+}
+
+static void stats_text(dl_loader *l, const char *key, char *out, size_t cap) {
+  char stats[8192], pattern[80];
+  ASSERT_GT(dl_stats_json(l, stats, sizeof stats), 0);
+  snprintf(pattern, sizeof pattern, "\"%s\":\"", key);
+  const char *p = strstr(stats, pattern);
+  ASSERT(p);
+  p += strlen(pattern);
+  size_t n = strcspn(p, "\"");
+  snprintf(out, cap, "%.*s", (int)(n < cap ? n : cap - 1), p);
+}
+
+static double stats_number(dl_loader *l, const char *key) {
+  char stats[8192], pattern[80];
+  ASSERT_GT(dl_stats_json(l, stats, sizeof stats), 0);
+  snprintf(pattern, sizeof pattern, "\"%s\":", key);
+  const char *p = strstr(stats, pattern);
+  return p ? atof(p + strlen(pattern)) : -1;
+}
+
+// decode=auto (the default) starts nvJPEG in the background: the first batches come from the
+// workers, then the GPU takes its share, and every batch, the one where it switched included,
+// matches the CPU's decode of the same samples (a lockstep decode=cpu loader) within 2 levels.
+static void auto_starts_in_background(void) {
+  const char *base = "batch_size=32 image_size=64 flip=1 seed=9 workers=2 epochs=0 device=cuda:0";
+  char opts[300];
+  dl_loader *a, *c;
+  snprintf(opts, sizeof opts, "%s decode=auto", base);
+  OPEN_OK(a, source, opts);
+  snprintf(opts, sizeof opts, "%s decode=cpu", base);
+  OPEN_OK(c, source, opts);
+  cudaStream_t s;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  size_t cap = 32 * 64 * 64 * 3;
+  unsigned char *ga = (unsigned char *)malloc(cap), *gc = (unsigned char *)malloc(cap);
+  char backend[32], first_backend[32], reason[300];
+  int k = 0, switched_at = -1, after = 0;
+  double worst = 0;
+  for (; k < 100000 && after < 20; k++) {
+    int na, nc;
+    batch_to_host(a, s, ga, cap, &na);
+    batch_to_host(c, s, gc, cap, &nc);
+    ASSERT_EQ(na, nc);
+    for (int i = 0; i < na; i++) {
+      double diff = 0;
+      for (size_t j = 0; j < 64 * 64 * 3; j++)
+        diff += fabs((double)ga[(size_t)i * 64 * 64 * 3 + j] - gc[(size_t)i * 64 * 64 * 3 + j]);
+      diff /= 64 * 64 * 3;
+      worst = diff > worst ? diff : worst;
+    }
+    stats_text(a, "decode_backend", backend, sizeof backend);
+    if (k == 0) {
+      snprintf(first_backend, sizeof first_backend, "%s", backend);
+      stats_text(a, "decode_reason", reason, sizeof reason);
+    }
+    if (switched_at < 0 && !strcmp(backend, "hybrid"))
+      switched_at = k;
+    if (switched_at >= 0 && stats_number(a, "gpu_decoded") > 0)
+      after++;
+  }
+  ASSERT_LE(worst, 2.0);
+  ASSERT(switched_at >= 0);
+  ASSERT_EQ(after, 20);
+  // nvJPEG takes about a second to start; two workers deliver a 32-image batch far sooner.
+  ASSERT_STR_EQ(first_backend, "cpu");
+  ASSERT_CONTAINS(reason, "nvJPEG is starting");
+  ASSERT_GT(stats_number(a, "pin_ms"), 0);
+  ASSERT_GT(stats_number(a, "gpu_decoders_start_ms"), 0);
+  printf("decode=auto: batch 0 from the workers (%s), hybrid from batch %d (nvJPEG started in %.0f ms, slots "
+         "pinned in %.0f ms), worst image %.3f levels from the CPU's over %d batches\n",
+         reason, switched_at, stats_number(a, "gpu_decoders_start_ms"), stats_number(a, "pin_ms"), worst, k);
+  free(ga);
+  free(gc);
+  CHECK_CUDA(cudaStreamDestroy(s));
+  dl_close(a);
+  dl_close(c);
+}
+
 /* Bytes fields of device batches: they stay on the host, handed from slot to slot with their batch. */
 static void members_on_device(const char *dir, const char *decode) {
   char path[600], opts[200];
@@ -231,8 +324,10 @@ int main(void) {
   if (dl_open(&probe, source, "device=cuda:0 decode=gpu") == 0) {
     dl_close(probe);
     slow_consumer("decode=gpu");
+    auto_starts_in_background();
     no_leaks("decode=gpu");
     no_leaks("decode=hybrid");
+    no_leaks("decode=auto"); // closed while nvJPEG is still starting
     members_on_device(dir, "decode=hybrid");
   } else {
     printf("no nvJPEG here (%s): the decode=gpu variants did not run\n", dl_last_error());
