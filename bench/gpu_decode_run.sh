@@ -5,12 +5,12 @@
 # time limit and adds its output to $OUT/run.log and its row to $OUT/table.md as it finishes (so a
 # run cut short still tells where it was); the table is printed last.
 # Usage: bench/gpu_decode_run.sh [BUILD_DIR] [SHARDS_DIR] [PARTS]
-#   PARTS: any of abi tests ceiling bench train sanitize (default: all of them); N=images per
+#   PARTS: any of abi tests start ceiling bench train sanitize (default: all of them); N=images per
 #   synthetic set; SKIP=torch leaves out the PyTorch contenders
 set -u
 build=${1:-build-device}
 shards=${2:-$build/tests/shards}
-parts=${3:-abi tests ceiling sanitize bench train}
+parts=${3:-abi tests start ceiling sanitize bench train}
 n=${N:-10000}
 dest=${OUT:-out}
 out=$(mktemp -d /tmp/ringfeed-gpu-decode.XXXXXX)
@@ -81,12 +81,30 @@ if has tests; then
   fi
 fi
 
-# 3. nvJPEG alone (bench/nvjpeg_ceiling): the engines' rate on whole images, and what each choice
-#    of the loader costs: its flags, decoding the crop's region only, more host threads.
-if has ceiling || has bench; then
+# The synthetic sets, made once.
+if has ceiling || has bench || has start; then
   q90=$("$build/dlbench" --synthetic "$n" --make-synthetic 2> "$out/make-q90.log")
   q96=$("$build/dlbench" --synthetic "$n" --quality 96 --subsampling 444 --make-synthetic 2> "$out/make-q96.log")
 fi
+
+# The first batch on cuda:0 (CUDA already started, as in a training script), and where dl_open's
+# time goes. Three runs of each, the index cached by the first.
+if has start; then
+  python3 -c "import time, torch; t = time.time(); torch.zeros(1, device='cuda'); print('torch starts CUDA in %.0f ms' % ((time.time() - t) * 1e3))" \
+    > "$out/cuda-start.txt" 2>&1 && row "CUDA start (torch.zeros on cuda, a fresh process)" "$(tail -1 "$out/cuda-start.txt")"
+  for mode in cpu gpu auto; do
+    for i in 1 2 3; do
+      j="$out/start-$mode-$i.json"
+      guarded 60 "$j" "$out/start-$mode-$i.err" "$build/dlbench" "$q90" --workers "$workers" --flip --device cuda:0 \
+        --decode $mode --stop-after 3 --json
+      keep "$j" "$out/start-$mode-$i.err"
+      row "first batch, decode=$mode, run $i" "$(num "$j" first_batch_ms) ms; dl_open $(num "$j" open_ms) ms: index $(num "$j" open_index_ms), devices $(num "$j" open_cuda_ms), GPU JPEG decoders $(num "$j" open_gpu_decode_ms), slots $(num "$j" open_slots_ms); in the background: $(num "$j" pinned_mb) MB pinned in $(num "$j" pin_ms) ms, nvJPEG started in $(num "$j" gpu_decoders_start_ms) ms; after 3 batches JPEGs decoded by $(str "$j" decode_backend)"
+    done
+  done
+fi
+
+# 3. nvJPEG alone (bench/nvjpeg_ceiling): the engines' rate on whole images, and what each choice
+#    of the loader costs: its flags, decoding the crop's region only, more host threads.
 if has ceiling; then
   for set in q90 q96; do
     eval src=\$$set
@@ -108,7 +126,7 @@ if has bench; then
     eval src=\$$set
     cat "$(dirname "$src")"/*.tar > /dev/null # into the page cache, for every contender alike
     bench="$build/dlbench $src --workers $workers --batch 256 --size 224 --flip --device cuda:0 --json"
-    for mode in cpu gpu hybrid; do
+    for mode in cpu gpu hybrid auto; do
       guarded 120 "$out/$set-$mode.json" "$out/$set-$mode.err" $bench --epochs 5 --decode $mode
       keep "$out/$set-$mode.json" "$out/$set-$mode.err"
     done
@@ -127,9 +145,9 @@ if has bench; then
     keep "$out/$set-dataloader.json" "$out/$set-dataloader.err"
     cpu=$(num "$out/$set-cpu.json" steady_samples_per_s)
     dl=$(num "$out/$set-dataloader.json" images_per_s)
-    for mode in cpu gpu hybrid; do
+    for mode in cpu gpu hybrid auto; do
       j="$out/$set-$mode.json"
-      row "$set decode=$mode" "$(num "$j" steady_samples_per_s) images/s steady ($(num "$j" samples_per_s) with start-up), x$(ratio "$(num "$j" steady_samples_per_s)" "$cpu") of cpu, x$(ratio "$(num "$j" steady_samples_per_s)" "$dl") of DataLoader; first batch $(num "$j" first_batch_ms) ms; gpu $(num "$j" gpu_decoded) / cpu $(num "$j" cpu_decoded) images, fallbacks $(num "$j" gpu_fallbacks), share $(num "$j" gpu_share); GPU decode $(num "$j" gpu_decode_ms) ms/batch (copy thread $(num "$j" gpu_decode_host_ms) ms in it), copies $(num "$j" h2d_gpu_ms) ms total; bottleneck $(str "$j" bottleneck); pinned $(num "$j" pinned_mb) MB, device $(num "$j" device_mb) MB ours, $(num "$j" device_mem_open_mb) MB at open / $(num "$j" device_mem_end_mb) MB at the end in all, RSS $(num "$j" peak_rss_mb) MB"
+      row "$set decode=$mode" "$(num "$j" steady_samples_per_s) images/s steady ($(num "$j" samples_per_s) with start-up), x$(ratio "$(num "$j" steady_samples_per_s)" "$cpu") of cpu, x$(ratio "$(num "$j" steady_samples_per_s)" "$dl") of DataLoader; first batch $(num "$j" first_batch_ms) ms; gpu $(num "$j" gpu_decoded) / cpu $(num "$j" cpu_decoded) images, fallbacks $(num "$j" gpu_fallbacks), share $(num "$j" gpu_share); GPU decode $(num "$j" gpu_decode_ms) ms/batch (copy thread $(num "$j" gpu_decode_host_ms) ms in it), copies $(num "$j" h2d_gpu_ms) ms total at $(num "$j" h2d_gb_s) GB/s; bottleneck $(str "$j" bottleneck); pinned $(num "$j" pinned_mb) MB, device $(num "$j" device_mb) MB ours, $(num "$j" device_mem_open_mb) MB at open / $(num "$j" device_mem_end_mb) MB at the end in all, RSS $(num "$j" peak_rss_mb) MB"
     done
     row "$set nvJPEG alone (torchvision decode_jpeg device=cuda, batch 256, whole images)" "$(num "$out/$set-tv-alone.json" images_per_s) images/s, $(num "$out/$set-tv-alone.json" mean_jpeg_kb) KB per JPEG"
     row "$set PyTorch DataLoader, torchvision.io, $workers workers" "$dl images/s steady"
