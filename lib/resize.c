@@ -9,6 +9,9 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
 
 int dl__buf_reserve(dl__buf *b, size_t n) {
   if (n <= b->cap)
@@ -95,12 +98,30 @@ static void coefficients(double start, double len, int limit, int out_len, axis 
   }
 }
 
-typedef float v4f __attribute__((vector_size(16)));
-typedef int v4i __attribute__((vector_size(16)));
-
 static uint8_t clamp_u8(float v) {
   v += 0.5f;
   return v <= 0 ? 0 : v >= 255 ? 255 : (uint8_t)v;
+}
+
+typedef float v4f __attribute__((vector_size(16)));
+typedef int v4i __attribute__((vector_size(16)));
+/* Rounds and clamps N floats to bytes, sixteen at a time: a row at once costs far less than a
+ * pixel's three bytes one by one (a third of the resampler's time). The saturating packs clamp
+ * exactly as clamp_u8 does. */
+static inline void row_to_u8(const float *f, uint8_t *out, size_t n) {
+  size_t j = 0;
+#ifdef __SSE2__
+  const __m128 half = _mm_set1_ps(0.5f);
+  for (; j + 16 <= n; j += 16) {
+    __m128i a = _mm_cvttps_epi32(_mm_add_ps(_mm_loadu_ps(f + j), half));
+    __m128i b = _mm_cvttps_epi32(_mm_add_ps(_mm_loadu_ps(f + j + 4), half));
+    __m128i c = _mm_cvttps_epi32(_mm_add_ps(_mm_loadu_ps(f + j + 8), half));
+    __m128i d = _mm_cvttps_epi32(_mm_add_ps(_mm_loadu_ps(f + j + 12), half));
+    _mm_storeu_si128((__m128i *)(out + j), _mm_packus_epi16(_mm_packs_epi32(a, b), _mm_packs_epi32(c, d)));
+  }
+#endif
+  for (; j < n; j++)
+    out[j] = clamp_u8(f[j]);
 }
 
 /* Built twice, for AVX2 and for any x86-64 (or plain on other machines); the loader picks one at
@@ -152,10 +173,11 @@ int dl__resize(const uint8_t *src, int w, int h, size_t stride, int ch, dl__rect
       x_hi = ax.first[o] + ax.count[o];
   }
   size_t span = (size_t)(x_hi - x_lo) * ch;
-  /* One float row, padded so that 4-wide loads of the last pixel stay inside it. */
-  if (dl__buf_reserve(&s->tmp, (span + 4) * sizeof(float)))
+  /* One float row of the source, padded so that 4-wide loads of the last pixel stay inside it;
+   * then one of the output (with room for the last pixel's 4-wide store). */
+  if (dl__buf_reserve(&s->tmp, (span + 4 + (size_t)ow * 3 + 4) * sizeof(float)))
     return -ENOMEM;
-  float *acc = (float *)s->tmp.p;
+  float *acc = (float *)s->tmp.p, *line = acc + span + 4;
   memset(acc + span, 0, 4 * sizeof(float));
   for (int y = 0; y < oh; y++) {
     /* Vertical first, over contiguous bytes: the compiler vectorises this loop. */
@@ -170,13 +192,15 @@ int dl__resize(const uint8_t *src, int w, int h, size_t stride, int ch, dl__rect
       for (size_t j = 0; j < span; j++)
         acc[j] += wi * row[j];
     }
-    /* Then horizontal: a pixel's channels as one 4-wide vector per tap. */
-    for (int x = 0; x < ow; x++) {
-      const float *wx = ax.w + (size_t)x * ax.taps;
-      const float *px = acc + (size_t)(ax.first[x] - x_lo) * ch;
-      int taps = ax.count[x];
-      int dx = flip ? ow - 1 - x : x;
-      if (ch == 3) {
+    /* Then horizontal: a pixel's channels as one 4-wide vector per tap, into a float row (left
+     * to right in the output, so each pixel's 4-wide store spills only onto the next one's place),
+     * rounded to bytes a row at a time. */
+    if (ch == 3) {
+      for (int dx = 0; dx < ow; dx++) {
+        int x = flip ? ow - 1 - dx : dx;
+        const float *wx = ax.w + (size_t)x * ax.taps;
+        const float *px = acc + (size_t)(ax.first[x] - x_lo) * ch;
+        int taps = ax.count[x];
         v4f sum = {0, 0, 0, 0};
         int i = 0;
         for (; i + 2 <= taps; i += 2) {
@@ -190,30 +214,34 @@ int dl__resize(const uint8_t *src, int w, int h, size_t stride, int ch, dl__rect
           memcpy(&p0, px + 3 * i, sizeof p0);
           sum += wx[i] * p0;
         }
-        v4i q = __builtin_convertvector(sum + 0.5f, v4i);
-        q &= ~(q < 0);
-        v4i over = q > 255;
-        q = (q & ~over) | (over & 255);
         if (planar) {
-          out[(size_t)y * ow + dx] = (uint8_t)q[0];
-          out[plane + (size_t)y * ow + dx] = (uint8_t)q[1];
-          out[2 * plane + (size_t)y * ow + dx] = (uint8_t)q[2];
+          line[dx] = sum[0];
+          line[ow + dx] = sum[1];
+          line[2 * ow + dx] = sum[2];
         } else {
-          uint8_t *o = out + ((size_t)y * ow + dx) * 3;
-          o[0] = (uint8_t)q[0];
-          o[1] = (uint8_t)q[1];
-          o[2] = (uint8_t)q[2];
+          memcpy(line + 3 * dx, &sum, sizeof sum);
         }
-      } else {
-        for (int c = 0; c < ch; c++) {
-          float v = 0;
-          for (int i = 0; i < taps; i++)
-            v += wx[i] * px[ch * i + c];
-          if (planar)
-            out[c * plane + (size_t)y * ow + dx] = clamp_u8(v);
-          else
-            out[((size_t)y * ow + dx) * ch + c] = clamp_u8(v);
-        }
+      }
+      if (planar)
+        for (int c = 0; c < 3; c++)
+          row_to_u8(line + (size_t)c * ow, out + c * plane + (size_t)y * ow, (size_t)ow);
+      else
+        row_to_u8(line, out + (size_t)y * ow * 3, (size_t)ow * 3);
+      continue;
+    }
+    for (int x = 0; x < ow; x++) {
+      const float *wx = ax.w + (size_t)x * ax.taps;
+      const float *px = acc + (size_t)(ax.first[x] - x_lo) * ch;
+      int taps = ax.count[x];
+      int dx = flip ? ow - 1 - x : x;
+      for (int c = 0; c < ch; c++) {
+        float v = 0;
+        for (int i = 0; i < taps; i++)
+          v += wx[i] * px[ch * i + c];
+        if (planar)
+          out[c * plane + (size_t)y * ow + dx] = clamp_u8(v);
+        else
+          out[((size_t)y * ow + dx) * ch + c] = clamp_u8(v);
       }
     }
   }
