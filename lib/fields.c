@@ -302,8 +302,87 @@ void dl__slot_bytes_hand_over(dl_batch *from, dl_batch *to) {
   from->blobs = blobs, from->brefs = brefs;
 }
 
+/* The tensor field that REF fills (not a bytes field), or NULL. */
+static const dl__field *field_of(const dl_loader *l, const dl__fref *ref) {
+  for (int k = 0; k < l->nbfields; k++)
+    if (l->bfields[k].ds_index == ref->name)
+      return NULL;
+  for (int f = 0; f < l->nfields; f++)
+    if (l->fields[f].ds_index == ref->name)
+      return &l->fields[f];
+  return NULL;
+}
+
+/* Where REF's data would start if it fills FD exactly: the .npy header's length is then what the
+ * member holds beyond the data. 0 when the member cannot be such a payload. */
+static uint32_t npy_guess(const dl__fref *ref, const dl__field *fd) {
+  if (ref->len <= fd->sample_bytes)
+    return 0;
+  uint64_t head = ref->len - fd->sample_bytes;
+  return head >= 10 && head <= HEADER_PREFIX + 12 ? (uint32_t)head : 0;
+}
+
+/* Payloads smaller than this are copied: an extra piece of the read costs the kernel more. */
+#define DIRECT_MIN 4096
+
+int dl__fields_direct(const dl_loader *l, const dl__sample *s, dl_batch *b, int i, uint8_t *buf, struct iovec *iov,
+                      uint32_t *in_place) {
+  const dl__dataset *ds = &l->ds;
+  *in_place = 0;
+  if (l->o.pad || s->nrefs > DL__MAX_FIELDS)
+    return 0;
+  /* The payloads that go straight to the slot, in file order. */
+  struct { uint64_t at, len; uint8_t *dst; } part[DL__MAX_FIELDS];
+  int n = 0;
+  for (uint8_t r = 0; r < s->nrefs; r++) {
+    const dl__fref *ref = &ds->refs[s->first_ref + r];
+    const dl__field *fd = field_of(l, ref);
+    if (!fd || fd->sample_bytes < DIRECT_MIN || (uint64_t)ref->at + ref->len > s->size)
+      continue;
+    uint32_t head = ref->kind == DL__REF_NPY ? npy_guess(ref, fd) : 0;
+    if (ref->kind == DL__REF_NPY ? !head : ref->kind != DL__REF_TOKENS || ref->len != fd->sample_bytes)
+      continue;
+    int k = n++;
+    while (k > 0 && part[k - 1].at > ref->at) {
+      part[k] = part[k - 1];
+      k--;
+    }
+    part[k].at = (uint64_t)ref->at + head;
+    part[k].len = fd->sample_bytes;
+    part[k].dst = b->fields + fd->at + (size_t)i * fd->sample_bytes;
+    *in_place |= 1u << r;
+  }
+  int v = 0;
+  uint64_t pos = 0;
+  for (int k = 0; k < n; k++) {
+    if (part[k].at > pos)
+      iov[v++] = (struct iovec){buf + pos, part[k].at - pos};
+    iov[v++] = (struct iovec){part[k].dst, part[k].len};
+    pos = part[k].at + part[k].len;
+  }
+  if (s->size > pos && n)
+    iov[v++] = (struct iovec){buf + pos, s->size - pos};
+  return v;
+}
+
+bool dl__fields_in_place_ok(const dl_loader *l, const dl__sample *s, const uint8_t *bytes, uint32_t in_place) {
+  const dl__dataset *ds = &l->ds;
+  for (uint8_t r = 0; r < s->nrefs; r++) {
+    const dl__fref *ref = &ds->refs[s->first_ref + r];
+    if (!(in_place & (1u << r)) || ref->kind != DL__REF_NPY)
+      continue;
+    dl__npy npy;
+    dl__err e = {0};
+    /* Only the header is in BYTES: the parse reads no further. */
+    if (dl__npy_parse(bytes + ref->at, ref->len, ref->len, &npy, &e) ||
+        (uint64_t)(npy.data - (bytes + ref->at)) != npy_guess(ref, field_of(l, ref)))
+      return false;
+  }
+  return true;
+}
+
 int dl__fields_fill(dl_loader *l, const dl__sample *s, const uint8_t *bytes, dl_batch *b, int i, void **zctx,
-                    dl__buf *zbuf, dl__hasher *verify, dl__err *e) {
+                    dl__buf *zbuf, dl__hasher *verify, uint32_t in_place, dl__err *e) {
   const dl__dataset *ds = &l->ds;
   /* The sample's fields in the order they are stored, so a checksum can run along the copies. */
   const dl__fref *order[DL__MAX_FIELDS];
@@ -360,13 +439,15 @@ int dl__fields_fill(dl_loader *l, const dl__sample *s, const uint8_t *bytes, dl_
       dl__hasher_update(verify, bytes + pos, ref->at - pos);
     pos = ref->at + ref->len > pos ? ref->at + ref->len : pos;
     filled |= 1u << f;
+    bool placed = in_place & (1u << (ref - &ds->refs[s->first_ref])); /* read straight into DST */
     if (ref->kind == DL__REF_TOKENS) {
       if (n != fd->sample_bytes)
         return dl__err_set(e, DL_ECORRUPT, "token window of %zu bytes", n);
-      memcpy(dst, p, n);
+      if (!placed)
+        memcpy(dst, p, n);
       continue;
     }
-    bool copy_hashes = verify && ref->kind == DL__REF_NPY;
+    bool copy_hashes = verify && ref->kind == DL__REF_NPY && !placed;
     if (verify && !copy_hashes)
       dl__hasher_update(verify, p, n); /* compressed: the stored bytes, then inflate */
     if (ref->kind == DL__REF_NPY_ZST) {
@@ -398,7 +479,7 @@ int dl__fields_fill(dl_loader *l, const dl__sample *s, const uint8_t *bytes, dl_
       dl__hasher_update(verify, p, head);
       dl__hasher_copy(verify, dst, npy.data, npy.bytes);
       dl__hasher_update(verify, npy.data + npy.bytes, n - head - npy.bytes);
-    } else {
+    } else if (!placed) {
       memcpy(dst, npy.data, npy.bytes);
     }
     if (npy.bytes < fd->sample_bytes)

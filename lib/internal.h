@@ -14,6 +14,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
+#include <sys/uio.h>
 
 #define DL__ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 #define DL__MAX_DEVICES 16
@@ -369,6 +370,8 @@ typedef struct dl__io_ops {
   int (*peek)(dl__io *io, uint64_t *tag, int64_t *res);
   /* A descriptor that polls readable when a completion may be ready, or -1 (NULL: none). */
   int (*poll_fd)(dl__io *io);
+  /* Queues a read of the bytes at OFF into the N pieces of IOV, in order (NULL: not offered). */
+  int (*submitv)(dl__io *io, int fd, const struct iovec *iov, int n, uint64_t off, uint64_t tag);
 } dl__io_ops;
 
 struct dl__io {
@@ -590,6 +593,8 @@ typedef struct dl__stats {
   _Atomic int64_t requests, retries;          /* remote sources: the workers' GETs, and retries among them */
   _Atomic int64_t cache_hits;                 /* remote samples read from the shard cache */
   _Atomic int64_t cache_fetches, cache_fetch_bytes; /* shards this loader downloaded into it */
+  _Atomic int64_t placed;       /* samples whose tensors were read straight into the slot */
+  _Atomic int64_t placed_again; /* and those read again whole instead (a .npy header not as assumed) */
   int64_t batches;
   int64_t starved; /* batches the consumer had to wait for */
   double consumer_wait_s;
@@ -688,8 +693,21 @@ int dl__slot_bytes_alloc(const dl_loader *l, dl_batch *b);
 void dl__slot_bytes_free(const dl_loader *l, dl_batch *b);
 /* Swaps the bytes of FROM's batch into TO (a device slot taking over a host slot's batch). */
 void dl__slot_bytes_hand_over(dl_batch *from, dl_batch *to);
+/* A read that puts sample S's tensor payloads (uncompressed .npy of the field's exact size, and
+ * token windows) straight into their place in slot B, sample I: IOV covers the record in order,
+ * the payloads in the slot and every other byte in BUF at its offset in the record, so BUF reads
+ * as the record everywhere else. Returns the number of pieces (0: nothing goes straight, read it
+ * whole) and in IN_PLACE a bit per ref (its index among S's) whose payload the read places. */
+#define DL__MAX_IOV (2 * DL__MAX_FIELDS + 1)
+int dl__fields_direct(const dl_loader *l, const dl__sample *s, dl_batch *b, int i, uint8_t *buf, struct iovec *iov,
+                      uint32_t *in_place);
+/* After such a read: whether every .npy header in BYTES has the length the read assumed (else the
+ * payloads landed off by some bytes, and the record must be read again whole). */
+bool dl__fields_in_place_ok(const dl_loader *l, const dl__sample *s, const uint8_t *bytes, uint32_t in_place);
+/* Fills sample I of B with S's fields from BYTES (the record), checking the record's checksum
+ * along the copies with VERIFY (NULL: checked already, and necessarily so with IN_PLACE). */
 int dl__fields_fill(dl_loader *l, const dl__sample *s, const uint8_t *bytes, dl_batch *b, int i, void **zctx,
-                    dl__buf *zbuf, dl__hasher *verify, dl__err *e);
+                    dl__buf *zbuf, dl__hasher *verify, uint32_t in_place, dl__err *e);
 
 /* Fills T for field NAME of B whose memory is on DEVICE; shared by host and device batches. */
 int dl__batch_describe(const dl_batch *b, const char *name, DLDevice device, DLTensor *t);

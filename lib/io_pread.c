@@ -50,6 +50,43 @@ int64_t dl__pread_full(int fd, void *buf, size_t n, uint64_t off) {
   return (int64_t)got;
 }
 
+/* The same into pieces, in order, through interrupted and short reads. */
+static int64_t preadv_full(int fd, const struct iovec *iov, int n, uint64_t off) {
+  struct iovec rest[DL__MAX_IOV];
+  size_t got = 0;
+  for (;;) {
+    size_t skip = got;
+    int k = 0, m = 0;
+    while (k < n && skip >= iov[k].iov_len)
+      skip -= iov[k++].iov_len;
+    for (; k < n; k++, skip = 0)
+      rest[m++] = (struct iovec){(char *)iov[k].iov_base + skip, iov[k].iov_len - skip};
+    if (!m)
+      break;
+    ssize_t r = preadv(fd, rest, m, (off_t)(off + got));
+    int64_t res = dl__io_fault(r < 0 ? -errno : (int64_t)r);
+    if (res == -EINTR || res == -EAGAIN)
+      continue;
+    if (res < 0)
+      return res;
+    if (res == 0)
+      break;
+    got += (size_t)res;
+  }
+  return (int64_t)got;
+}
+
+static int pr_submitv(dl__io *io, int fd, const struct iovec *iov, int n, uint64_t off, uint64_t tag) {
+  pread_state *s = io->state;
+  if (s->count == s->cap)
+    return -EBUSY;
+  if (n < 1 || n > DL__MAX_IOV)
+    return -EINVAL;
+  s->q[(s->head + s->count) % s->cap] = (done){tag, preadv_full(fd, iov, n, off)};
+  s->count++;
+  return 0;
+}
+
 static int pr_submit(dl__io *io, int fd, void *buf, size_t len, uint64_t off, uint64_t tag) {
   pread_state *s = io->state;
   if (s->count == s->cap)
@@ -71,4 +108,4 @@ static int pr_wait(dl__io *io, uint64_t *tag, int64_t *res) {
 }
 
 /* Reads finish at submission, so waiting never blocks: peek is wait, and there is nothing to poll. */
-const dl__io_ops dl__io_pread_ops = {"pread", pr_init, pr_fini, pr_submit, pr_wait, pr_wait, NULL};
+const dl__io_ops dl__io_pread_ops = {"pread", pr_init, pr_fini, pr_submit, pr_wait, pr_wait, NULL, pr_submitv};

@@ -19,6 +19,9 @@ typedef struct op {
   size_t len, got;
   uint64_t off, tag;
   bool busy;
+  int nv;                          /* a scattered read: its pieces (0: one, BUF) */
+  struct iovec v[DL__MAX_IOV];
+  struct iovec rest[DL__MAX_IOV];  /* what a short read left, handed to the kernel */
 } op;
 
 typedef struct uring_state {
@@ -61,23 +64,52 @@ static int queue(uring_state *s, op *o) {
   struct io_uring_sqe *sqe = io_uring_get_sqe(&s->ring);
   if (!sqe)
     return -EBUSY;
-  io_uring_prep_read(sqe, o->fd, o->buf + o->got, (unsigned)(o->len - o->got), o->off + o->got);
+  if (o->nv) {
+    /* The pieces past the bytes already read: a short read resumes where it stopped. */
+    size_t skip = o->got;
+    int k = 0, n = 0;
+    while (k < o->nv && skip >= o->v[k].iov_len)
+      skip -= o->v[k++].iov_len;
+    for (; k < o->nv; k++, skip = 0)
+      o->rest[n++] = (struct iovec){(char *)o->v[k].iov_base + skip, o->v[k].iov_len - skip};
+    io_uring_prep_readv(sqe, o->fd, o->rest, (unsigned)n, o->off + o->got);
+  } else {
+    io_uring_prep_read(sqe, o->fd, o->buf + o->got, (unsigned)(o->len - o->got), o->off + o->got);
+  }
   io_uring_sqe_set_data(sqe, o);
   s->pending++;
   return 0;
 }
 
+static op *free_op(uring_state *s) {
+  for (unsigned i = 0; i < s->depth; i++)
+    if (!s->ops[i].busy)
+      return &s->ops[i];
+  return NULL;
+}
+
 static int ur_submit(dl__io *io, int fd, void *buf, size_t len, uint64_t off, uint64_t tag) {
   uring_state *s = io->state;
-  op *o = NULL;
-  for (unsigned i = 0; i < s->depth; i++)
-    if (!s->ops[i].busy) {
-      o = &s->ops[i];
-      break;
-    }
+  op *o = free_op(s);
   if (!o || len > UINT32_MAX)
     return o ? -EINVAL : -EBUSY;
-  *o = (op){.fd = fd, .buf = buf, .len = len, .off = off, .tag = tag, .busy = true};
+  o->fd = fd, o->buf = buf, o->len = len, o->got = 0, o->off = off, o->tag = tag, o->busy = true, o->nv = 0;
+  int r = queue(s, o);
+  if (r)
+    o->busy = false;
+  return r;
+}
+
+static int ur_submitv(dl__io *io, int fd, const struct iovec *iov, int n, uint64_t off, uint64_t tag) {
+  uring_state *s = io->state;
+  op *o = free_op(s);
+  if (!o || n < 1 || n > DL__MAX_IOV)
+    return o ? -EINVAL : -EBUSY;
+  size_t len = 0;
+  for (int k = 0; k < n; k++)
+    len += iov[k].iov_len;
+  o->fd = fd, o->buf = NULL, o->len = len, o->got = 0, o->off = off, o->tag = tag, o->busy = true, o->nv = n;
+  memcpy(o->v, iov, sizeof *iov * (size_t)n);
   int r = queue(s, o);
   if (r)
     o->busy = false;
@@ -134,7 +166,7 @@ static int ur_poll_fd(dl__io *io) {
   return s->ring.ring_fd;
 }
 
-const dl__io_ops dl__io_uring_ops = {"io_uring", ur_init, ur_fini, ur_submit, ur_wait, ur_peek, ur_poll_fd};
+const dl__io_ops dl__io_uring_ops = {"io_uring", ur_init, ur_fini, ur_submit, ur_wait, ur_peek, ur_poll_fd, ur_submitv};
 
 #else
 
@@ -152,7 +184,7 @@ static int ur_wait(dl__io *io, uint64_t *tag, int64_t *res) {
   (void)io, (void)tag, (void)res;
   return -ENOSYS;
 }
-const dl__io_ops dl__io_uring_ops = {"io_uring", ur_init, ur_fini, ur_submit, ur_wait, ur_wait, NULL};
+const dl__io_ops dl__io_uring_ops = {"io_uring", ur_init, ur_fini, ur_submit, ur_wait, ur_wait, NULL, NULL};
 
 #endif
 

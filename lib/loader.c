@@ -722,7 +722,7 @@ int dl_stats_json(dl_loader *l, char *buf, size_t cap) {
       ",\"gpu_share\":%.4f,\"gpu_share_balanced\":%.4f,\"arena_mb\":%.1f,\"host_batch_bytes\":%zu"
       ",\"pinned_bytes_in_process\":%zu,\"requests\":%" PRId64 ",\"retries\":%" PRId64
       ",\"cache_hits\":%" PRId64 ",\"cache_fetches\":%" PRId64 ",\"cache_fetch_bytes\":%" PRId64
-      ",\"slot_wait_s\":%.6f,\"bottleneck\":\"%s\",\"bottleneck_why\":\"%s\",\"consumer_wait_frac\":%.4f"
+      ",\"tensors_read_in_place\":%" PRId64 ",\"tensors_read_again\":%" PRId64 ",\"slot_wait_s\":%.6f,\"bottleneck\":\"%s\",\"bottleneck_why\":\"%s\",\"consumer_wait_frac\":%.4f"
       ",\"worker_decode_frac\":%.4f,\"worker_read_frac\":%.4f,\"worker_slot_wait_frac\":%.4f%s}",
       atomic_load(&l->st.samples), batches, atomic_load(&l->st.errors), atomic_load(&l->st.bytes_read),
       wall, first, l->st.open_ms, l->st.open_index_ms, l->st.open_cuda_ms, l->st.open_gpu_decode_ms,
@@ -738,7 +738,7 @@ int dl_stats_json(dl_loader *l, char *buf, size_t cap) {
       atomic_load(&pinned_in_process), atomic_load(&l->st.requests), atomic_load(&l->st.retries),
       atomic_load(&l->st.cache_hits), atomic_load(&l->st.cache_fetches) + l->ds.cache_fetches,
       atomic_load(&l->st.cache_fetch_bytes) + l->ds.cache_fetch_bytes,
-      atomic_load(&l->st.slot_wait_ns) * 1e-9, v.word, json_text(v.why, why, sizeof why), v.consumer, v.decode,
+      atomic_load(&l->st.placed), atomic_load(&l->st.placed_again), atomic_load(&l->st.slot_wait_ns) * 1e-9, v.word, json_text(v.why, why, sizeof why), v.consumer, v.decode,
       v.read, v.slot, gpu);
   return n < 0 || (size_t)n >= cap ? dl__fail(-ENOSPC, "stats need %d bytes", n + 1) : n;
 }

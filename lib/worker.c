@@ -25,6 +25,11 @@ typedef struct inflight {
   const uint8_t *data; /* the sample's bytes: in BUF after the read, or in the file's mapping */
   int own_fd; /* opened for this read (ImageFolder), else -1 */
   bool busy;
+  /* Tensor payloads read straight into the slot (dl__fields_direct): which refs, and the pieces
+   * of the read in record order, for the checksum. */
+  uint32_t in_place;
+  int niov;
+  struct iovec iov[DL__MAX_IOV];
 } inflight;
 
 struct dl__worker {
@@ -99,7 +104,8 @@ static void decode(struct dl__worker *w, inflight *f, bool verify, dl__err *e) {
   struct timespec t0;
   clock_gettime(CLOCK_MONOTONIC, &t0);
   if ((l->nfields || l->nbfields) &&
-      dl__fields_fill(l, f->s, f->data, c->slot, c->i, &w->zctx, &w->zbuf, verify ? w->hasher : NULL, e))
+      dl__fields_fill(l, f->s, f->data, c->slot, c->i, &w->zctx, &w->zbuf, verify ? w->hasher : NULL, f->in_place,
+                      e))
     return;
   if (!l->has_image) {
     atomic_fetch_add_explicit(&l->st.decode_ns, ns_since(&t0), memory_order_relaxed);
@@ -141,10 +147,35 @@ static bool abandon(struct dl__worker *w, inflight *f) {
   return true;
 }
 
+/* The checksum of a record read in pieces, over the pieces in order. */
+static bool pieces_match(struct dl__worker *w, const inflight *f, uint64_t checksum) {
+  dl__hasher_reset(w->hasher);
+  for (int k = 0; k < f->niov; k++)
+    dl__hasher_update(w->hasher, f->iov[k].iov_base, f->iov[k].iov_len);
+  return dl__hasher_digest(w->hasher) == checksum;
+}
+
+/* A record read in pieces whose .npy headers were not the length assumed (data after the array,
+ * say): read again whole into the buffer, from which it is then copied. */
+static int64_t read_whole(struct dl__worker *w, inflight *f) {
+  const dl__sample *s = f->s;
+  int fd = f->own_fd >= 0 ? f->own_fd : w->l->ds.fds[s->file];
+  f->in_place = 0;
+  f->niov = 0;
+  f->data = f->buf.p;
+  return dl__pread_full(fd, f->buf.p, (size_t)s->size, s->offset);
+}
+
 /* Checks and decodes a read of RES bytes (or -errno) of F's sample; E gets what went wrong. */
 static void process(struct dl__worker *w, inflight *f, int64_t res, dl__err *err) {
   dl__err e = {0};
   const dl__sample *s = f->s;
+  if (f->in_place && res >= (int64_t)s->size && !dl__fields_in_place_ok(w->l, s, f->data, f->in_place)) {
+    res = read_whole(w, f);
+    atomic_fetch_add_explicit(&w->l->st.placed_again, 1, memory_order_relaxed);
+  }
+  if (f->in_place)
+    atomic_fetch_add_explicit(&w->l->st.placed, 1, memory_order_relaxed);
   if (res >= 0)
     res = res > (int64_t)f->skip ? res - (int64_t)f->skip : 0;
   if (res < 0 && w->io.why[0]) /* the backend's own account (a URL and an HTTP status) */
@@ -156,9 +187,10 @@ static void process(struct dl__worker *w, inflight *f, int64_t res, dl__err *err
                 (long long)res, (unsigned long long)s->size);
   w->io.why[0] = 0;
   /* Tensor-only records are checked while their data is copied (read once); others first. */
-  bool fused = (s->flags & DL__SAMPLE_CHECKSUM) && !l_has_image(w) && s->nrefs && w->hasher;
+  bool fused = (s->flags & DL__SAMPLE_CHECKSUM) && !l_has_image(w) && s->nrefs && w->hasher && !f->in_place;
   if (!e.code) {
-    if ((s->flags & DL__SAMPLE_CHECKSUM) && !fused && dl__rfs_checksum(f->data, s->size) != s->checksum)
+    if ((s->flags & DL__SAMPLE_CHECKSUM) && !fused &&
+        (f->in_place ? !pieces_match(w, f, s->checksum) : dl__rfs_checksum(f->data, s->size) != s->checksum))
       dl__err_set(&e, DL_ECORRUPT, "record checksum mismatch (damaged record)");
     else if (l_has_image(w) && (uint64_t)s->image_at + s->image_len > s->size)
       dl__err_set(&e, DL_ECORRUPT, "image field lies outside its record");
@@ -211,6 +243,8 @@ static bool start(struct dl__worker *w, const dl__claim *c) {
   f->c = *c;
   f->s = &l->ds.samples[c->index];
   f->own_fd = -1;
+  f->in_place = 0;
+  f->niov = 0;
   const dl__sample *s = f->s;
   dl__err e = {0};
   if (c->slot->jobs)
@@ -244,8 +278,13 @@ static bool start(struct dl__worker *w, const dl__claim *c) {
       return false;
     }
     f->data = into + f->skip;
+    /* Tensor payloads go straight to their place in the slot: the kernel's copy is the only one
+     * (a worker's copy from its buffer halved what io_uring delivered, against a mapping's one). */
+    if (!r && !c->arena && !align && w->io.ops->submitv)
+      f->niov = dl__fields_direct(l, s, c->slot, c->i, into, f->iov, &f->in_place);
     if (!r)
-      r = w->io.ops->submit(&w->io, fd, into, len, off, (uint64_t)tag);
+      r = f->niov ? w->io.ops->submitv(&w->io, fd, f->iov, f->niov, off, (uint64_t)tag)
+                  : w->io.ops->submit(&w->io, fd, into, len, off, (uint64_t)tag);
     if (r == 0)
       return true;
     dl__err_set(&e, r, "read failed: %s", strerror(-r));
@@ -283,8 +322,18 @@ static void *run(void *arg) {
           setpriority(PRIO_PROCESS, (id_t)gettid(), nice + 4 > 19 ? 19 : nice + 4);
         yielded = true;
       }
-      if (start(w, &c))
-        inflight_n++;
+      if (!start(w, &c))
+        continue;
+      inflight_n++;
+      /* A read the page cache served may be complete already: its sample is processed now, while
+       * its bytes are still in this core's cache, not after reads queued behind it evicted them
+       * (1 MiB records straight into the slot: 7.5 instead of 5.8 GB/s on 2 cores). */
+      uint64_t tag;
+      int64_t res;
+      while (w->io.ops->peek && inflight_n && w->io.ops->peek(&w->io, &tag, &res) == 0 && tag < (uint64_t)w->depth) {
+        inflight_n--;
+        finish(w, &w->slots[tag], res);
+      }
     }
     if (inflight_n == 0) {
       if (draining)

@@ -408,4 +408,4 @@ static int http_wait(dl__io *io, uint64_t *tag, int64_t *res) {
   }
 }
 
-const dl__io_ops dl__io_http_ops = {"http", http_init, http_fini, http_submit, http_wait, NULL, NULL};
+const dl__io_ops dl__io_http_ops = {"http", http_init, http_fini, http_submit, http_wait, NULL, NULL, NULL};
