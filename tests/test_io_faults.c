@@ -1,6 +1,7 @@
 /*
  * Faults injected into every Nth read (DL_IO_FAULTS, lib/io_fault.c) of tar shards, ringfeed
- * shards and an ImageFolder, for io=pread, io_uring and mmap, with indexes built under the faults
+ * shards (one with tensor fields that reads put straight into the slots, in pieces) and an
+ * ImageFolder, for io=pread, io_uring and mmap, with indexes built under the faults
  * and cached before them. Each run is a child process (the faults are read once per process);
  * the parent compares what it delivered, sample by sample, with a run without faults:
  *   - interrupted (eintr, eagain) and short reads are continued: the same pixels, no error;
@@ -8,6 +9,7 @@
  *     the stats count; every other sample has exactly its pixels. No crash, hang or silent loss.
  */
 #include "ringfeed.h"
+#include "synthetic.h"
 #include "tar_writer.h"
 #include "test.h"
 #include "test_data.h"
@@ -17,7 +19,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-enum { SAMPLES = 48, IMAGES = 6 };
+enum { SAMPLES = 48, IMAGES = 6, BIG_BYTES = 6000 };
 
 static char dir[256];
 
@@ -49,9 +51,10 @@ static int child(const char *source, const char *io) {
   dl_batch *b;
   int errors = 0;
   while ((r = dl_next_batch(l, &b)) == 0) {
-    DLTensor image, label;
+    DLTensor image, label, big;
     if (dl_batch_field(b, "image", &image) || dl_batch_field(b, "label", &label))
       return 2;
+    bool has_big = dl_batch_field(b, "big", &big) == 0; /* the tensor records' field */
     size_t each = 24 * 24 * 3;
     for (int i = 0; i < dl_batch_size(b); i++) {
       if (dl_batch_sample_error(b, i)) {
@@ -61,6 +64,8 @@ static int child(const char *source, const char *io) {
       }
       uint64_t h = fnv((const uint8_t *)image.data + i * each, each, 14695981039346656037ull);
       h = fnv((const int64_t *)label.data + i, sizeof(int64_t), h);
+      if (has_big)
+        h = fnv((const uint8_t *)big.data + (size_t)i * BIG_BYTES, BIG_BYTES, h);
       printf("%s %016llx\n", dl_batch_key(b, i), (unsigned long long)h);
     }
     dl_batch_release(b, NULL);
@@ -126,6 +131,45 @@ static int check(const outcome *ref, const outcome *o, const char *faults, const
   return lost;
 }
 
+/* A .npy of N int32 values FIRST, FIRST + 1, ... (shape (N,)), with EXTRA bytes after the data. */
+static size_t npy_of(uint8_t *out, int n, int first, int extra) {
+  char header[118];
+  int h = snprintf(header, sizeof header, "{'descr': '<i4', 'fortran_order': False, 'shape': (%d,), }", n);
+  memset(header + h, ' ', sizeof header - 1 - (size_t)h);
+  header[sizeof header - 1] = '\n';
+  memcpy(out, "\x93NUMPY\x01\x00\x76\x00", 10); /* header of 118 bytes: 128 in all */
+  memcpy(out + 10, header, sizeof header);
+  for (int i = 0; i < n; i++) {
+    int32_t v = first + i;
+    memcpy(out + 128 + 4 * (size_t)i, &v, 4);
+  }
+  memset(out + 128 + 4 * (size_t)n, 0x77, (size_t)extra);
+  return 128 + 4 * (size_t)n + (size_t)extra;
+}
+
+/* Records with an image and a tensor field large enough to be read straight into the slot
+ * (scattered reads, resumed after short ones); every fifth .npy has bytes after its data. */
+static void write_tensors(char *path, size_t cap) {
+  snprintf(path, cap, "%s/tensors.rfs", dir);
+  unsigned char *jpg;
+  unsigned long len;
+  ASSERT_EQ(synthetic_jpeg(1, SYNTHETIC_DEFAULT, &jpg, &len), 0);
+  dl_writer *w;
+  ASSERT_EQ(dl_writer_open(&w, path, ""), 0);
+  static uint8_t npy[BIG_BYTES + 256];
+  for (int i = 0; i < SAMPLES; i++) {
+    char key[32];
+    snprintf(key, sizeof key, "t%04d", i);
+    ASSERT_EQ(dl_writer_begin(w, key, i), 0);
+    ASSERT_EQ(dl_writer_field(w, "image", "jpeg", jpg, len), 0);
+    size_t n = npy_of(npy, BIG_BYTES / 4, i * 1000, i % 5 == 2 ? 24 : 0);
+    ASSERT_EQ(dl_writer_field(w, "big", "raw", npy, n), 0);
+    ASSERT_EQ(dl_writer_end(w), 0);
+  }
+  ASSERT_EQ(dl_writer_close(w), 0);
+  free(jpg);
+}
+
 static void write_sources(char *tar, char *rfs, char *folder, size_t cap) {
   unsigned char *jpg[IMAGES];
   unsigned long len[IMAGES];
@@ -171,16 +215,17 @@ int main(int argc, char **argv) {
   self[n] = 0;
   snprintf(dir, sizeof dir, "/tmp/ringfeed-faults-%d", (int)getpid());
   ASSERT_EQ(mkdir(dir, 0755), 0);
-  char tar[512], rfs[512], folder[512], index[600];
+  char tar[512], rfs[512], folder[512], tensors[512], index[600];
   write_sources(tar, rfs, folder, sizeof tar);
+  write_tensors(tensors, sizeof tensors);
   snprintf(index, sizeof index, "%s.rfidx", tar);
-  const char *sources[] = {tar, rfs, folder};
+  const char *sources[] = {tar, rfs, folder, tensors};
   const char *ios[] = {"pread", "uring", "mmap"};
   static const char *const continued[] = {"eintr:2", "eagain:3", "short:2", "short:3,eintr:5"};
   static const char *const failing[] = {"eio:3", "eio:11", "zero:4", "zero:13", "eio:29,short:2,zero:31"};
   static outcome ref, got;
   int runs = 0, lost = 0, refused = 0;
-  for (int s = 0; s < 3; s++) {
+  for (int s = 0; s < 4; s++) {
     for (int m = 0; m < 3; m++) {
       run(self, "", sources[s], ios[m], &ref); /* also caches the tar's index */
       if (ref.lines == 1 && m == 1 && strncmp(ref.text[0], "open ", 5) == 0) {
