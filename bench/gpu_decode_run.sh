@@ -165,10 +165,13 @@ fi
 # 5. Training: ResNet-50 for 300 steps, JPEGs decoded on the CPU, then as decode=auto chooses.
 if has train && python3 -c "import torch, torchvision; assert torch.cuda.is_available()" 2> /dev/null; then
   src=$("$build/dlbench" --synthetic "$n" --make-synthetic 2> /dev/null)
-  for mode in cpu auto; do
+  # (--held: one batch kept on the GPU, the model's own rate)
+  for mode in cpu auto held; do
+    flags="--decode $mode"
+    [ $mode = held ] && flags=--held
     RINGFEED_LIBRARY="$PWD/$build/libringfeed.so" timeout ${TRAIN_LIMIT:-300} python3 examples/train_imagenet.py --data "$src" \
-      --steps 300 --epochs 0 --decode $mode > "$out/train-$mode.log" 2>&1
-    row "train_imagenet.py ResNet-50 bf16, 300 steps, decode=$mode" "exit $? $(tail -1 "$out/train-$mode.log")"
+      --steps 300 --epochs 0 $flags > "$out/train-$mode.log" 2>&1
+    row "train_imagenet.py ResNet-50 bf16, 300 steps, $flags" "exit $? $(tail -1 "$out/train-$mode.log")"
     keep "$out/train-$mode.log"
   done
 fi

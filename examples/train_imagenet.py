@@ -38,7 +38,12 @@ def main():
     p.add_argument("--keys-out", help="write every key this rank saw, one per line (%%RANK%% is replaced)")
     p.add_argument("--decode", default="auto", choices=["auto", "cpu", "gpu", "hybrid"],
                    help="where JPEGs are decoded (auto: the GPU's JPEG engines beside the CPU workers)")
+    p.add_argument("--held", action="store_true",
+                   help="train on the first batch over and over, kept on the GPU: the model's own rate, no loader "
+                        "in the way (needs --steps)")
     args = p.parse_args()
+    if args.held and not args.steps:
+        p.error("--held needs --steps")
 
     world = int(os.environ.get("WORLD_SIZE", 1))
     rank = int(os.environ.get("RANK", 0))
@@ -59,9 +64,15 @@ def main():
     step, seen, t0 = 0, 0, time.perf_counter()
     warm, warm_seen, warm_t = 30, 0, None  # the steady rate counts from step 30 on
     done = False
+    def held(loader):
+        first = next(iter(loader))
+        kept = {"image": first["image"].clone(), "label": first["label"].clone(), "key": first["key"]}
+        while True:
+            yield kept
+
     while not done:  # each `for` over the loader is one epoch; none left: it yields nothing
         batches = 0
-        for batch in loader:
+        for batch in (held(loader) if args.held else loader):
             batches += 1
             images = batch["image"].contiguous(memory_format=torch.channels_last)
             labels = batch["label"].clamp_(0, args.classes - 1)
@@ -92,7 +103,9 @@ def main():
     result = {"rank": rank, "world": world, "steps": step, "images": seen, "seconds": dt,
               "images_per_s_per_gpu": seen / dt, "steady_images_per_s_per_gpu": steady, "final_loss": float(loss.item()), "decode": args.decode,
               "decode_backend": stats["decode_backend"], "gpu_share": stats["gpu_share"],
-              "gpu_decoded": stats["gpu_decoded"], "cpu_decoded": stats["cpu_decoded"]}
+              "gpu_decoded": stats["gpu_decoded"], "cpu_decoded": stats["cpu_decoded"], "held": args.held,
+              "bottleneck": stats["bottleneck"], "consumer_wait_frac": stats["consumer_wait_frac"],
+              "bottleneck_why": stats["bottleneck_why"]}
     print(json.dumps(result), flush=True)
     if args.save_state and rank == 0:
         json.dump(loader.state_dict(), open(args.save_state, "w"))
