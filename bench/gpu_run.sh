@@ -70,7 +70,7 @@ row "dlbench --device cuda:0 over .rfs shards, direct=1" "$(num "$out/rfs.json" 
 # Raw uint8 records of 1 MiB (tensor fields, no decode) delivered to the GPU.
 rsrc=$(RINGFEED_LIBRARY="$PWD/$build/libringfeed.so" python3 bench/make_records.py /tmp/ringfeed-raw/r 4096 1048576 raw 512)
 "$build/dlbench" "$rsrc" > /dev/null 2>&1 # page cache
-for io in auto mmap; do
+for io in auto pread mmap; do
   "$build/dlbench" "$rsrc" --device cuda:0 --workers "$workers" --batch 64 --epochs 12 --option io=$io --json \
     > "$out/raw-$io.json" 2> "$out/raw-$io.err"
   steady=$(awk -v s="$(num "$out/raw-$io.json" steady_samples_per_s)" 'BEGIN{printf "%.2f", s * 1048576 / 1e9}')

@@ -3,6 +3,7 @@
 # G ranks training on the synthetic set (equal batch counts, disjoint keys covering each epoch,
 # per-GPU rate against one GPU), one process feeding G GPUs against G processes, and a resume at
 # half the ranks. Writes a table last; logs go to $OUT/multi.tar.gz. Usage: multi_gpu_run.sh [BUILD]
+#   PARTS: any of train oneproc resume (default: all); DECODES: the decode modes of oneproc (auto)
 set -u
 build=${1:-build-device}
 dest=${OUT:-out}
@@ -18,8 +19,12 @@ row() { echo "| $1 | $2 |" >> "$table"; }
 echo "| check | result |" > "$table"
 row "GPUs, workers per GPU" "$G, $W"
 src=$("$build/dlbench" --make-synthetic --synthetic 10000)
+parts=${PARTS:-train oneproc resume}
+has() { case " $parts " in *" $1 "*) return 0 ;; esac; return 1; }
+num() { sed -n "s/.*\"$2\": *\([0-9.e+-]*\).*/\1/p" "$1" | head -1; }
 
 # 1. torchrun: G ranks against 1, same workers per GPU.
+if has train; then
 python3 -m torch.distributed.run --nproc_per_node=1 examples/train_imagenet.py --data "$src" --workers "$W" --epochs 0 --steps 150 \
   > "$out/train1.log" 2>&1
 one=$(sed -n 's/.*"images_per_s_per_gpu": \([0-9.]*\).*/\1/p' "$out/train1.log" | head -1)
@@ -40,21 +45,28 @@ n = 10000 // g
 epoch0 = [k for ks in per_rank for k in ks[:n]]
 print(f"| {g} GPUs: epoch-0 keys over all ranks | {len(epoch0)} keys, {len(set(epoch0))} distinct, of 10000 |")
 PY
+fi
 
-# 2. One process feeding G GPUs against G processes.
-python3 bench/one_process_gpus.py "$src" "$G" "$(nproc)" 2 > "$out/oneproc.json" 2> "$out/oneproc.err"
-row "1 process, device=cuda:0..$((G-1))" "$(cat "$out/oneproc.json")"
-i=0
-while [ $i -lt "$G" ]; do
-  "$build/dlbench" --device "cuda:$i" --rank $i --world-size "$G" --workers "$W" --epochs 2 --json \
-    > "$out/proc-$i.json" 2> "$out/proc-$i.err" &
-  i=$((i + 1))
+# 2. One process feeding G GPUs against G processes, the same workers in all (steady rates: after
+#    each one's first batch).
+for decode in $(has oneproc && echo ${DECODES:-auto}); do
+  cat "$(dirname "$src")"/*.tar > /dev/null
+  python3 bench/one_process_gpus.py "$src" "$G" "$(nproc)" 4 $decode > "$out/oneproc-$decode.json" 2> "$out/oneproc-$decode.err"
+  one=$(num "$out/oneproc-$decode.json" steady_images_per_s)
+  row "1 process, device=cuda:0..$((G-1)), decode=$decode" "$one images/s steady ($(cat "$out/oneproc-$decode.json"))"
+  i=0
+  while [ $i -lt "$G" ]; do
+    "$build/dlbench" --device "cuda:$i" --rank $i --world-size "$G" --workers "$W" --epochs 4 --decode $decode --json \
+      > "$out/proc-$decode-$i.json" 2> "$out/proc-$decode-$i.err" &
+    i=$((i + 1))
+  done
+  wait
+  total=$(cat "$out"/proc-$decode-*.json | sed -n 's/.*"steady_samples_per_s":\([0-9.]*\).*/\1/p' | awk '{s += $1} END {printf "%.0f", s}')
+  row "$G processes (dlbench, one GPU each, $W workers), decode=$decode" "$total images/s steady in total; 1 process / $G: $(awk -v a="$one" -v b="$total" 'BEGIN{ if (b > 0) printf "%.3f", a / b }')"
 done
-wait
-total=$(cat "$out"/proc-*.json | sed -n 's/.*"samples_per_s":\([0-9.]*\).*/\1/p' | awk '{s += $1} END {printf "%.0f", s}')
-row "$G processes (dlbench, one GPU each)" "$total images/s in total"
 
 # 3. Save at G ranks, resume at G/2 (or 1): nothing lost or repeated in the epoch.
+if has resume; then
 half=$(( G / 2 > 0 ? G / 2 : 1 ))
 python3 -m torch.distributed.run --nproc_per_node="$G" examples/train_imagenet.py --data "$src" --workers "$W" --epochs 1 --steps 5 \
   --keys-out "$out/first-%RANK%" --save-state "$out/state.json" > "$out/resume1.log" 2>&1
@@ -66,6 +78,7 @@ out = sys.argv[1]
 keys = [k for f in glob.glob(f"{out}/first-*") + glob.glob(f"{out}/rest-*") for k in open(f).read().split()]
 print(f"| resume at fewer ranks | {len(keys)} keys, {len(set(keys))} distinct, of 10000 |")
 PY
+fi
 cp "$table" "$dest/multi_table.md"
 tar -czf "$dest/multi.tar.gz" -C "$out" .
 echo

@@ -2,7 +2,7 @@
 """One process feeding several GPUs (device="cuda:0,1,..."): each device gets its own disjoint
 stream; the consumer takes one batch per device in turn. Prints one JSON object: images, seconds,
 images_per_s, and whether every device's keys were disjoint and covered the epoch.
-Usage: one_process_gpus.py SOURCE NGPUS WORKERS [EPOCHS]"""
+Usage: one_process_gpus.py SOURCE NGPUS WORKERS [EPOCHS [DECODE]]"""
 
 import json
 import os
@@ -17,9 +17,11 @@ import torch  # noqa: E402
 def main():
     source, ngpus, workers = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     epochs = int(sys.argv[4]) if len(sys.argv) > 4 else 1
+    decode = sys.argv[5] if len(sys.argv) > 5 else "auto"
     devices = ",".join(str(i) for i in range(ngpus))
     loader = ringfeed.Loader(source, batch_size=256, workers=workers, image_size=224, crop="random_resized",
-                             flip=True, epochs=epochs, device=f"cuda:{devices}", framework="torch")
+                             flip=True, epochs=epochs, device=f"cuda:{devices}", framework="torch",
+                             decode=decode)
     keys = [[] for _ in range(ngpus)]
     images, first = 0, None
     t0 = time.perf_counter()
