@@ -273,6 +273,8 @@ static void auto_starts_in_background(void) {
   ASSERT_CONTAINS(reason, "nvJPEG is starting");
   ASSERT_GT(stats_number(a, "pin_ms"), 0);
   ASSERT_GT(stats_number(a, "gpu_decoders_start_ms"), 0);
+  double busy = stats_number(a, "gpu_stage_busy_frac");
+  ASSERT(busy > 0 && busy <= 1);
   printf("decode=auto: batch 0 from the workers (%s), hybrid from batch %d (nvJPEG started in %.0f ms, slots "
          "pinned in %.0f ms), worst image %.3f levels from the CPU's over %d batches\n",
          reason, switched_at, stats_number(a, "gpu_decoders_start_ms"), stats_number(a, "pin_ms"), worst, k);

@@ -438,7 +438,8 @@ int main(int argc, char **argv) {
     if (idle >= 0)
       printf("GPU idle %.4f of the time between steps of %.2f ms\n", idle, step_ms);
     if (h2d >= 0)
-      printf("host-to-device copies %.2f GB/s\n", h2d);
+      printf("host-to-device copies %.2f GB/s; the GPU stage's stream busy %.1f%% of the time\n", h2d,
+             100 * stat_of(stats, "gpu_stage_busy_frac"));
     printf("dl_open %.1f ms: index %.1f, devices %.1f, GPU JPEG decoders %.1f, batch slots %.1f\n",
            stat_of(stats, "open_ms"), stat_of(stats, "open_index_ms"), stat_of(stats, "open_cuda_ms"),
            stat_of(stats, "open_gpu_decode_ms"), stat_of(stats, "open_slots_ms"));

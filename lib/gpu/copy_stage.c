@@ -661,10 +661,14 @@ int dl__cuda_stats(dl_loader *l, char *buf, size_t cap) {
   size_t device_bytes = c->device_bytes;
   double pin_ms = c->pin_ms, decoders_ms = c->decoders_ms;
   pthread_mutex_unlock(&l->mu);
+  /* The GPU stage's stream busy (its copies and JPEG decoding) over the loader's life, per
+   * device: near 1, it is what the consumer waits for. */
+  double life_ms = (dl__now() - l->open_time) * 1e3 * c->n;
+  double busy = life_ms > 0 ? (ms + decode_ms) / life_ms : 0;
   return snprintf(buf, cap,
-                  ",\"pin_ms\":%.3f,\"gpu_decoders_start_ms\":%.3f,\"h2d_bytes\":%lld,\"h2d_gpu_ms\":%.3f,\"h2d_gb_s\":%.3f,\"device_slots\":%d"
+                  ",\"gpu_stage_busy_frac\":%.4f,\"pin_ms\":%.3f,\"gpu_decoders_start_ms\":%.3f,\"h2d_bytes\":%lld,\"h2d_gpu_ms\":%.3f,\"h2d_gb_s\":%.3f,\"device_slots\":%d"
                   ",\"gpu_decode_ms\":%.3f,\"gpu_decode_host_ms\":%.3f,\"gpu_decode_batches\":%lld,\"pinned_mb\":%.1f,\"device_mb\":%.1f",
-                  pin_ms, decoders_ms, (long long)bytes, ms, ms > 0 ? bytes / ms / 1e6 : 0.0, l->o.device_slots,
+                  busy, pin_ms, decoders_ms, (long long)bytes, ms, ms > 0 ? bytes / ms / 1e6 : 0.0, l->o.device_slots,
                   decode_batches ? decode_ms / (double)decode_batches : 0.0,
                   decode_batches ? decode_host_ms / (double)decode_batches : 0.0, (long long)decode_batches,
                   (double)pinned / 1048576.0, (double)device_bytes / 1048576.0);
