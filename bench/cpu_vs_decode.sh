@@ -2,6 +2,8 @@
 # ringfeed on the CPU against the physical limit of its work, in one run on one machine:
 #   dlbench --workers T on the synthetic set (random_resized 224 + flip, batches of 256)
 #   bare libjpeg-turbo full decodes of the same JPEGs on T threads, from memory.
+#   and, where it was built (scripts/install-deps.sh bench), the resampler against libyuv,
+#   stb_image_resize and libswscale on the same JPEGs' crops (bench/resize_compare).
 # Usage: bench/cpu_vs_decode.sh [BUILD_DIR] [THREADS] [SAMPLES]; prints a table, writes JSON to $OUT
 # (or the build folder).
 set -eu
@@ -32,3 +34,8 @@ echo "| bare libjpeg-turbo full decode, from memory | $bare |"
 echo "| ratio | $ratio |"
 echo "| first batch | $first ms |"
 echo "| peak RSS | $rss MB |"
+if [ -x "$build/bench/resize_compare" ]; then
+  echo
+  $build/bench/resize_compare --images 1000 $shards > "$out/resize_compare.txt"
+  grep '^|' "$out/resize_compare.txt"
+fi

@@ -1,9 +1,13 @@
 #!/bin/sh
 # Installs the Debian packages ringfeed needs to build and test, when any is missing.
-# Usage: scripts/install-deps.sh [build|test]
+# Usage: scripts/install-deps.sh [build|test|bench] (bench: also the resamplers bench/resize_compare
+# measures ringfeed's against)
 set -eu
 want="build-essential cmake pkg-config libjpeg62-turbo-dev libpng-dev zlib1g-dev liburing-dev libzstd-dev libwebp-dev libcurl4-openssl-dev
       libxxhash-dev libdlpack-dev tar"
+if [ "${1:-build}" = bench ]; then
+  want="$want libyuv-dev libstb-dev libswscale-dev"
+fi
 if [ "${1:-build}" = test ]; then
   want="$want clang libclang-rt-dev zstd python3 python3-numpy python3-pytest python3-pil python3-torch
         python3-venv python3-pip python3-setuptools python3-wheel git nginx openssl python3-botocore"
