@@ -118,7 +118,8 @@ DL_EXTERN const char *dl_last_error(void);
  *   retries timeout_ms ca_file s3_addressing(auto|path|virtual) cache_dir cache_limit(50G)
  *   (remote sources) fields(a,b)
  *   log(quiet|error|warn|info|debug) decode(auto|cpu|gpu|hybrid: where JPEGs are decoded; auto is
- *   hybrid on CUDA when nvJPEG loads) gpu_share(auto|0..1) gpu_decode_mb
+ *   hybrid on CUDA when nvJPEG loads, the workers decoding every JPEG while it starts in the
+ *   background) gpu_share(auto|0..1) gpu_decode_mb
  * decode=gpu|hybrid fail with DL_ENODEVICE, naming the reason, where nvJPEG or a GPU is missing.
  * A SOURCE of "tokens:FILES" reads flat binary token files (dtype=uint16|uint32, seq_len=L) as
  * windows of L+1 tokens.
