@@ -385,6 +385,8 @@ extern const dl__io_ops dl__io_pread_ops;
 /* Reads N bytes at OFF, through interrupted and short reads: the bytes read (fewer only at the end
  * of the file) or -errno (io_pread.c). */
 int64_t dl__pread_full(int fd, void *buf, size_t n, uint64_t off);
+/* The pieces of IOV (N of them) that follow its first SKIP bytes, into REST; returns how many. */
+int dl__iov_after(const struct iovec *iov, int n, size_t skip, struct iovec *rest);
 extern const dl__io_ops dl__io_uring_ops; /* init fails with -ENOSYS when built without */
 /* Remote files (remote/io_http.c): ranged GETs; a submitted read's "fd" is the file's index. */
 extern const dl__io_ops dl__io_http_ops;

@@ -34,33 +34,21 @@ static void pr_fini(dl__io *io) {
   io->state = NULL;
 }
 
-int64_t dl__pread_full(int fd, void *buf, size_t n, uint64_t off) {
-  size_t got = 0;
-  while (got < n) {
-    ssize_t r = pread(fd, (char *)buf + got, n - got, (off_t)(off + got));
-    int64_t res = dl__io_fault(r < 0 ? -errno : (int64_t)r);
-    if (res == -EINTR || res == -EAGAIN)
-      continue;
-    if (res < 0)
-      return res;
-    if (res == 0)
-      break;
-    got += (size_t)res;
-  }
-  return (int64_t)got;
+int dl__iov_after(const struct iovec *iov, int n, size_t skip, struct iovec *rest) {
+  int k = 0, m = 0;
+  while (k < n && skip >= iov[k].iov_len)
+    skip -= iov[k++].iov_len;
+  for (; k < n; k++, skip = 0)
+    rest[m++] = (struct iovec){(char *)iov[k].iov_base + skip, iov[k].iov_len - skip};
+  return m;
 }
 
-/* The same into pieces, in order, through interrupted and short reads. */
+/* Reads into the N pieces of IOV, in order, through interrupted and short reads. */
 static int64_t preadv_full(int fd, const struct iovec *iov, int n, uint64_t off) {
   struct iovec rest[DL__MAX_IOV];
   size_t got = 0;
   for (;;) {
-    size_t skip = got;
-    int k = 0, m = 0;
-    while (k < n && skip >= iov[k].iov_len)
-      skip -= iov[k++].iov_len;
-    for (; k < n; k++, skip = 0)
-      rest[m++] = (struct iovec){(char *)iov[k].iov_base + skip, iov[k].iov_len - skip};
+    int m = dl__iov_after(iov, n, got, rest);
     if (!m)
       break;
     ssize_t r = preadv(fd, rest, m, (off_t)(off + got));
@@ -74,6 +62,11 @@ static int64_t preadv_full(int fd, const struct iovec *iov, int n, uint64_t off)
     got += (size_t)res;
   }
   return (int64_t)got;
+}
+
+int64_t dl__pread_full(int fd, void *buf, size_t n, uint64_t off) {
+  struct iovec one = {buf, n};
+  return preadv_full(fd, &one, 1, off);
 }
 
 static int pr_submitv(dl__io *io, int fd, const struct iovec *iov, int n, uint64_t off, uint64_t tag) {

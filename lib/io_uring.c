@@ -64,14 +64,8 @@ static int queue(uring_state *s, op *o) {
   struct io_uring_sqe *sqe = io_uring_get_sqe(&s->ring);
   if (!sqe)
     return -EBUSY;
-  if (o->nv) {
-    /* The pieces past the bytes already read: a short read resumes where it stopped. */
-    size_t skip = o->got;
-    int k = 0, n = 0;
-    while (k < o->nv && skip >= o->v[k].iov_len)
-      skip -= o->v[k++].iov_len;
-    for (; k < o->nv; k++, skip = 0)
-      o->rest[n++] = (struct iovec){(char *)o->v[k].iov_base + skip, o->v[k].iov_len - skip};
+  if (o->nv) { /* the pieces past the bytes already read: a short read resumes where it stopped */
+    int n = dl__iov_after(o->v, o->nv, o->got, o->rest);
     io_uring_prep_readv(sqe, o->fd, o->rest, (unsigned)n, o->off + o->got);
   } else {
     io_uring_prep_read(sqe, o->fd, o->buf + o->got, (unsigned)(o->len - o->got), o->off + o->got);
