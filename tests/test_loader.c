@@ -506,6 +506,33 @@ static void consumer_threads(void) {
          "by dl_close from another thread (DL_ECLOSED, close took %.0f ms)\n", batches, closed * 1000);
 }
 
+static double stat_number(const char *stats, const char *key) {
+  char k[80];
+  snprintf(k, sizeof k, "\"%s\":", key);
+  const char *p = strstr(stats, k);
+  ASSERT(p);
+  return atof(p + strlen(k));
+}
+
+/* The stats account for dl_open's time by step, and the first batch comes after it. */
+static void open_time_split(void) {
+  dl_loader *l;
+  OPEN_OK(l, source, "batch_size=8 image_size=32 workers=2");
+  dl_batch *b;
+  ASSERT_EQ(dl_next_batch(l, &b), 0);
+  dl_batch_release(b, NULL);
+  char stats[8192];
+  ASSERT_GT(dl_stats_json(l, stats, sizeof stats), 0);
+  double open = stat_number(stats, "open_ms"), index = stat_number(stats, "open_index_ms");
+  double parts = index + stat_number(stats, "open_cuda_ms") + stat_number(stats, "open_gpu_decode_ms") +
+                 stat_number(stats, "open_slots_ms");
+  ASSERT(index > 0 && parts <= open && open <= stat_number(stats, "first_batch_ms"));
+  ASSERT_EQ(stat_number(stats, "open_cuda_ms"), 0); /* no device */
+  dl_close(l);
+  printf("dl_open's time split: %.2f ms, %.2f of it the index; first batch at %.2f ms\n", open, index,
+         stat_number(stats, "first_batch_ms"));
+}
+
 int main(void) {
   const char *tmp = getenv("TMPDIR");
   snprintf(dir, sizeof dir, "%s/ringfeed-test-loader-XXXXXX", tmp ? tmp : "/tmp");
@@ -522,6 +549,7 @@ int main(void) {
   damaged_shards_and_cache();
   slots_and_lifetimes();
   consumer_threads();
+  open_time_split();
   char cmd[600];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
   ASSERT_EQ(system(cmd), 0);
