@@ -90,7 +90,7 @@ int dl__decode_choose(dl_loader *l) {
                                     "and this loader has device=cpu", asked);
     snprintf(l->decode_reason, sizeof l->decode_reason, "device=cpu");
   } else if (want == DL__DECODE_AUTO && dl__gpu_decoders_available(why, sizeof why)) {
-    /* nvJPEG takes about a second to start (1.2 s on an H200, more than the first batches take on
+    /* nvJPEG takes about a second to start (0.9 s on an H200, more than the first batches take on
      * the CPU): the GPU stage starts it in the background and the workers decode every JPEG until
      * it is ready. Only auto: decode=gpu|hybrid fail at open when it cannot start. */
     l->decode_starting = true;
