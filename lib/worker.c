@@ -170,12 +170,12 @@ static int64_t read_whole(struct dl__worker *w, inflight *f) {
 static void process(struct dl__worker *w, inflight *f, int64_t res, dl__err *err) {
   dl__err e = {0};
   const dl__sample *s = f->s;
-  if (f->in_place && res >= (int64_t)s->size && !dl__fields_in_place_ok(w->l, s, f->data, f->in_place)) {
-    res = read_whole(w, f);
-    atomic_fetch_add_explicit(&w->l->st.placed_again, 1, memory_order_relaxed);
+  if (f->in_place && res >= (int64_t)s->size) {
+    bool as_assumed = dl__fields_in_place_ok(w->l, s, f->data, f->in_place);
+    if (!as_assumed)
+      res = read_whole(w, f);
+    atomic_fetch_add_explicit(as_assumed ? &w->l->st.placed : &w->l->st.placed_again, 1, memory_order_relaxed);
   }
-  if (f->in_place)
-    atomic_fetch_add_explicit(&w->l->st.placed, 1, memory_order_relaxed);
   if (res >= 0)
     res = res > (int64_t)f->skip ? res - (int64_t)f->skip : 0;
   if (res < 0 && w->io.why[0]) /* the backend's own account (a URL and an HTTP status) */
