@@ -247,8 +247,9 @@ static void *starter(void *arg) {
     if (stop)
       break;
   }
-  c->pin_ms = (dl__now() - t0) * 1e3;
+  double pin_ms = (dl__now() - t0) * 1e3;
   pthread_mutex_lock(&l->mu);
+  c->pin_ms = pin_ms; /* the stats read it under the lock */
   bool start_decoders = l->decode_starting && !l->stop;
   pthread_mutex_unlock(&l->mu);
   if (!start_decoders)
