@@ -139,7 +139,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "resize_compare: no JPEGs\n");
     return 1;
   }
-  const contender all[] = {{"ringfeed (float, antialiased triangle)", ours},
+  const contender all[] = {{"ringfeed (fixed point, antialiased triangle)", ours},
                            {"libyuv RGBScale kFilterBox", yuv_box},
                            {"libyuv RGBScale kFilterBilinear", yuv_bilinear},
                            {"stb_image_resize triangle", stb_triangle},
@@ -182,8 +182,7 @@ int main(int argc, char **argv) {
   }
   printf("%s]}\n", json);
   sws_freeContext(sws);
-  dl__buf_free(&scratch.tmp);
-  dl__buf_free(&scratch.coef);
+  dl__resize_scratch_free(&scratch);
   for (size_t i = 0; i < nimages; i++)
     free(images[i].rgb);
   free(images);

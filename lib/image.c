@@ -45,8 +45,7 @@ void dl__image_decoder_free(dl__image_decoder *d) {
   dl__png_ops.destroy(d->png);
   dl__webp_ops.destroy(d->webp);
   dl__buf_free(&d->scratch);
-  dl__buf_free(&d->rs.tmp);
-  dl__buf_free(&d->rs.coef);
+  dl__resize_scratch_free(&d->rs);
   *d = (dl__image_decoder){0};
 }
 

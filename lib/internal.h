@@ -480,8 +480,11 @@ int dl__crop_rect(int mode, int width, int height, int out_w, int out_h, uint64_
                   dl__err *e);
 
 typedef struct dl__resize_scratch {
-  dl__buf tmp, coef;
+  dl__buf tmp, coef, wide;
 } dl__resize_scratch;
+void dl__resize_scratch_free(dl__resize_scratch *s);
+/* Tests: the portable loops even where the processor has AVX2 (false: choose again). */
+void dl__resize_force_portable(bool portable);
 
 /*
  * Resamples RECT of SRC (w x h x ch, row stride) to OUT (ow x oh) with an antialiasing triangle
