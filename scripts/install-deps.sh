@@ -9,7 +9,7 @@ if [ "${1:-build}" = bench ]; then
   want="$want libyuv-dev libstb-dev libswscale-dev"
 fi
 if [ "${1:-build}" = test ]; then
-  want="$want clang libclang-rt-dev zstd python3 python3-numpy python3-pytest python3-pil python3-torch
+  want="$want clang libclang-rt-dev zstd python3 python3-numpy python3-pytest python3-pil python3-torch python3-torchvision
         python3-venv python3-pip python3-setuptools python3-wheel git nginx openssl python3-botocore"
   # Node.js for the S3 tests' server, from Debian unless another Node.js with npm is there.
   command -v npm >/dev/null || want="$want nodejs npm"
