@@ -6,7 +6,8 @@
 # run cut short still tells where it was); the table is printed last.
 # Usage: bench/gpu_decode_run.sh [BUILD_DIR] [SHARDS_DIR] [PARTS]
 #   PARTS: any of abi tests start ceiling bench train sanitize (default: all of them); N=images per
-#   synthetic set; SKIP=torch leaves out the PyTorch contenders
+#   synthetic set; SKIP=torch leaves out the PyTorch contenders; RF_WORKERS=N ringfeed's workers
+#   (default: workers=auto)
 set -u
 build=${1:-build-device}
 shards=${2:-$build/tests/shards}
@@ -125,7 +126,9 @@ if has bench; then
   for set in q90 q96; do
     eval src=\$$set
     cat "$(dirname "$src")"/*.tar > /dev/null # into the page cache, for every contender alike
-    bench="$build/dlbench $src --workers $workers --batch 256 --size 224 --flip --device cuda:0 --json"
+    # ringfeed's workers: workers=auto (a CPU left to nvJPEG's feeding thread where the GPU decodes)
+    # unless RF_WORKERS says; the DataLoader has one worker per CPU.
+    bench="$build/dlbench $src ${RF_WORKERS:+--workers $RF_WORKERS} --batch 256 --size 224 --flip --device cuda:0 --json"
     for mode in cpu gpu hybrid auto; do
       guarded 120 "$out/$set-$mode.json" "$out/$set-$mode.err" $bench --epochs 5 --decode $mode
       keep "$out/$set-$mode.json" "$out/$set-$mode.err"
@@ -147,7 +150,7 @@ if has bench; then
     dl=$(num "$out/$set-dataloader.json" images_per_s)
     for mode in cpu gpu hybrid auto; do
       j="$out/$set-$mode.json"
-      row "$set decode=$mode" "$(num "$j" steady_samples_per_s) images/s steady ($(num "$j" samples_per_s) with start-up), x$(ratio "$(num "$j" steady_samples_per_s)" "$cpu") of cpu, x$(ratio "$(num "$j" steady_samples_per_s)" "$dl") of DataLoader; first batch $(num "$j" first_batch_ms) ms; gpu $(num "$j" gpu_decoded) / cpu $(num "$j" cpu_decoded) images, fallbacks $(num "$j" gpu_fallbacks), share $(num "$j" gpu_share); GPU decode $(num "$j" gpu_decode_ms) ms/batch (copy thread $(num "$j" gpu_decode_host_ms) ms in it), copies $(num "$j" h2d_gpu_ms) ms total at $(num "$j" h2d_gb_s) GB/s; bottleneck $(str "$j" bottleneck); pinned $(num "$j" pinned_mb) MB, device $(num "$j" device_mb) MB ours, $(num "$j" device_mem_open_mb) MB at open / $(num "$j" device_mem_end_mb) MB at the end in all, RSS $(num "$j" peak_rss_mb) MB"
+      row "$set decode=$mode" "$(num "$j" workers) workers: $(num "$j" steady_samples_per_s) images/s steady ($(num "$j" samples_per_s) with start-up), x$(ratio "$(num "$j" steady_samples_per_s)" "$cpu") of cpu, x$(ratio "$(num "$j" steady_samples_per_s)" "$dl") of DataLoader; first batch $(num "$j" first_batch_ms) ms; gpu $(num "$j" gpu_decoded) / cpu $(num "$j" cpu_decoded) images, fallbacks $(num "$j" gpu_fallbacks), share $(num "$j" gpu_share); GPU decode $(num "$j" gpu_decode_ms) ms/batch (copy thread $(num "$j" gpu_decode_host_ms) ms in it), copies $(num "$j" h2d_gpu_ms) ms total at $(num "$j" h2d_gb_s) GB/s; bottleneck $(str "$j" bottleneck); pinned $(num "$j" pinned_mb) MB, device $(num "$j" device_mb) MB ours, $(num "$j" device_mem_open_mb) MB at open / $(num "$j" device_mem_end_mb) MB at the end in all, RSS $(num "$j" peak_rss_mb) MB"
     done
     row "$set nvJPEG alone (torchvision decode_jpeg device=cuda, batch 256, whole images)" "$(num "$out/$set-tv-alone.json" images_per_s) images/s, $(num "$out/$set-tv-alone.json" mean_jpeg_kb) KB per JPEG"
     row "$set PyTorch DataLoader, torchvision.io, $workers workers" "$dl images/s steady"

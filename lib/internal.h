@@ -641,7 +641,7 @@ struct dl_loader {
   size_t slot_stride;  /* bytes of one host slot in host_mem */
   const dl__io_ops *io_ops;
   char io_reason[160];
-  char workers_reason[160], prefetch_reason[200]; /* how workers= and prefetch= were chosen */
+  char workers_reason[256], prefetch_reason[200]; /* how workers= and prefetch= were chosen */
   bool remote; /* every file is a URL: read through dl__io_http_ops */
   struct dl__cache *cache; /* cache_dir=: whole remote shards on local disk (remote/cache.c) */
   pthread_mutex_t mu;

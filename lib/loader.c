@@ -122,6 +122,23 @@ static void choose_counts(dl_loader *l) {
     dl__log(DL__LOG_WARN, "%s", l->prefetch_reason);
 }
 
+/* Where the GPU decodes JPEGs, each device's copy thread spends most of its time in nvJPEG's
+ * host-side calls (8-16 ms a batch on an H200): workers=auto leaves it a CPU of its own rather than
+ * have it share one with a worker. On an H200 host of 16 CPUs, hybrid decode with 15 workers ran
+ * 8-22% faster than with 16 at the same split. */
+static void leave_cpus_to_gpu_decoding(dl_loader *l) {
+  if ((l->decode == DL__DECODE_CPU && !l->decode_starting) || l->o.workers < 2)
+    return;
+  int left = l->o.ndevices < l->o.workers ? l->o.ndevices : l->o.workers - 1;
+  l->o.workers -= left;
+  char was[sizeof l->workers_reason];
+  const char *basis = strchr(l->workers_reason, ',');
+  snprintf(was, sizeof was, "%s", basis ? basis + 2 : "");
+  snprintf(l->workers_reason, sizeof l->workers_reason, "workers=auto: %d, %s, less %s", l->o.workers, was,
+           left > 1 ? "one for each GPU's thread feeding its JPEG decoder"
+                    : "one for the thread feeding the GPU's JPEG decoder");
+}
+
 static size_t page_round(size_t n) { return (n + 4095) / 4096 * 4096; }
 
 static int alloc_slots(dl_loader *l) {
@@ -255,8 +272,8 @@ int dl_open(dl_loader **out, const char *source, const char *options) {
   if (!l->io_ops || (l->o.io == DL__IO_MMAP && (r = dl__dataset_map(&l->ds))))
     goto fail;
   dl__log(DL__LOG_INFO, "reading with %s: %s", l->io_ops->name, l->io_reason);
+  bool workers_auto = !l->o.workers;
   choose_counts(l);
-  dl__log(DL__LOG_INFO, "%s; %s", l->workers_reason, l->prefetch_reason);
   double t = dl__now();
   if (l->o.ndevices && (r = dl__cuda_open(l)))
     goto fail;
@@ -265,6 +282,9 @@ int dl_open(dl_loader **out, const char *source, const char *options) {
   if ((r = dl__decode_choose(l)))
     goto fail;
   l->st.open_gpu_decode_ms = (dl__now() - t) * 1e3;
+  if (workers_auto)
+    leave_cpus_to_gpu_decoding(l);
+  dl__log(DL__LOG_INFO, "%s; %s", l->workers_reason, l->prefetch_reason);
   t = dl__now();
   if ((r = alloc_slots(l)))
     goto fail;

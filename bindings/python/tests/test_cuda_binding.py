@@ -91,3 +91,23 @@ def test_gpu_decode_close_to_cpu(shard):
     stats = gpu_loader.stats()
     assert stats["decode_backend"] == "gpu" and stats["gpu_decoded"] > 0
     assert worst <= 2.0
+
+
+def test_workers_auto_leaves_a_cpu_to_the_gpu_decoder(shard, monkeypatch):
+    """The copy thread feeding nvJPEG gets a CPU of its own; decode="cpu" keeps every CPU for workers."""
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    cpus = len(os.sched_getaffinity(0))
+    kw = dict(batch_size=16, image_size=64, device="cuda:0")
+    with ringfeed.Loader(shard, decode="cpu", **kw) as loader:
+        assert loader.stats()["workers"] == cpus
+    try:
+        loader = ringfeed.Loader(shard, decode="hybrid", **kw)
+    except ringfeed.Error as e:
+        assert e.name == "DL_ENODEVICE"
+        pytest.skip(f"no nvJPEG: {e.message}")
+    with loader:
+        s = loader.stats()
+    assert s["workers"] == max(1, cpus - 1), s["workers_reason"]
+    if cpus > 1:
+        assert s["workers_reason"] == (f"workers=auto: {cpus - 1}, the CPUs this process may use, "
+                                       "less one for the thread feeding the GPU's JPEG decoder")
