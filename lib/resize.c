@@ -26,6 +26,9 @@ enum {
   MID = 6,                   /* fraction bits between the passes */
   SHIFT = 7,                 /* source bytes enter the vertical pass as v << SHIFT (fits int16) */
   ROUNDED_TAPS = 256,        /* beyond, the vertical pass sums exactly in 32 bits (16 could overflow) */
+  WIDE_GROUPS = 16,          /* beyond, the horizontal pass runs portable: its widened weights would
+                              * take 32 bytes per tap and output pixel (a 1 GB table for one hostile
+                              * image of 64 megapixels in a row) */
   GROUP = 4,                 /* horizontal taps per AVX2 multiply-add round (two per lane) */
   PAD = 16,                  /* zeroed int16 after the middle row, for whole-group loads */
 };
@@ -388,7 +391,7 @@ int dl__resize(const uint8_t *src, int w, int h, size_t stride, int ch, dl__rect
   bool avx2 = use_avx2();
   const int16_t *wide = NULL;
   int *at = NULL;
-  if (avx2 && ch == 3) {
+  if (avx2 && ch == 3 && groups <= WIDE_GROUPS) {
     size_t weights = (size_t)ow * groups * 16 * sizeof(int16_t);
     if (dl__buf_reserve_aligned(&s->wide, weights + (size_t)ow * sizeof(int), 32))
       return -ENOMEM;
