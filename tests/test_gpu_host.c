@@ -8,7 +8,7 @@
  * - decode=gpu and decode=hybrid without a GPU fail at open with DL_ENODEVICE and the reason;
  *   decode=auto decodes on the CPU and says so in the stats; a missing nvJPEG is named;
  * - hybrid's split: the workers' share is spread evenly over the batch, and moves a step toward
- *   the side the other waited for only after three batches agree.
+ *   the balance of the two sides' measured rates only after three batches agree.
  */
 #include "gpu/gpu.h"
 #include "gpu/nvjpeg.h"
@@ -223,33 +223,45 @@ static void split(void) {
   free(mem);
   l.ds.direct = NULL;
 
-  /* The split steps by 1/32 after three batches that agree, and only then. */
+  /* The split steps by 1/32 toward the balance of the two sides' measured rates after three
+   * batches that agree, and only then; a consumer that never waits moves it to the CPU. The GPU
+   * decodes 192 images in 10 ms a batch; four workers take WORKER_MS per image. */
   pthread_mutex_init(&l.mu, NULL);
   l.decode = DL__DECODE_HYBRID;
   l.o.gpu_share = -1;
+  l.o.workers = 4;
+  l.nstreams = 1;
   l.share = 0.75;
-  struct { bool starved; double waited; double want; } steps[] = {
-      {true, 5, 0.75}, {true, 5, 0.75},                     /* start-up: not counted */
-      {true, 5, 0.75}, {true, 5, 0.75}, {true, 5, 0.78125}, /* the copy thread waited: GPU takes more */
-      {true, 0, 0.78125}, {true, 0, 0.78125}, {true, 0, 0.75}, /* it did not wait: less */
-      {true, 5, 0.75}, {true, 0, 0.75}, {true, 5, 0.75}, {true, 0, 0.75}, /* mixed: stays */
-      {false, 5, 0.75}, {false, 5, 0.75}, {false, 5, 0.71875}, /* the consumer never waited: to the CPU */
+  double gpu_rate = 192 / 10.0;
+  struct { bool starved; double balance; double want; } steps[] = {
+      {true, 0.9, 0.75}, {true, 0.9, 0.75},                      /* start-up: not counted */
+      {true, 0.9, 0.75}, {true, 0.9, 0.75}, {true, 0.9, 0.78125}, /* the GPU side is faster: it takes more */
+      {true, 0.78, 0.78125}, {true, 0.78, 0.78125}, {true, 0.78, 0.78125}, /* balanced: stays */
+      {false, 0.9, 0.78125}, {false, 0.9, 0.78125}, {false, 0.9, 0.75}, /* the consumer never waited: to the CPU */
   };
   for (size_t k = 0; k < sizeof steps / sizeof *steps; k++) {
     if (steps[k].starved)
       l.st.starved++;
-    dl__gpu_share_update(&l, 192, 10.0, steps[k].waited, 10.0);
+    double worker_ms = l.o.workers / (gpu_rate * (1 / steps[k].balance - 1));
+    l.st.cpu_decoded += 10;
+    l.st.cpu_decode_ns += (int64_t)(10 * worker_ms * 1e6);
+    l.split.cpu_ms = worker_ms; /* the rate as measured from here on (the smoothing is not the point) */
+    dl__gpu_share_update(&l, 192, 10.0);
     if (fabs(l.share - steps[k].want) > 1e-9)
       FAIL_AT("after update %zu the share is %.5f, not %.5f", k, l.share, steps[k].want);
   }
-  l.share = 1;
-  for (int k = 0; k < 6; k++) {
+  /* Toward a balance far below, step by step, to rest at it. */
+  double worker_ms = l.o.workers / gpu_rate; /* both sides alike: 0.5 */
+  for (int k = 0; k < 60; k++) {
     l.st.starved++;
-    dl__gpu_share_update(&l, 256, 10.0, 5, 10.0);
+    l.st.cpu_decoded += 10;
+    l.st.cpu_decode_ns += (int64_t)(10 * worker_ms * 1e6);
+    dl__gpu_share_update(&l, 192, 10.0);
   }
-  ASSERT(l.share == 1);
+  ASSERT(fabs(l.share - 0.5) < 1e-9);
   l.decode = DL__DECODE_CPU;
-  printf("hybrid: 77 of 256 samples spread for the workers; the split steps by 1/32 after three agreeing batches\n");
+  printf("hybrid: 77 of 256 samples spread for the workers; the split steps by 1/32 toward the measured balance "
+         "after three agreeing batches\n");
 }
 
 int main(void) {

@@ -37,8 +37,6 @@ typedef struct in_flight {
   cudaEvent_t d0, d1;  /* around the decode of its GPU samples */
   size_t bytes;        /* copied */
   int gpu_samples;     /* decoded on the device; -1: no decode queued */
-  double waited_ms;    /* the copy thread waited for the workers to complete it */
-  double busy_ms;      /* and then queued it (nvJPEG's calls return when their decode is done) */
 } in_flight;
 
 typedef struct gpu {
@@ -297,7 +295,7 @@ static int reap(gpu *g, bool wait) {
       g->decode_ms += dms;
       g->decode_batches++;
     }
-    dl__gpu_share_update(l, f->gpu_samples > 0 ? f->gpu_samples : 0, dms, f->waited_ms, f->busy_ms);
+    dl__gpu_share_update(l, f->gpu_samples > 0 ? f->gpu_samples : 0, dms);
     pthread_mutex_lock(&l->mu);
     dl__slot_free_locked(host);
     pthread_mutex_unlock(&l->mu);
@@ -405,15 +403,12 @@ static void *copy_thread(void *arg) {
     dl_batch *host = &s->slots[slot];
     dl_batch *dev = &s->dslots[k % l->o.device_slots];
     bool stop = false;
-    double t_enter = dl__now(), t_host = 0; /* when the workers had completed it */
     for (;;) {
       if (reap(g, false))
         goto failed;
       pthread_mutex_lock(&l->mu);
       bool host_ok = host->k == k && host->state == DL__SLOT_COMPLETE && pinned_locked(l, g->index, slot);
       bool dev_ok = dev->state == DL__SLOT_FREE;
-      if (host_ok && !t_host)
-        t_host = dl__now();
       stop = l->stop;
       if (host_ok && dev_ok) {
         dev->state = DL__SLOT_FILLING;
@@ -445,11 +440,8 @@ static void *copy_thread(void *arg) {
     if (host->err && has_gpu_jobs(host) && g->dec)
       dl__gpu_decode_failed_batch(g->dec, l, host);
     bool queued = !host->err;
-    double t_busy = dl__now();
     if (queued && enqueue(g, host, slot, dev))
       goto failed;
-    g->inf[slot].waited_ms = (t_host - t_enter) * 1e3;
-    g->inf[slot].busy_ms = (dl__now() - t_busy) * 1e3;
     pthread_mutex_lock(&l->mu);
     dev->k = k;
     dev->epoch = host->epoch;

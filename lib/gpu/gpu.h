@@ -77,10 +77,10 @@ bool dl__gpu_plan(const dl_loader *l, dl_batch *b, int i, int64_t index, uint8_t
 /* Device bytes a job takes in the decoder's pool: the decoded region, and its scaled copy. */
 size_t dl__gpu_job_bytes(const int32_t roi[4], int scale, int channels);
 
-/* Hybrid: after each batch the copy stage reports how long the GPU took for its samples, how long
- * the copy thread waited for the workers to complete the batch and how long it was busy with it;
- * the share of the next batches moves so that neither side waits for the other, and back toward
- * the CPU while the consumer never waits (the GPU's time is then better left to training). */
-void dl__gpu_share_update(dl_loader *l, int gpu_samples, double gpu_ms, double waited_ms, double busy_ms);
+/* Hybrid: after each batch the copy stage reports how long the GPU took for its samples; with the
+ * workers' time per image that gives the share at which both sides finish a batch together, which
+ * the next batches' share moves toward while the consumer waits, and back toward the CPU while it
+ * never waits (the GPU's time is then better left to training). */
+void dl__gpu_share_update(dl_loader *l, int gpu_samples, double gpu_ms);
 
 #endif
