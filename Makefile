@@ -40,6 +40,7 @@ test-asan:
 	cd build-asan && ctest --output-on-failure -j $(JOBS) -LE slow
 	@# The remote sources (servers, retries, the shard cache's threads and locks) under ASan+UBSan.
 	cd build && DL_DLSHARD=$(CURDIR)/build-asan/dlshard DL_TEST_SHARDS=$(CURDIR)/build/tests/shards \
+	  XDG_CACHE_HOME=$(CURDIR)/build/tests/cache \
 	  $(PYTHON) -m pytest -q -p no:cacheprovider $(CURDIR)/tests/remote/test_http.py \
 	  $(CURDIR)/tests/remote/test_cache.py $(CURDIR)/tests/remote/test_s3.py
 
@@ -49,8 +50,10 @@ test-tsan:
 	cd build-tsan && ctest --output-on-failure -j $(JOBS) -L threads
 
 test-python: build
+	@# Index caches of the tests' temporary shards go to the build folder, as under ctest, not to
+	@# the user's cache.
 	cd build && RINGFEED_LIBRARY=$(CURDIR)/build/libringfeed.so DL_DLSHARD=$(CURDIR)/build/dlshard \
-	  DL_TEST_SHARDS=$(CURDIR)/build/tests/shards \
+	  DL_TEST_SHARDS=$(CURDIR)/build/tests/shards XDG_CACHE_HOME=$(CURDIR)/build/tests/cache \
 	  $(PYTHON) -m pytest -q $(CURDIR)/bindings/python/tests $(CURDIR)/tests/remote
 
 # Long soak, SOAK_EPOCHS epochs (and as many loaders in turn) from C and from Python, sampling
