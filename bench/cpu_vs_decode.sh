@@ -5,7 +5,7 @@
 #   and, where it was built (scripts/install-deps.sh bench), the resampler against libyuv,
 #   stb_image_resize and libswscale on the same JPEGs' crops (bench/resize_compare).
 # Usage: bench/cpu_vs_decode.sh [BUILD_DIR] [THREADS] [SAMPLES]; prints a table, writes JSON to $OUT
-# (or the build folder).
+# (or the build folder). QUALITY=96 SUBSAMPLING=444: the ImageNet-quality set (default 90, 420).
 set -eu
 build=${1:-build}
 threads=${2:-2}
@@ -13,11 +13,13 @@ samples=${3:-10000}
 out=${OUT:-$build}
 dlbench=$build/dlbench
 ceiling=$build/bench/decode_ceiling
-# First run: generates (once) and warms the page cache.
-$dlbench --synthetic "$samples" --workers "$threads" --json > "$out/dlbench-warm.json"
-if [ -n "${DL_SYNTHETIC_DIR:-}" ]; then dir=$DL_SYNTHETIC_DIR; else dir=${XDG_CACHE_HOME:-$HOME/.cache}/ringfeed; fi
-shards=$(ls "$dir"/synthetic-v1-"$samples"/synth-*.tar)
-$dlbench --synthetic "$samples" --workers "$threads" --flip --json > "$out/dlbench.json"
+quality=${QUALITY:-90}
+subsampling=${SUBSAMPLING:-420}
+src=$($dlbench --synthetic "$samples" --quality "$quality" --subsampling "$subsampling" --make-synthetic)
+shards=$(ls "$(dirname "$src")"/*.tar)
+# First run: warms the page cache.
+$dlbench "$src" --workers "$threads" --json > "$out/dlbench-warm.json"
+$dlbench "$src" --workers "$threads" --flip --json > "$out/dlbench.json"
 $ceiling --threads "$threads" --seconds 8 $shards > "$out/decode_ceiling.json"
 num() { sed -n "s/.*\"$2\":\([0-9.e+-]*\).*/\1/p" "$1" | head -1; }
 rf=$(num "$out/dlbench.json" samples_per_s)
@@ -27,7 +29,7 @@ rss=$(num "$out/dlbench.json" peak_rss_mb)
 io=$(sed -n 's/.*"io_backend":"\([a-z_]*\)".*/\1/p' "$out/dlbench.json" | head -1)
 ratio=$(awk -v a="$rf" -v b="$bare" 'BEGIN { printf "%.3f", a / b }')
 echo
-echo "| what ($threads threads, $samples synthetic JPEGs) | images/s |"
+echo "| what ($threads threads, $samples synthetic JPEGs, q$quality $subsampling) | images/s |"
 echo "|---|---|"
 echo "| ringfeed dlbench (random_resized 224 + flip, batch 256, io $io) | $rf |"
 echo "| bare libjpeg-turbo full decode, from memory | $bare |"
