@@ -25,14 +25,6 @@ static blob *blobs;
 static size_t nblobs, cap;
 static double seconds = 5;
 
-static double now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + t.tv_nsec * 1e-9;
-}
-
-static unsigned char *plain(size_t n) { return malloc(n ? n : 1); }
-
 static void keep(unsigned char *p, size_t n) {
   if (nblobs == cap) {
     cap = cap ? cap * 2 : 1024;
@@ -57,7 +49,7 @@ static void *run(void *arg) {
   unsigned char *out = NULL;
   size_t out_cap = 0;
   size_t i = (size_t)w->id;
-  while (now() - w->start < seconds) {
+  while (bench_now() - w->start < seconds) {
     blob *b = &blobs[i % nblobs];
     i += (size_t)w->threads;
     jpeg_mem_src(&d, b->p, (unsigned long)b->n);
@@ -95,13 +87,13 @@ int main(int argc, char **argv) {
     }
   }
   for (; i < argc; i++)
-    tar_jpegs(argv[i], plain, keep);
+    tar_jpegs(argv[i], tar_jpegs_malloc, keep);
   if (!nblobs || threads < 1) {
     fprintf(stderr, "decode_ceiling: no JPEG members found\n");
     return 1;
   }
   worker *w = calloc((size_t)threads, sizeof *w);
-  double t0 = now();
+  double t0 = bench_now();
   for (int t = 0; t < threads; t++) {
     w[t] = (worker){.id = t, .threads = threads, .start = t0};
     pthread_create(&w[t].t, NULL, run, &w[t]);
@@ -111,7 +103,7 @@ int main(int argc, char **argv) {
     pthread_join(w[t].t, NULL);
     images += w[t].images;
   }
-  double dt = now() - t0;
+  double dt = bench_now() - t0;
   printf("{\"images\":%ld,\"seconds\":%.3f,\"images_per_s\":%.1f,\"threads\":%d,\"distinct_images\":%zu}\n",
          images, dt, images / dt, threads, nblobs);
   return 0;

@@ -40,12 +40,6 @@ static const dl__nvjpeg *nv;
 static pthread_barrier_t started; /* every lane set up: the clock starts */
 static double t_start;
 
-static double now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + t.tv_nsec * 1e-9;
-}
-
 static void die(const char *what, int code) {
   fprintf(stderr, "nvjpeg_ceiling: %s failed (%d)\n", what, code);
   exit(1);
@@ -123,10 +117,10 @@ static void *run(void *arg) {
       die("nvjpegDecodeParamsCreate", r);
   size_t next = (size_t)ln->index * (size_t)batch;
   if (pthread_barrier_wait(&started) == PTHREAD_BARRIER_SERIAL_THREAD)
-    t_start = now();
+    t_start = bench_now();
   pthread_barrier_wait(&started);
   double end = t_start + seconds;
-  while (now() < end) {
+  while (bench_now() < end) {
     for (int i = 0; i < batch; i++, next++) {
       jpeg *j = &jpegs[next % njpegs];
       int w = roi ? j->roi[2] : j->w;
@@ -140,9 +134,9 @@ static void *run(void *arg) {
                                whole ? -1 : j->roi[3]);
     }
     next += (size_t)(threads - 1) * (size_t)batch; /* the lanes take turns through the set */
-    double c0 = now();
+    double c0 = bench_now();
     r = roi ? nv->DecodeBatchedEx(h, st, data, lens, img, params, s) : nv->DecodeBatched(h, st, data, lens, img, s);
-    ln->host_s += now() - c0;
+    ln->host_s += bench_now() - c0;
     if (r)
       die("nvjpegDecodeBatched", r);
     ln->images += batch;
@@ -204,7 +198,7 @@ int main(int argc, char **argv) {
     calls += lanes[k].calls;
     host += lanes[k].host_s;
   }
-  double wall = now() - t_start;
+  double wall = bench_now() - t_start;
   printf("{\"backend\":\"%s\",\"roi\":%s,\"flags\":\"%s\",\"threads\":%d,\"batch\":%d,\"images\":%ld,"
          "\"seconds\":%.3f,\"images_per_s\":%.1f,\"host_ms_per_call\":%.3f,\"nvjpeg\":\"%s\"}\n",
          backend == NVJPEG_BACKEND_HARDWARE ? "hw" : "cuda", roi ? "true" : "false", flag_name, threads,

@@ -35,14 +35,6 @@ typedef struct image {
 static image *images;
 static size_t nimages, cap, limit = 2000;
 
-static double now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + t.tv_nsec * 1e-9;
-}
-
-static unsigned char *plain(size_t n) { return malloc(n ? n : 1); }
-
 /* Decodes a JPEG member whole to RGB and draws its crop as the loader would. */
 static void keep(unsigned char *p, size_t n) {
   if (nimages >= limit) {
@@ -134,7 +126,7 @@ int main(int argc, char **argv) {
     return 2;
   }
   for (int i = first; i < argc; i++)
-    tar_jpegs(argv[i], plain, keep);
+    tar_jpegs(argv[i], tar_jpegs_malloc, keep);
   if (!nimages) {
     fprintf(stderr, "resize_compare: no JPEGs\n");
     return 1;
@@ -169,12 +161,12 @@ int main(int argc, char **argv) {
       worst = d > worst ? d : worst;
       over += d > 1.0;
     }
-    double t0 = now();
+    double t0 = bench_now();
     size_t done = 0;
-    while (now() - t0 < 2.0)
+    while (bench_now() - t0 < 2.0)
       for (size_t i = 0; i < nimages; i++, done++)
         all[c].run(&images[i], out, ctx);
-    double rate = (double)done / (now() - t0);
+    double rate = (double)done / (bench_now() - t0);
     printf("| %s | %.0f | %.3f | %.3f | %zu |\n", all[c].name, rate, sum / (double)nimages, worst, over);
     jn += (size_t)snprintf(json + jn, sizeof json - jn, "%s{\"name\":\"%s\",\"images_per_s\":%.1f,\"mean_diff\":%.4f,"
                            "\"worst_image\":%.4f,\"over_1\":%zu}", c ? "," : "", all[c].name, rate, sum / (double)nimages,

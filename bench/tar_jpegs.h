@@ -1,7 +1,7 @@
 /*
  * The benchmarks' way into a tar shard: every .jpg/.jpeg member, read into memory that ALLOC
  * gives, handed to TAKE (which owns it from then on). A bench's inputs are its own test shards, so
- * anything unexpected ends the program.
+ * anything unexpected ends the program. Also the clock the benches time with.
  */
 #ifndef RINGFEED_BENCH_TAR_JPEGS_H
 #define RINGFEED_BENCH_TAR_JPEGS_H
@@ -9,6 +9,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+
+/* Seconds on the monotonic clock. */
+static inline double bench_now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+/* ALLOC for the benches that need no special memory. */
+static inline unsigned char *tar_jpegs_malloc(size_t n) { return malloc(n ? n : 1); }
 
 static void tar_jpegs(const char *path, unsigned char *(*alloc)(size_t), void (*take)(unsigned char *, size_t)) {
   FILE *f = fopen(path, "rb");
