@@ -5,13 +5,13 @@
 # time limit and adds its output to $OUT/run.log and its row to $OUT/table.md as it finishes (so a
 # run cut short still tells where it was); the table is printed last.
 # Usage: bench/gpu_decode_run.sh [BUILD_DIR] [SHARDS_DIR] [PARTS]
-#   PARTS: any of abi tests start ceiling bench train sanitize (default: all of them); N=images per
+#   PARTS: any of abi tests start cpu ceiling bench train sanitize (default: all of them); N=images per
 #   synthetic set; SKIP=torch leaves out the PyTorch contenders; RF_WORKERS=N ringfeed's workers
 #   (default: workers=auto)
 set -u
 build=${1:-build-device}
 shards=${2:-$build/tests/shards}
-parts=${3:-abi tests start ceiling sanitize bench train}
+parts=${3:-abi tests start cpu ceiling sanitize bench train}
 n=${N:-10000}
 dest=${OUT:-out}
 out=$(mktemp -d /tmp/ringfeed-gpu-decode.XXXXXX)
@@ -101,6 +101,20 @@ if has start; then
       keep "$j" "$out/start-$mode-$i.err"
       row "first batch, decode=$mode, run $i" "$(num "$j" first_batch_ms) ms; dl_open $(num "$j" open_ms) ms: index $(num "$j" open_index_ms), devices $(num "$j" open_cuda_ms), GPU JPEG decoders $(num "$j" open_gpu_decode_ms), slots $(num "$j" open_slots_ms); in the background: $(num "$j" pinned_mb) MB pinned in $(num "$j" pin_ms) ms, nvJPEG started in $(num "$j" gpu_decoders_start_ms) ms; after 3 batches JPEGs decoded by $(str "$j" decode_backend)"
     done
+  done
+fi
+
+# The CPU path against bare libjpeg-turbo full decodes of the same JPEGs on as many threads, on both
+# sets (bench/cpu_vs_decode.sh).
+if has cpu; then
+  for coding in 90:420 96:444; do
+    q=${coding%:*} sub=${coding#*:}
+    mkdir -p "$out/cpu-q$q"
+    QUALITY=$q SUBSAMPLING=$sub OUT="$out/cpu-q$q" timeout 300 sh bench/cpu_vs_decode.sh "$build" "$workers" "$n" \
+      > "$out/cpu-q$q.txt" 2>&1
+    keep "$out/cpu-q$q.txt"
+    row "q$q $sub: dlbench --workers $workers / bare libjpeg-turbo on $workers threads" \
+      "$(sed -n 's/^| ringfeed dlbench[^|]*| \([0-9.]*\) |/\1/p' "$out/cpu-q$q.txt") / $(sed -n 's/^| bare[^|]*| \([0-9.]*\) |/\1/p' "$out/cpu-q$q.txt") images/s, ratio $(sed -n 's/^| ratio | \([0-9.]*\) |/\1/p' "$out/cpu-q$q.txt")"
   done
 fi
 
