@@ -79,24 +79,36 @@ static int local_ranks(void) {
   return n > 0 ? n : 1;
 }
 
-/* workers=auto and prefetch=auto (the defaults), each chosen once here and said why. Workers: the
- * CPUs this process may use, shared with the other ranks of the host. Slots: four per stream (one
- * being copied or consumed, the rest filling), fewer when memory_budget (auto: an eighth of the
- * host's memory, shared likewise) does not hold them, never fewer than two. */
-static void choose_counts(dl_loader *l) {
-  int cpus = usable_cpus(), ranks = local_ranks();
-  if (!l->o.workers) {
-    l->o.workers = cpus / ranks > 0 ? cpus / ranks : 1;
-    if (ranks > 1)
-      snprintf(l->workers_reason, sizeof l->workers_reason,
-               "workers=auto: %d, the %d CPUs this process may use shared by LOCAL_WORLD_SIZE=%d ranks",
-               l->o.workers, cpus, ranks);
-    else
-      snprintf(l->workers_reason, sizeof l->workers_reason, "workers=auto: %d, the CPUs this process may use",
-               l->o.workers);
-  } else {
+/* workers=auto (the default), chosen once the JPEG decoding is known, and said why: the CPUs this
+ * process may use, shared with the other ranks of the host, less one for each GPU that decodes
+ * JPEGs. Its copy thread spends most of its time in nvJPEG's host calls (8-16 ms a batch on an
+ * H200) and sharing a CPU with a worker slowed both: on an H200 host of 16 CPUs, hybrid decode
+ * with 15 workers ran 8-22% faster than with 16 at the same split. */
+static void choose_workers(dl_loader *l) {
+  if (l->o.workers) {
     snprintf(l->workers_reason, sizeof l->workers_reason, "workers=%d as given", l->o.workers);
+    return;
   }
+  int cpus = usable_cpus(), ranks = local_ranks(), share = cpus / ranks > 0 ? cpus / ranks : 1;
+  bool gpu_decodes = l->decode != DL__DECODE_CPU || l->decode_starting;
+  int left = gpu_decodes ? (l->o.ndevices < share ? l->o.ndevices : share - 1) : 0;
+  l->o.workers = share - left;
+  char basis[96];
+  if (ranks > 1)
+    snprintf(basis, sizeof basis, "the %d CPUs this process may use shared by LOCAL_WORLD_SIZE=%d ranks", cpus, ranks);
+  else
+    snprintf(basis, sizeof basis, "the CPUs this process may use");
+  snprintf(l->workers_reason, sizeof l->workers_reason, "workers=auto: %d, %s%s", l->o.workers, basis,
+           !left          ? ""
+           : l->o.ndevices > 1 ? ", less one for each GPU's thread feeding its JPEG decoder"
+                               : ", less one for the thread feeding the GPU's JPEG decoder");
+}
+
+/* prefetch=auto (the default), chosen once here and said why: four slots per stream (one being
+ * copied or consumed, the rest filling), fewer when memory_budget (auto: an eighth of the host's
+ * memory, shared by its ranks) does not hold them, never fewer than two. */
+static void choose_prefetch(dl_loader *l) {
+  int ranks = local_ranks();
   size_t image = l->has_image ? (size_t)l->o.height * l->o.width * (size_t)l->o.channels * (size_t)l->o.batch_size : 0;
   size_t arena = l->has_image && l->o.ndevices && l->o.decode != DL__DECODE_CPU ? dl__gpu_arena_size(l) : 0;
   size_t slot = (image + l->field_block + arena) * (size_t)l->nstreams; /* one slot of every stream */
@@ -120,23 +132,6 @@ static void choose_counts(dl_loader *l) {
            fit < 2 ? ", less than the two slots a pipeline needs" : fit < 4 ? ", which holds no more" : "");
   if (fit < 2)
     dl__log(DL__LOG_WARN, "%s", l->prefetch_reason);
-}
-
-/* Where the GPU decodes JPEGs, each device's copy thread spends most of its time in nvJPEG's
- * host-side calls (8-16 ms a batch on an H200): workers=auto leaves it a CPU of its own rather than
- * have it share one with a worker. On an H200 host of 16 CPUs, hybrid decode with 15 workers ran
- * 8-22% faster than with 16 at the same split. */
-static void leave_cpus_to_gpu_decoding(dl_loader *l) {
-  if ((l->decode == DL__DECODE_CPU && !l->decode_starting) || l->o.workers < 2)
-    return;
-  int left = l->o.ndevices < l->o.workers ? l->o.ndevices : l->o.workers - 1;
-  l->o.workers -= left;
-  char was[sizeof l->workers_reason];
-  const char *basis = strchr(l->workers_reason, ',');
-  snprintf(was, sizeof was, "%s", basis ? basis + 2 : "");
-  snprintf(l->workers_reason, sizeof l->workers_reason, "workers=auto: %d, %s, less %s", l->o.workers, was,
-           left > 1 ? "one for each GPU's thread feeding its JPEG decoder"
-                    : "one for the thread feeding the GPU's JPEG decoder");
 }
 
 static size_t page_round(size_t n) { return (n + 4095) / 4096 * 4096; }
@@ -272,8 +267,7 @@ int dl_open(dl_loader **out, const char *source, const char *options) {
   if (!l->io_ops || (l->o.io == DL__IO_MMAP && (r = dl__dataset_map(&l->ds))))
     goto fail;
   dl__log(DL__LOG_INFO, "reading with %s: %s", l->io_ops->name, l->io_reason);
-  bool workers_auto = !l->o.workers;
-  choose_counts(l);
+  choose_prefetch(l);
   double t = dl__now();
   if (l->o.ndevices && (r = dl__cuda_open(l)))
     goto fail;
@@ -282,8 +276,7 @@ int dl_open(dl_loader **out, const char *source, const char *options) {
   if ((r = dl__decode_choose(l)))
     goto fail;
   l->st.open_gpu_decode_ms = (dl__now() - t) * 1e3;
-  if (workers_auto)
-    leave_cpus_to_gpu_decoding(l);
+  choose_workers(l);
   dl__log(DL__LOG_INFO, "%s; %s", l->workers_reason, l->prefetch_reason);
   t = dl__now();
   if ((r = alloc_slots(l)))
