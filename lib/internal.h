@@ -592,6 +592,7 @@ typedef struct dl__stats {
   _Atomic int64_t samples, errors, bytes_read;
   _Atomic int64_t decode_ns, read_wait_ns;
   _Atomic int64_t slot_wait_ns; /* workers with nothing to read or decode: every slot was taken */
+  _Atomic int64_t parked_ns;    /* workers=auto: workers set aside while the consumer kept up */
   _Atomic int64_t cpu_decoded, gpu_planned; /* images decoded by the workers; handed to the GPU */
   _Atomic int64_t cpu_decode_ns;            /* the workers' time on those decodes */
   _Atomic int64_t gpu_decoded, gpu_fallbacks; /* by nvJPEG; refused by it and decoded on the CPU */
@@ -619,6 +620,18 @@ typedef struct dl__split {
   int64_t cpu_decoded, cpu_ns, starved; /* the counters at the last update */
   int64_t updates;
 } dl__split;
+
+/* workers=auto while running (ring.c, under l->mu): how many workers claim samples. Workers the
+ * consumer does not need wait aside, their CPUs left to the training process; a consumer that
+ * waits gets them back. Decided over windows of batches. */
+typedef struct dl__pace {
+  bool on;      /* workers=auto, with more than one worker */
+  int active;   /* workers that may claim samples; the others wait aside */
+  double t, wait;           /* the window's start: time, the consumer's wait */
+  int64_t batches, slot_ns; /* and the batches handed out, the workers' wait for slots */
+  int calm;     /* windows to sit out after giving workers back, before setting any aside */
+  char why[200]; /* the last change, for the stats */
+} dl__pace;
 
 struct dl_loader {
   dl__options o;
@@ -667,6 +680,7 @@ struct dl_loader {
   bool decode_starting; /* decode=auto: nvJPEG starts while the workers decode every JPEG (under mu) */
   double share;        /* hybrid: the GPU's share of the next batch opened (under mu) */
   dl__split split;
+  dl__pace pace;
 };
 
 double dl__now(void);
@@ -681,7 +695,9 @@ typedef struct dl__claim {
   uint8_t *arena; /* where the sample's bytes go when the GPU may decode it, else NULL */
   bool hybrid;    /* its batch is split between the workers and the GPU */
 } dl__claim;
-int dl__ring_claim(dl_loader *l, dl__claim *c, bool block);
+int dl__ring_claim(dl_loader *l, dl__claim *c, bool block, int worker);
+/* After each batch handed out (under l->mu): workers=auto's count for the next window. */
+void dl__pace_locked(dl_loader *l, double now);
 /* Marks sample C done; signals the consumer when its batch is complete. */
 void dl__ring_done(dl_loader *l, const dl__claim *c, const dl__err *e);
 void dl__slot_free_locked(dl_batch *b);

@@ -93,6 +93,8 @@ static void choose_workers(dl_loader *l) {
   bool gpu_decodes = l->decode != DL__DECODE_CPU || l->decode_starting;
   int left = gpu_decodes ? (l->o.ndevices < share ? l->o.ndevices : share - 1) : 0;
   l->o.workers = share - left;
+  l->pace.on = l->o.workers > 1;
+  l->pace.active = l->o.workers;
   char basis[96];
   if (ranks > 1)
     snprintf(basis, sizeof basis, "the %d CPUs this process may use shared by LOCAL_WORLD_SIZE=%d ranks", cpus, ranks);
@@ -382,6 +384,7 @@ int dl_next_batch_timed(dl_loader *l, int dev, int timeout_ms, dl_batch **out) {
   l->st.consumer_wait_s += now - t0;
   if (now - t0 > 0.0005)
     l->st.starved++;
+  dl__pace_locked(l, now);
   l->st.last_batch_s = now - l->open_time;
   if (l->st.batches == 1) {
     l->st.first_batch_ms = (now - l->open_time) * 1000;
@@ -664,7 +667,8 @@ typedef struct verdict {
 
 static void judge(const dl_loader *l, int decode, int64_t batches, double wall, double since_first, double waited,
                   verdict *v) {
-  double workers = (double)l->o.workers * wall;
+  /* Workers set aside (workers=auto) are not counted as idle. */
+  double workers = (double)l->o.workers * wall - (double)atomic_load(&l->st.parked_ns) * 1e-9;
   v->decode = workers > 0 ? (double)atomic_load(&l->st.decode_ns) * 1e-9 / workers : 0;
   v->read = workers > 0 ? (double)atomic_load(&l->st.read_wait_ns) * 1e-9 / workers : 0;
   v->slot = workers > 0 ? (double)atomic_load(&l->st.slot_wait_ns) * 1e-9 / workers : 0;
@@ -714,14 +718,16 @@ int dl_stats_json(dl_loader *l, char *buf, size_t cap) {
   double wait = l->st.consumer_wait_s, first = l->st.first_batch_ms, share = l->share;
   double balanced = l->split.balanced, first_wait = l->st.first_wait_s, last = l->st.last_batch_s;
   int decode = l->decode; /* decode=auto changes it once nvJPEG has started */
-  char decode_now[sizeof l->decode_reason];
+  char decode_now[sizeof l->decode_reason], pace_why[sizeof l->pace.why];
   memcpy(decode_now, l->decode_reason, sizeof decode_now);
+  memcpy(pace_why, l->pace.why, sizeof pace_why);
+  int active = l->pace.on ? l->pace.active : l->o.workers;
   pthread_mutex_unlock(&l->mu);
   double wall = dl__now() - l->open_time;
   verdict v; /* over the time batches were handed out: a run's stats read later say the same */
   judge(l, decode, batches, last, batches ? last - first / 1000 : 0, wait - first_wait, &v);
   char why[400];
-  char gpu[768] = "", io_reason[320], decode_reason[512], workers_reason[320], prefetch_reason[400];
+  char gpu[768] = "", io_reason[320], decode_reason[512], workers_reason[320], prefetch_reason[400], active_why[240];
   if (l->cuda)
     dl__cuda_stats(l, gpu, sizeof gpu);
   int n = snprintf(
@@ -729,7 +735,7 @@ int dl_stats_json(dl_loader *l, char *buf, size_t cap) {
       "{\"samples\":%" PRId64 ",\"batches\":%" PRId64 ",\"errors\":%" PRId64 ",\"bytes_read\":%" PRId64
       ",\"wall_s\":%.6f,\"first_batch_ms\":%.3f,\"open_ms\":%.3f,\"open_index_ms\":%.3f,\"open_cuda_ms\":%.3f"
       ",\"open_gpu_decode_ms\":%.3f,\"open_slots_ms\":%.3f,\"consumer_wait_s\":%.6f,\"decode_s\":%.6f"
-      ",\"read_wait_s\":%.6f,\"workers\":%d,\"prefetch\":%d,\"batch_size\":%d,\"dataset_samples\":%zu"
+      ",\"read_wait_s\":%.6f,\"workers\":%d,\"workers_active\":%d,\"workers_active_why\":\"%s\",\"parked_s\":%.6f,\"prefetch\":%d,\"batch_size\":%d,\"dataset_samples\":%zu"
       ",\"workers_reason\":\"%s\",\"prefetch_reason\":\"%s\",\"io_backend\":\"%s\",\"io_reason\":\"%s\",\"device\":\"%s\",\"decode_backend\":\"%s\""
       ",\"decode_reason\":\"%s\",\"cpu_decoded\":%" PRId64 ",\"gpu_decoded\":%" PRId64 ",\"gpu_fallbacks\":%" PRId64
       ",\"gpu_share\":%.4f,\"gpu_share_balanced\":%.4f,\"arena_mb\":%.1f,\"host_batch_bytes\":%zu"
@@ -740,7 +746,8 @@ int dl_stats_json(dl_loader *l, char *buf, size_t cap) {
       atomic_load(&l->st.samples), batches, atomic_load(&l->st.errors), atomic_load(&l->st.bytes_read),
       wall, first, l->st.open_ms, l->st.open_index_ms, l->st.open_cuda_ms, l->st.open_gpu_decode_ms,
       l->st.open_slots_ms, wait, atomic_load(&l->st.decode_ns) * 1e-9,
-      atomic_load(&l->st.read_wait_ns) * 1e-9, l->o.workers, l->o.prefetch, l->o.batch_size, l->ds.n,
+      atomic_load(&l->st.read_wait_ns) * 1e-9, l->o.workers, active, json_text(pace_why, active_why, sizeof active_why),
+      atomic_load(&l->st.parked_ns) * 1e-9, l->o.prefetch, l->o.batch_size, l->ds.n,
       json_text(l->workers_reason, workers_reason, sizeof workers_reason),
       json_text(l->prefetch_reason, prefetch_reason, sizeof prefetch_reason),
       l->o.io == DL__IO_MMAP ? "mmap" : l->io_ops->name, json_text(l->io_reason, io_reason, sizeof io_reason),

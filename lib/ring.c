@@ -8,8 +8,10 @@
 #include "internal.h"
 #include "gpu/gpu.h"
 
+#include <inttypes.h>
 #include <limits.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -42,12 +44,27 @@ static dl_batch *open_slot(dl_loader *l, dl__stream *s) {
   return b;
 }
 
-int dl__ring_claim(dl_loader *l, dl__claim *c, bool block) {
+int dl__ring_claim(dl_loader *l, dl__claim *c, bool block, int worker) {
   pthread_mutex_lock(&l->mu);
   for (;;) {
     if (l->stop) {
       pthread_mutex_unlock(&l->mu);
       return -1;
+    }
+    /* A worker set aside (workers=auto) claims nothing; it waits while there is work left, so
+     * that it can be given back at once. */
+    if (l->pace.on && worker >= l->pace.active) {
+      bool left = false;
+      for (int i = 0; i < l->nstreams; i++)
+        left |= !exhausted(&l->streams[i]);
+      if (!left || !block) {
+        pthread_mutex_unlock(&l->mu);
+        return left ? 0 : -1;
+      }
+      double t0 = dl__now();
+      pthread_cond_wait(&l->work_cv, &l->mu);
+      atomic_fetch_add_explicit(&l->st.parked_ns, (int64_t)((dl__now() - t0) * 1e9), memory_order_relaxed);
+      continue;
     }
     dl__stream *best = NULL;
     dl_batch *slot = NULL;
@@ -109,4 +126,49 @@ void dl__slot_free_locked(dl_batch *b) {
   b->state = DL__SLOT_FREE;
   b->ready = false;
   pthread_cond_broadcast(b->is_device ? &l->ready_cv : &l->work_cv);
+}
+
+/*
+ * workers=auto while running. Over each window (8 batches, 50 ms at least), the consumer's wait and
+ * the workers' wait for a free slot (in workers: 2.0 is two workers' worth of idling) decide:
+ * - the consumer waited more than 2% of the window: half the workers set aside come back;
+ * - it waited less than 0.5% and the workers idled more than one and a half workers' worth: half
+ *   of that idling is set aside, never the last worker, and not in the four windows after workers
+ *   came back (so that a rate near the limit does not swing the count each window).
+ * Which worker decodes which sample never changes a batch's bytes, so this is invisible but for
+ * the CPUs it frees.
+ */
+void dl__pace_locked(dl_loader *l, double now) {
+  dl__pace *p = &l->pace;
+  if (!p->on)
+    return;
+  int64_t slot_ns = atomic_load_explicit(&l->st.slot_wait_ns, memory_order_relaxed);
+  if (l->st.batches <= 3 || !p->t) { /* the first batches carry the start-up */
+    if (l->st.batches >= 3)
+      p->t = now, p->wait = l->st.consumer_wait_s, p->batches = l->st.batches, p->slot_ns = slot_ns;
+    return;
+  }
+  double span = now - p->t;
+  if (l->st.batches - p->batches < 8 || span < 0.05)
+    return;
+  double waited = (l->st.consumer_wait_s - p->wait) / span, idle = (double)(slot_ns - p->slot_ns) * 1e-9 / span;
+  int64_t window = l->st.batches - p->batches;
+  p->t = now, p->wait = l->st.consumer_wait_s, p->batches = l->st.batches, p->slot_ns = slot_ns;
+  int was = p->active;
+  if (waited > 0.02 && p->active < l->nworkers) {
+    p->active += (l->nworkers - p->active + 1) / 2;
+    p->calm = 4;
+    snprintf(p->why, sizeof p->why, "%d of %d workers: the consumer waited %.1f%% of the last %" PRId64 " batches' time",
+             p->active, l->nworkers, 100 * waited, window);
+    pthread_cond_broadcast(&l->work_cv);
+  } else if (p->calm > 0) {
+    p->calm--;
+  } else if (waited < 0.005 && idle > 1.5 && p->active > 1) {
+    int aside = (int)(idle / 2) > 1 ? (int)(idle / 2) : 1;
+    p->active = p->active - aside > 1 ? p->active - aside : 1;
+    snprintf(p->why, sizeof p->why, "%d of %d workers: the consumer kept up (waited %.2f%%) while the workers "
+             "waited for free slots %.1f workers' worth of the time", p->active, l->nworkers, 100 * waited, idle);
+  }
+  if (p->active != was)
+    dl__log(DL__LOG_DEBUG, "workers=auto: %s", p->why);
 }

@@ -306,7 +306,7 @@ static void *run(void *arg) {
     bool refill = inflight_n < refill_below;
     while (refill && !draining && inflight_n < w->depth) {
       dl__claim c;
-      int r = dl__ring_claim(l, &c, inflight_n == 0);
+      int r = dl__ring_claim(l, &c, inflight_n == 0, w->id);
       if (r < 0)
         draining = true;
       if (r <= 0)

@@ -224,7 +224,7 @@ void dl__gpu_share_update(dl_loader *l, int gpu_samples, double gpu_ms) {
     if (dn > 0)
       s->cpu_ms = s->cpu_ms > 0 ? 0.8 * s->cpu_ms + 0.2 * (double)dns / 1e6 / (double)dn : (double)dns / 1e6 / (double)dn;
     if (s->gpu_ms > 0 && s->cpu_ms > 0) {
-      double gpu_rate = 1 / s->gpu_ms, cpu_rate = l->o.workers / s->cpu_ms / l->nstreams;
+      double gpu_rate = 1 / s->gpu_ms, cpu_rate = (l->pace.on ? l->pace.active : l->o.workers) / s->cpu_ms / l->nstreams;
       s->balanced = gpu_rate / (gpu_rate + cpu_rate);
     }
     /* The split moves toward that balance while the consumer waits for batches. Both sides

@@ -44,3 +44,26 @@ def test_one_worker_decoding_is_the_bottleneck():
 def test_too_early_to_say():
     with ringfeed.Loader(JPEGS, batch_size=8, image_size=32, workers=1, framework="dlpack") as loader:
         assert loader.stats()["bottleneck"] == "unknown"
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="workers=auto needs two CPUs to set one aside")
+def test_workers_auto_sets_workers_aside_while_the_consumer_keeps_up_and_gives_them_back():
+    with ringfeed.Loader(JPEGS, batch_size=8, image_size=32, crop="resize", framework="dlpack", epochs=1000,
+                         on_error="skip") as loader:
+        s = consume(loader, 24, pause_s=0.05)
+        assert s["workers_active"] < s["workers"], s
+        assert "the consumer kept up" in s["workers_active_why"]
+        assert s["parked_s"] > 0
+        # The workers still at work are judged on their own time: the verdict stays right.
+        assert s["bottleneck"] == "consumer", s["bottleneck_why"]
+        # A consumer that takes batches as fast as they come waits, and gets the workers back.
+        s = consume(loader, 200)
+        assert s["workers_active"] == s["workers"], s
+        assert "the consumer waited" in s["workers_active_why"]
+
+
+def test_workers_given_are_all_kept_at_work():
+    with ringfeed.Loader(JPEGS, batch_size=8, image_size=32, crop="resize", workers=2, framework="dlpack",
+                         on_error="skip") as loader:
+        s = consume(loader, 24, pause_s=0.05)
+    assert s["workers_active"] == s["workers"] == 2 and s["workers_active_why"] == "" and s["parked_s"] == 0
