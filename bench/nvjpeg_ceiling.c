@@ -7,6 +7,9 @@
  *   --roi                   decode only the region around a RandomResizedCrop(224) crop (engine only)
  *   --flags none|strict|interp|ours   ours: strict bitstreams and interpolated chroma upsampling, as
  *                           the loader asks for; strict or interp: one of them
+ *   --format rgbi|yuv       interleaved RGB (the loader's), or the planes as coded (no conversion)
+ *   --busy                  beside kernels that keep every SM busy, as training does
+ *                           (bench/busy_gpu.cu): what a busy GPU costs the decode
  *   --threads T --batch B --seconds S
  * Prints one JSON object: images_per_s, host_ms_per_call (time the calling thread spends inside
  * nvJPEG per batch), and the settings.
@@ -14,6 +17,7 @@
 #include "gpu/nvjpeg.h"
 #include "internal.h"
 #include "tar_jpegs.h"
+#include "busy_gpu.h"
 
 #include <cuda_runtime.h>
 #include <pthread.h>
@@ -31,7 +35,8 @@ typedef struct jpeg {
 
 static jpeg *jpegs;
 static size_t njpegs, cap;
-static int batch = 256, threads = 1, roi;
+static int batch = 256, threads = 1, roi, busy;
+static nvjpegOutputFormat_t format = NVJPEG_OUTPUT_RGBI;
 static unsigned flags = NVJPEG_FLAGS_BITSTREAM_STRICT | NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION;
 static const char *flag_name = "ours";
 static nvjpegBackend_t backend = NVJPEG_BACKEND_HARDWARE;
@@ -98,9 +103,11 @@ static void *run(void *arg) {
   cudaStream_t s;
   int r;
   if ((r = nv->CreateEx(backend, NULL, NULL, flags, &h)) || (r = nv->JpegStateCreate(h, &st)) ||
-      (r = nv->DecodeBatchedInitialize(h, st, batch, 1, NVJPEG_OUTPUT_RGBI)))
+      (r = nv->DecodeBatchedInitialize(h, st, batch, 1, format)))
     die("setting up nvJPEG", r);
-  if ((r = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)))
+  int least, greatest; /* the loader's stream has the greatest priority, and so has this one */
+  if ((r = cudaDeviceGetStreamPriorityRange(&least, &greatest)) ||
+      (r = cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, greatest)))
     die("cudaStreamCreate", r);
   size_t most = 0;
   for (size_t i = 0; i < njpegs; i++)
@@ -126,8 +133,11 @@ static void *run(void *arg) {
       int w = roi ? j->roi[2] : j->w;
       data[i] = j->p;
       lens[i] = j->n;
-      img[i].channel[0] = out + (size_t)i * most;
-      img[i].pitch[0] = (size_t)w * 3;
+      /* Planes: each as large as the image, whatever its sampling. */
+      for (int c = 0; c < (format == NVJPEG_OUTPUT_YUV ? 3 : 1); c++) {
+        img[i].channel[c] = out + (size_t)i * most + (size_t)c * (most / 3);
+        img[i].pitch[c] = format == NVJPEG_OUTPUT_YUV ? (size_t)w : (size_t)w * 3;
+      }
       bool whole = j->roi[2] == j->w && j->roi[3] == j->h;
       if (roi)
         nv->DecodeParamsSetROI(params[i], whole ? 0 : j->roi[0], whole ? 0 : j->roi[1], whole ? -1 : j->roi[2],
@@ -152,6 +162,10 @@ int main(int argc, char **argv) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
     if (!strcmp(a, "--roi"))
       roi = 1;
+    else if (!strcmp(a, "--busy"))
+      busy = 1;
+    else if (!strcmp(a, "--format"))
+      format = !strcmp(v, "yuv") ? NVJPEG_OUTPUT_YUV : NVJPEG_OUTPUT_RGBI, i++;
     else if (!strcmp(a, "--batch"))
       batch = atoi(v), i++;
     else if (!strcmp(a, "--threads"))
@@ -168,7 +182,8 @@ int main(int argc, char **argv) {
                                      : flags;
     }
     else {
-      fprintf(stderr, "usage: nvjpeg_ceiling [--backend hw|cuda] [--roi] [--flags none|strict|interp|ours] [--threads T] "
+      fprintf(stderr, "usage: nvjpeg_ceiling [--backend hw|cuda] [--roi] [--flags none|strict|interp|ours] [--format rgbi|yuv] "
+                      "[--busy] [--threads T] "
                       "[--batch B] [--seconds S] SHARD...\n");
       return 2;
     }
@@ -182,6 +197,10 @@ int main(int argc, char **argv) {
     tar_jpegs(argv[i], pinned, keep);
   if (njpegs < (size_t)batch) {
     fprintf(stderr, "nvjpeg_ceiling: %zu baseline JPEGs, fewer than a batch\n", njpegs);
+    return 1;
+  }
+  if (busy && busy_gpu_start()) {
+    fprintf(stderr, "nvjpeg_ceiling: no GPU to keep busy\n");
     return 1;
   }
   lane *lanes = calloc((size_t)threads, sizeof *lanes);
@@ -199,9 +218,12 @@ int main(int argc, char **argv) {
     host += lanes[k].host_s;
   }
   double wall = bench_now() - t_start;
-  printf("{\"backend\":\"%s\",\"roi\":%s,\"flags\":\"%s\",\"threads\":%d,\"batch\":%d,\"images\":%ld,"
+  if (busy)
+    busy_gpu_stop();
+  printf("{\"backend\":\"%s\",\"roi\":%s,\"format\":\"%s\",\"busy\":%s,\"flags\":\"%s\",\"threads\":%d,\"batch\":%d,\"images\":%ld,"
          "\"seconds\":%.3f,\"images_per_s\":%.1f,\"host_ms_per_call\":%.3f,\"nvjpeg\":\"%s\"}\n",
-         backend == NVJPEG_BACKEND_HARDWARE ? "hw" : "cuda", roi ? "true" : "false", flag_name, threads,
+         backend == NVJPEG_BACKEND_HARDWARE ? "hw" : "cuda", roi ? "true" : "false",
+         format == NVJPEG_OUTPUT_YUV ? "yuv" : "rgbi", busy ? "true" : "false", flag_name, threads,
          batch, images, wall, images / wall, calls ? host / calls * 1e3 : 0.0, nv->version);
   return 0;
 }

@@ -48,6 +48,7 @@ typedef enum {
 } nvjpegChromaSubsampling_t;
 
 typedef enum {
+  NVJPEG_OUTPUT_YUV = 1, /* planes at the file's own sampling (bench/nvjpeg_ceiling --format yuv) */
   NVJPEG_OUTPUT_Y = 2,
   NVJPEG_OUTPUT_RGBI = 5,
 } nvjpegOutputFormat_t;
