@@ -166,7 +166,7 @@ if has bench; then
     dl=$(num "$out/$set-dataloader.json" images_per_s)
     for mode in cpu gpu hybrid auto; do
       j="$out/$set-$mode.json"
-      row "$set decode=$mode" "$(num "$j" workers) workers: $(num "$j" steady_samples_per_s) images/s steady ($(num "$j" samples_per_s) with start-up), x$(ratio "$(num "$j" steady_samples_per_s)" "$cpu") of cpu, x$(ratio "$(num "$j" steady_samples_per_s)" "$dl") of DataLoader; first batch $(num "$j" first_batch_ms) ms; gpu $(num "$j" gpu_decoded) / cpu $(num "$j" cpu_decoded) images, fallbacks $(num "$j" gpu_fallbacks), share $(num "$j" gpu_share); GPU decode $(num "$j" gpu_decode_ms) ms/batch (copy thread $(num "$j" gpu_decode_host_ms) ms in it), copies $(num "$j" h2d_gpu_ms) ms total at $(num "$j" h2d_gb_s) GB/s; bottleneck $(str "$j" bottleneck); pinned $(num "$j" pinned_mb) MB, device $(num "$j" device_mb) MB ours, $(num "$j" device_mem_open_mb) MB at open / $(num "$j" device_mem_end_mb) MB at the end in all, RSS $(num "$j" peak_rss_mb) MB"
+      row "$set decode=$mode" "$(num "$j" workers) workers ($(num "$j" workers_active) at work at the end): $(num "$j" steady_samples_per_s) images/s steady ($(num "$j" samples_per_s) with start-up), x$(ratio "$(num "$j" steady_samples_per_s)" "$cpu") of cpu, x$(ratio "$(num "$j" steady_samples_per_s)" "$dl") of DataLoader; first batch $(num "$j" first_batch_ms) ms; gpu $(num "$j" gpu_decoded) / cpu $(num "$j" cpu_decoded) images, fallbacks $(num "$j" gpu_fallbacks), share $(num "$j" gpu_share); GPU decode $(num "$j" gpu_decode_ms) ms/batch (copy thread $(num "$j" gpu_decode_host_ms) ms in it), copies $(num "$j" h2d_gpu_ms) ms total at $(num "$j" h2d_gb_s) GB/s; bottleneck $(str "$j" bottleneck); pinned $(num "$j" pinned_mb) MB, device $(num "$j" device_mb) MB ours, $(num "$j" device_mem_open_mb) MB at open / $(num "$j" device_mem_end_mb) MB at the end in all, RSS $(num "$j" peak_rss_mb) MB"
     done
     row "$set nvJPEG alone (torchvision decode_jpeg device=cuda, batch 256, whole images)" "$(num "$out/$set-tv-alone.json" images_per_s) images/s, $(num "$out/$set-tv-alone.json" mean_jpeg_kb) KB per JPEG"
     row "$set PyTorch DataLoader, torchvision.io, $workers workers" "$dl images/s steady"
@@ -178,16 +178,24 @@ if has bench; then
       keep "$out/$set-$mode-step.json" "$out/$set-$mode-step.err"
       row "$set $mode, GPU consumer --step-ms $step (1.2 x hybrid's batch time)" "gpu_idle_frac $(num "$out/$set-$mode-step.json" gpu_idle_frac), $(num "$out/$set-$mode-step.json" samples_per_s) images/s, share $(num "$out/$set-$mode-step.json" gpu_share)"
     done
+    # The CPU path under a consumer slower than it (workers=auto sets the workers it does not need aside)
+    cstep=$(awk -v s="$cpu" 'BEGIN{ if (s > 0) printf "%.3f", 1.2 * 256 / s * 1000; else print 100 }')
+    j="$out/$set-cpu-step.json"
+    guarded 90 "$j" "$out/$set-cpu-step.err" $bench --epochs 3 --decode cpu --step-ms "$cstep"
+    keep "$j" "$out/$set-cpu-step.err"
+    row "$set cpu, GPU consumer --step-ms $cstep (1.2 x cpu's batch time)" "gpu_idle_frac $(num "$j" gpu_idle_frac), $(num "$j" samples_per_s) images/s, $(num "$j" workers_active) of $(num "$j" workers) workers at work at the end, $(num "$j" parked_s) s set aside"
   done
 fi
 
 # 5. Training: ResNet-50 for 300 steps, JPEGs decoded on the CPU, then as decode=auto chooses.
 if has train && python3 -c "import torch, torchvision; assert torch.cuda.is_available()" 2> /dev/null; then
   src=$("$build/dlbench" --synthetic "$n" --make-synthetic 2> /dev/null)
-  # (--held: one batch kept on the GPU, the model's own rate)
-  for mode in cpu auto held; do
+  # (--held: one batch kept on the GPU, the model's own rate; fixed: as many workers as CPUs, none
+  # set aside while running)
+  for mode in cpu fixed auto held; do
     flags="--decode $mode"
     [ $mode = held ] && flags=--held
+    [ $mode = fixed ] && flags="--decode cpu --workers $workers"
     RINGFEED_LIBRARY="$PWD/$build/libringfeed.so" timeout ${TRAIN_LIMIT:-300} python3 examples/train_imagenet.py --data "$src" \
       --steps 300 --epochs 0 $flags > "$out/train-$mode.log" 2>&1
     row "train_imagenet.py ResNet-50 bf16, 300 steps, $flags" "exit $? $(tail -1 "$out/train-$mode.log")"

@@ -105,7 +105,8 @@ def main():
               "decode_backend": stats["decode_backend"], "gpu_share": stats["gpu_share"],
               "gpu_decoded": stats["gpu_decoded"], "cpu_decoded": stats["cpu_decoded"], "held": args.held,
               "bottleneck": stats["bottleneck"], "consumer_wait_frac": stats["consumer_wait_frac"],
-              "bottleneck_why": stats["bottleneck_why"]}
+              "bottleneck_why": stats["bottleneck_why"], "workers": stats["workers"],
+              "workers_active": stats["workers_active"], "parked_s": stats["parked_s"]}
     print(json.dumps(result), flush=True)
     if args.save_state and rank == 0:
         json.dump(loader.state_dict(), open(args.save_state, "w"))
