@@ -454,6 +454,9 @@ int main(int argc, char **argv) {
       printf("shard cache: %.0f samples read from cached shards, %.0f shards (%.1f MB) fetched whole\n", hits,
              stat_of(stats, "cache_fetches"), stat_of(stats, "cache_fetch_bytes") / 1e6);
     char word[32], why[400];
+    if (stat_of(stats, "workers_active") != stat_of(stats, "workers"))
+      printf("workers at work at the end: %.0f of %.0f (%s)\n", stat_of(stats, "workers_active"),
+             stat_of(stats, "workers"), text_of(stats, "workers_active_why", why, sizeof why));
     printf("bottleneck: %s (%s)\n", text_of(stats, "bottleneck", word, sizeof word),
            text_of(stats, "bottleneck_why", why, sizeof why));
   }
