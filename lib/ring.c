@@ -51,28 +51,16 @@ int dl__ring_claim(dl_loader *l, dl__claim *c, bool block, int worker) {
       pthread_mutex_unlock(&l->mu);
       return -1;
     }
-    /* A worker set aside (workers=auto) claims nothing; it waits while there is work left, so
-     * that it can be given back at once. */
-    if (l->pace.on && worker >= l->pace.active) {
-      bool left = false;
-      for (int i = 0; i < l->nstreams; i++)
-        left |= !exhausted(&l->streams[i]);
-      if (!left || !block) {
-        pthread_mutex_unlock(&l->mu);
-        return left ? 0 : -1;
-      }
-      double t0 = dl__now();
-      pthread_cond_wait(&l->work_cv, &l->mu);
-      atomic_fetch_add_explicit(&l->st.parked_ns, (int64_t)((dl__now() - t0) * 1e9), memory_order_relaxed);
-      continue;
-    }
+    /* A worker set aside (workers=auto) claims nothing: it waits, while there is work left, to be
+     * given back. */
+    bool parked = l->pace.on && worker >= l->pace.active;
     dl__stream *best = NULL;
     dl_batch *slot = NULL;
     bool any_left = false;
     for (int i = 0; i < l->nstreams; i++) {
       dl__stream *s = &l->streams[i];
       any_left |= !exhausted(s);
-      if (best && s->claim_k >= best->claim_k)
+      if (parked || (best && s->claim_k >= best->claim_k))
         continue;
       dl_batch *b = open_slot(l, s);
       if (b) {
@@ -99,7 +87,8 @@ int dl__ring_claim(dl_loader *l, dl__claim *c, bool block, int worker) {
     }
     double t0 = dl__now();
     pthread_cond_wait(&l->work_cv, &l->mu);
-    atomic_fetch_add_explicit(&l->st.slot_wait_ns, (int64_t)((dl__now() - t0) * 1e9), memory_order_relaxed);
+    atomic_fetch_add_explicit(parked ? &l->st.parked_ns : &l->st.slot_wait_ns, (int64_t)((dl__now() - t0) * 1e9),
+                              memory_order_relaxed);
   }
 }
 
