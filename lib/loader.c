@@ -9,6 +9,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -667,8 +668,9 @@ typedef struct verdict {
 
 static void judge(const dl_loader *l, int decode, int64_t batches, double wall, double since_first, double waited,
                   verdict *v) {
-  /* Workers set aside (workers=auto) are not counted as idle. */
-  double workers = (double)l->o.workers * wall - (double)atomic_load(&l->st.parked_ns) * 1e-9;
+  /* Workers set aside (workers=auto) are not counted as idle; one was always at work (the time set
+   * aside counts up to now, WALL only to the last batch). */
+  double workers = fmax((double)l->o.workers * wall - (double)atomic_load(&l->st.parked_ns) * 1e-9, wall);
   v->decode = workers > 0 ? (double)atomic_load(&l->st.decode_ns) * 1e-9 / workers : 0;
   v->read = workers > 0 ? (double)atomic_load(&l->st.read_wait_ns) * 1e-9 / workers : 0;
   v->slot = workers > 0 ? (double)atomic_load(&l->st.slot_wait_ns) * 1e-9 / workers : 0;
