@@ -3,7 +3,8 @@
 # G ranks training on the synthetic set (equal batch counts, disjoint keys covering each epoch,
 # per-GPU rate against one GPU), one process feeding G GPUs against G processes, and a resume at
 # half the ranks. Writes a table last; logs go to $OUT/multi.tar.gz. Usage: multi_gpu_run.sh [BUILD]
-#   PARTS: any of train oneproc resume (default: all); DECODES: the decode modes of oneproc (auto)
+#   PARTS: any of train oneproc resume (default: all); DECODES: the decode modes of oneproc (auto);
+#   EPOCHS: of the synthetic set in oneproc (4; nvJPEG's start, about a second, is inside the rates)
 set -u
 build=${1:-build-device}
 dest=${OUT:-out}
@@ -51,12 +52,12 @@ fi
 #    each one's first batch).
 for decode in $(has oneproc && echo ${DECODES:-auto}); do
   cat "$(dirname "$src")"/*.tar > /dev/null
-  python3 bench/one_process_gpus.py "$src" "$G" "$(nproc)" 4 $decode > "$out/oneproc-$decode.json" 2> "$out/oneproc-$decode.err"
+  python3 bench/one_process_gpus.py "$src" "$G" "$(nproc)" "${EPOCHS:-4}" $decode > "$out/oneproc-$decode.json" 2> "$out/oneproc-$decode.err"
   one=$(num "$out/oneproc-$decode.json" steady_images_per_s)
   row "1 process, device=cuda:0..$((G-1)), decode=$decode" "$one images/s steady ($(cat "$out/oneproc-$decode.json"))"
   i=0
   while [ $i -lt "$G" ]; do
-    "$build/dlbench" --device "cuda:$i" --rank $i --world-size "$G" --workers "$W" --epochs 4 --decode $decode --json \
+    "$build/dlbench" --device "cuda:$i" --rank $i --world-size "$G" --workers "$W" --epochs "${EPOCHS:-4}" --decode $decode --json \
       > "$out/proc-$decode-$i.json" 2> "$out/proc-$decode-$i.err" &
     i=$((i + 1))
   done

@@ -42,12 +42,15 @@ def main():
     for d in range(ngpus):
         torch.cuda.synchronize(d)
     wall = time.perf_counter() - t0
+    stats = loader.stats()
     per_epoch = [k[: len(k) // epochs] for k in keys]
     union = [k for ks in per_epoch for k in ks]
     print(json.dumps({"images": images, "seconds": wall, "images_per_s": images / wall,
                       "steady_images_per_s": images / (time.perf_counter() - first) if first else 0,
                       "per_device_batches_equal": len({len(k) for k in keys}) == 1,
-                      "epoch_keys": len(union), "epoch_keys_distinct": len(set(union))}))
+                      "epoch_keys": len(union), "epoch_keys_distinct": len(set(union)),
+                      **{k: stats[k] for k in ("decode_backend", "gpu_decoded", "cpu_decoded", "gpu_share",
+                                               "workers", "workers_active")}}))
 
 
 if __name__ == "__main__":
