@@ -125,7 +125,7 @@ if has ceiling; then
     eval src=\$$set
     # (more than two host threads of hardware decode hung in nvJPEG 13.0 on an H200, and so did two
     # beside a busy GPU: not tried). --busy: beside kernels holding every SM, as training does.
-    for args in "--flags none" "--flags strict" "--flags interp" "" "--roi" "--roi --threads 2" "--backend cuda" \
+    for args in "--flags none" "--flags strict" "" "--roi" "--roi --flags strict" "--roi --threads 2" "--backend cuda" \
       "--busy" "--roi --busy"; do
       name=$(echo "$set $args" | tr -d '-' | tr ' ' '_')
       guarded 60 "$out/ceiling-$name.json" "$out/ceiling-$name.err" "$build/bench/nvjpeg_ceiling" $args \

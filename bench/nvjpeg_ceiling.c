@@ -5,8 +5,9 @@
  * are the choices the loader makes, so each one's cost shows beside the plain decode:
  *   --backend hw|cuda       the JPEG engines, or nvJPEG's CUDA (GPU hybrid) decoder
  *   --roi                   decode only the region around a RandomResizedCrop(224) crop (engine only)
- *   --flags none|strict|interp|ours   ours: strict bitstreams and interpolated chroma upsampling, as
- *                           the loader asks for; strict or interp: one of them
+ *   --flags none|strict|interp   interp (the default): interpolated chroma upsampling, what the
+ *                           loader asks for; strict: strict bitstream checking, which it no longer
+ *                           asks for; none: neither
  *   --format rgbi|yuv       interleaved RGB (the loader's), or the planes as coded (no conversion)
  *   --busy                  beside kernels that keep every SM busy, as training does
  *                           (bench/busy_gpu.cu): what a busy GPU costs the decode
@@ -37,8 +38,8 @@ static jpeg *jpegs;
 static size_t njpegs, cap;
 static int batch = 256, threads = 1, roi, busy;
 static nvjpegOutputFormat_t format = NVJPEG_OUTPUT_RGBI;
-static unsigned flags = NVJPEG_FLAGS_BITSTREAM_STRICT | NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION;
-static const char *flag_name = "ours";
+static unsigned flags = NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION;
+static const char *flag_name = "interp";
 static nvjpegBackend_t backend = NVJPEG_BACKEND_HARDWARE;
 static double seconds = 4;
 static const dl__nvjpeg *nv;
@@ -174,15 +175,13 @@ int main(int argc, char **argv) {
       seconds = atof(v), i++;
     else if (!strcmp(a, "--backend"))
       backend = !strcmp(v, "cuda") ? NVJPEG_BACKEND_GPU_HYBRID : NVJPEG_BACKEND_HARDWARE, i++;
-    else if (!strcmp(a, "--flags")) {
+    else if (!strcmp(a, "--flags") && (!strcmp(v, "none") || !strcmp(v, "strict") || !strcmp(v, "interp"))) {
       flag_name = v, i++;
       flags = !strcmp(v, "none")     ? 0
               : !strcmp(v, "strict") ? NVJPEG_FLAGS_BITSTREAM_STRICT
-              : !strcmp(v, "interp") ? NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION
-                                     : flags;
-    }
-    else {
-      fprintf(stderr, "usage: nvjpeg_ceiling [--backend hw|cuda] [--roi] [--flags none|strict|interp|ours] [--format rgbi|yuv] "
+                                     : NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION;
+    } else {
+      fprintf(stderr, "usage: nvjpeg_ceiling [--backend hw|cuda] [--roi] [--flags none|strict|interp] [--format rgbi|yuv] "
                       "[--busy] [--threads T] "
                       "[--batch B] [--seconds S] SHARD...\n");
       return 2;
