@@ -9,6 +9,7 @@
 static pthread_t thread;
 static int stop;
 static int device_sms;
+static cudaError_t failed; /* the launcher's first error: a GPU not kept busy spoils the figure */
 
 __global__ void spin(unsigned long long ns, unsigned long long *sink) {
   unsigned long long t0, t;
@@ -27,13 +28,19 @@ static void *launcher(void *arg) {
   int least, greatest;
   cudaStream_t s;
   unsigned long long *sink;
-  cudaDeviceGetStreamPriorityRange(&least, &greatest);
-  cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, least);
-  cudaMalloc(&sink, sizeof *sink);
-  while (!__atomic_load_n(&stop, __ATOMIC_RELAXED)) {
+  if ((failed = cudaDeviceGetStreamPriorityRange(&least, &greatest)) ||
+      (failed = cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, least)))
+    return NULL;
+  if ((failed = cudaMalloc(&sink, sizeof *sink))) {
+    cudaStreamDestroy(s);
+    return NULL;
+  }
+  while (!failed && !__atomic_load_n(&stop, __ATOMIC_RELAXED)) {
     for (int i = 0; i < 8; i++)
       spin<<<2 * device_sms, 256, 0, s>>>(1000000, sink);
-    cudaStreamSynchronize(s); /* at most 8 ms queued: stopping is prompt */
+    failed = cudaGetLastError();
+    if (!failed)
+      failed = cudaStreamSynchronize(s); /* at most 8 ms queued: stopping is prompt */
   }
   cudaFree(sink);
   cudaStreamDestroy(s);
@@ -47,7 +54,8 @@ extern "C" int busy_gpu_start(void) {
   return pthread_create(&thread, NULL, launcher, NULL) ? -1 : 0;
 }
 
-extern "C" void busy_gpu_stop(void) {
+extern "C" const char *busy_gpu_stop(void) {
   __atomic_store_n(&stop, 1, __ATOMIC_RELAXED);
   pthread_join(thread, NULL);
+  return failed ? cudaGetErrorString(failed) : NULL;
 }

@@ -5,7 +5,8 @@
 extern "C" {
 #endif
 int busy_gpu_start(void);
-void busy_gpu_stop(void);
+/* NULL, or why the GPU was not kept busy the whole time. */
+const char *busy_gpu_stop(void);
 #ifdef __cplusplus
 }
 #endif

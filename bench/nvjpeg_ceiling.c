@@ -217,8 +217,11 @@ int main(int argc, char **argv) {
     host += lanes[k].host_s;
   }
   double wall = bench_now() - t_start;
-  if (busy)
-    busy_gpu_stop();
+  const char *busy_failed = busy ? busy_gpu_stop() : NULL;
+  if (busy_failed) {
+    fprintf(stderr, "nvjpeg_ceiling: keeping the GPU busy failed: %s\n", busy_failed);
+    return 1;
+  }
   printf("{\"backend\":\"%s\",\"roi\":%s,\"format\":\"%s\",\"busy\":%s,\"flags\":\"%s\",\"threads\":%d,\"batch\":%d,\"images\":%ld,"
          "\"seconds\":%.3f,\"images_per_s\":%.1f,\"host_ms_per_call\":%.3f,\"nvjpeg\":\"%s\"}\n",
          backend == NVJPEG_BACKEND_HARDWARE ? "hw" : "cuda", roi ? "true" : "false",
