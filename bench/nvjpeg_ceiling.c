@@ -11,6 +11,8 @@
  *   --format rgbi|yuv       interleaved RGB (the loader's), or the planes as coded (no conversion)
  *   --busy                  beside kernels that keep every SM busy, as training does
  *                           (bench/busy_gpu.cu): what a busy GPU costs the decode
+ *   --prealloc WxH          the engine's buffers sized once, for a batch of W x H images
+ *                           (nvjpegDecodeBatchedPreAllocate), as the loader sizes them
  *   --threads T --batch B --seconds S
  * Prints one JSON object: images_per_s, host_ms_per_call (time the calling thread spends inside
  * nvJPEG per batch), and the settings.
@@ -36,7 +38,7 @@ typedef struct jpeg {
 
 static jpeg *jpegs;
 static size_t njpegs, cap;
-static int batch = 256, threads = 1, roi, busy;
+static int batch = 256, threads = 1, roi, busy, pre_w, pre_h;
 static nvjpegOutputFormat_t format = NVJPEG_OUTPUT_RGBI;
 static unsigned flags = NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION;
 static const char *flag_name = "interp";
@@ -106,6 +108,8 @@ static void *run(void *arg) {
   if ((r = nv->CreateEx(backend, NULL, NULL, flags, &h)) || (r = nv->JpegStateCreate(h, &st)) ||
       (r = nv->DecodeBatchedInitialize(h, st, batch, 1, format)))
     die("setting up nvJPEG", r);
+  if (pre_w && (r = nv->DecodeBatchedPreAllocate(h, st, batch, pre_w, pre_h, NVJPEG_CSS_444, format)))
+    die("nvjpegDecodeBatchedPreAllocate", r);
   int least, greatest; /* the loader's stream has the greatest priority, and so has this one */
   if ((r = cudaDeviceGetStreamPriorityRange(&least, &greatest)) ||
       (r = cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, greatest)))
@@ -169,6 +173,8 @@ int main(int argc, char **argv) {
       format = !strcmp(v, "yuv") ? NVJPEG_OUTPUT_YUV : NVJPEG_OUTPUT_RGBI, i++;
     else if (!strcmp(a, "--batch"))
       batch = atoi(v), i++;
+    else if (!strcmp(a, "--prealloc") && sscanf(v, "%dx%d", &pre_w, &pre_h) == 2 && pre_w > 0 && pre_h > 0)
+      i++;
     else if (!strcmp(a, "--threads"))
       threads = atoi(v), i++;
     else if (!strcmp(a, "--seconds"))
@@ -182,7 +188,7 @@ int main(int argc, char **argv) {
                                      : NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION;
     } else {
       fprintf(stderr, "usage: nvjpeg_ceiling [--backend hw|cuda] [--roi] [--flags none|strict|interp] [--format rgbi|yuv] "
-                      "[--busy] [--threads T] "
+                      "[--busy] [--prealloc WxH] [--threads T] "
                       "[--batch B] [--seconds S] SHARD...\n");
       return 2;
     }
@@ -222,10 +228,10 @@ int main(int argc, char **argv) {
     fprintf(stderr, "nvjpeg_ceiling: keeping the GPU busy failed: %s\n", busy_failed);
     return 1;
   }
-  printf("{\"backend\":\"%s\",\"roi\":%s,\"format\":\"%s\",\"busy\":%s,\"flags\":\"%s\",\"threads\":%d,\"batch\":%d,\"images\":%ld,"
-         "\"seconds\":%.3f,\"images_per_s\":%.1f,\"host_ms_per_call\":%.3f,\"nvjpeg\":\"%s\"}\n",
+  printf("{\"backend\":\"%s\",\"roi\":%s,\"format\":\"%s\",\"busy\":%s,\"flags\":\"%s\",\"threads\":%d,\"batch\":%d,"
+         "\"prealloc\":\"%dx%d\",\"images\":%ld,\"seconds\":%.3f,\"images_per_s\":%.1f,\"host_ms_per_call\":%.3f,\"nvjpeg\":\"%s\"}\n",
          backend == NVJPEG_BACKEND_HARDWARE ? "hw" : "cuda", roi ? "true" : "false",
          format == NVJPEG_OUTPUT_YUV ? "yuv" : "rgbi", busy ? "true" : "false", flag_name, threads,
-         batch, images, wall, images / wall, calls ? host / calls * 1e3 : 0.0, nv->version);
+         batch, pre_w, pre_h, images, wall, images / wall, calls ? host / calls * 1e3 : 0.0, nv->version);
   return 0;
 }
