@@ -608,8 +608,9 @@ typedef struct dl__stats {
   double first_wait_s; /* of consumer_wait_s, waiting for the first batch (start-up) */
   double last_batch_s; /* when the last batch was handed out, from dl_open */
   /* dl_open's own time, by step: the source's index, the devices (CUDA's start and the copy
-   * stage), the GPU's JPEG decoders, the host slots (pinned when a device is used), all of it */
-  double open_index_ms, open_cuda_ms, open_gpu_decode_ms, open_slots_ms, open_ms;
+   * stage), the GPU's JPEG decoders, the host slots (pinned when a device is used), starting the
+   * workers, all of it */
+  double open_index_ms, open_cuda_ms, open_gpu_decode_ms, open_slots_ms, open_workers_ms, open_ms;
 } dl__stats;
 
 /* Hybrid's measurements (gpu/plan.c, under l->mu). */
@@ -666,6 +667,7 @@ struct dl_loader {
   int consumers;     /* threads inside dl_next_batch_on(), which dl_close() waits out */
   int closed;        /* dl_close() ran; freed when the last export goes */
   int nworkers;
+  bool workers_go; /* every worker thread created: they start together (under mu) */
   struct dl__worker *workers;
   dl__stats st;
   double open_time;

@@ -289,8 +289,10 @@ int dl_open(dl_loader **out, const char *source, const char *options) {
   if (l->cuda && (r = dl__cuda_start(l)))
     goto fail;
   l->st.open_cuda_ms += (dl__now() - t) * 1e3;
+  t = dl__now();
   if ((r = dl__cache_start(l)) || (r = dl__workers_start(l)))
     goto fail;
+  l->st.open_workers_ms = (dl__now() - t) * 1e3;
   l->st.open_ms = (dl__now() - t0) * 1e3;
   *out = l;
   return 0;
@@ -736,7 +738,7 @@ int dl_stats_json(dl_loader *l, char *buf, size_t cap) {
       buf, cap,
       "{\"samples\":%" PRId64 ",\"batches\":%" PRId64 ",\"errors\":%" PRId64 ",\"bytes_read\":%" PRId64
       ",\"wall_s\":%.6f,\"first_batch_ms\":%.3f,\"open_ms\":%.3f,\"open_index_ms\":%.3f,\"open_cuda_ms\":%.3f"
-      ",\"open_gpu_decode_ms\":%.3f,\"open_slots_ms\":%.3f,\"consumer_wait_s\":%.6f,\"decode_s\":%.6f"
+      ",\"open_gpu_decode_ms\":%.3f,\"open_slots_ms\":%.3f,\"open_workers_ms\":%.3f,\"consumer_wait_s\":%.6f,\"decode_s\":%.6f"
       ",\"read_wait_s\":%.6f,\"workers\":%d,\"workers_active\":%d,\"workers_active_why\":\"%s\",\"parked_s\":%.6f,\"prefetch\":%d,\"batch_size\":%d,\"dataset_samples\":%zu"
       ",\"workers_reason\":\"%s\",\"prefetch_reason\":\"%s\",\"io_backend\":\"%s\",\"io_reason\":\"%s\",\"device\":\"%s\",\"decode_backend\":\"%s\""
       ",\"decode_reason\":\"%s\",\"cpu_decoded\":%" PRId64 ",\"gpu_decoded\":%" PRId64 ",\"gpu_fallbacks\":%" PRId64
@@ -747,7 +749,7 @@ int dl_stats_json(dl_loader *l, char *buf, size_t cap) {
       ",\"worker_decode_frac\":%.4f,\"worker_read_frac\":%.4f,\"worker_slot_wait_frac\":%.4f%s}",
       atomic_load(&l->st.samples), batches, atomic_load(&l->st.errors), atomic_load(&l->st.bytes_read),
       wall, first, l->st.open_ms, l->st.open_index_ms, l->st.open_cuda_ms, l->st.open_gpu_decode_ms,
-      l->st.open_slots_ms, wait, atomic_load(&l->st.decode_ns) * 1e-9,
+      l->st.open_slots_ms, l->st.open_workers_ms, wait, atomic_load(&l->st.decode_ns) * 1e-9,
       atomic_load(&l->st.read_wait_ns) * 1e-9, l->o.workers, active, json_text(pace_why, active_why, sizeof active_why),
       atomic_load(&l->st.parked_ns) * 1e-9, l->o.prefetch, l->o.batch_size, l->ds.n,
       json_text(l->workers_reason, workers_reason, sizeof workers_reason),

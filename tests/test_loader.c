@@ -525,12 +525,13 @@ static void open_time_split(void) {
   ASSERT_GT(dl_stats_json(l, stats, sizeof stats), 0);
   double open = stat_number(stats, "open_ms"), index = stat_number(stats, "open_index_ms");
   double parts = index + stat_number(stats, "open_cuda_ms") + stat_number(stats, "open_gpu_decode_ms") +
-                 stat_number(stats, "open_slots_ms");
-  ASSERT(index > 0 && parts <= open && open <= stat_number(stats, "first_batch_ms"));
+                 stat_number(stats, "open_slots_ms") + stat_number(stats, "open_workers_ms");
+  ASSERT(index > 0 && stat_number(stats, "open_workers_ms") > 0 && parts <= open &&
+         open <= stat_number(stats, "first_batch_ms"));
   ASSERT_EQ(stat_number(stats, "open_cuda_ms"), 0); /* no device */
   dl_close(l);
-  printf("dl_open's time split: %.2f ms, %.2f of it the index; first batch at %.2f ms\n", open, index,
-         stat_number(stats, "first_batch_ms"));
+  printf("dl_open's time split: %.2f ms, %.2f of it the index, %.2f starting the workers; first batch at %.2f ms\n",
+         open, index, stat_number(stats, "open_workers_ms"), stat_number(stats, "first_batch_ms"));
 }
 
 int main(void) {

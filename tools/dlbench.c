@@ -440,9 +440,9 @@ int main(int argc, char **argv) {
     if (h2d >= 0)
       printf("host-to-device copies %.2f GB/s; the GPU stage's stream busy %.1f%% of the time\n", h2d,
              100 * stat_of(stats, "gpu_stage_busy_frac"));
-    printf("dl_open %.1f ms: index %.1f, devices %.1f, GPU JPEG decoders %.1f, batch slots %.1f\n",
+    printf("dl_open %.1f ms: index %.1f, devices %.1f, GPU JPEG decoders %.1f, batch slots %.1f, workers %.1f\n",
            stat_of(stats, "open_ms"), stat_of(stats, "open_index_ms"), stat_of(stats, "open_cuda_ms"),
-           stat_of(stats, "open_gpu_decode_ms"), stat_of(stats, "open_slots_ms"));
+           stat_of(stats, "open_gpu_decode_ms"), stat_of(stats, "open_slots_ms"), stat_of(stats, "open_workers_ms"));
     if (stat_of(stats, "pin_ms") > 0 || stat_of(stats, "gpu_decoders_start_ms") > 0)
       printf("meanwhile, while the workers decoded: batch slots pinned in %.1f ms, nvJPEG started in %.1f ms\n",
              stat_of(stats, "pin_ms"), stat_of(stats, "gpu_decoders_start_ms"));
