@@ -121,6 +121,7 @@ static void usage(FILE *f) {
           "  --device D        cpu | cuda | cuda:N (cpu)\n"
           "  --dtype T         uint8 | float32 | float16 | bfloat16 (uint8; floats need a GPU)\n"
           "  --step-ms T       GPU consumer: keep the GPU busy T ms per batch, report its idle time\n"
+          "  --step-kernel-ms K   ... in kernels of K ms each, holding every SM (1)\n"
           "  --resume TOKEN    continue after a saved state\n"
           "  --stop-after K    stop after K batches and print the resume token\n"
           "  --option K=V      any other loader option (repeatable)\n"
@@ -137,7 +138,7 @@ static void usage(FILE *f) {
 int main(int argc, char **argv) {
   enum { O_BATCH = 256, O_SIZE, O_CROP, O_PREFETCH, O_EPOCHS, O_SEED, O_IO, O_ONERR, O_RANK, O_WORLD,
          O_DEVICE, O_DTYPE, O_STEP, O_RESUME, O_STOP, O_OPTION, O_SYNTH, O_JSON, O_DIGEST, O_KEYS,
-         O_FLIP, O_WORKERS, O_HELP, O_MAKE, O_DECODE, O_QUALITY, O_SUBSAMPLING, O_VERSION };
+         O_FLIP, O_WORKERS, O_HELP, O_MAKE, O_DECODE, O_QUALITY, O_SUBSAMPLING, O_VERSION, O_STEP_KERNEL };
   static const struct option longopts[] = {
       {"workers", 1, 0, O_WORKERS}, {"batch", 1, 0, O_BATCH},      {"size", 1, 0, O_SIZE},
       {"crop", 1, 0, O_CROP},       {"prefetch", 1, 0, O_PREFETCH}, {"epochs", 1, 0, O_EPOCHS},
@@ -148,13 +149,14 @@ int main(int argc, char **argv) {
       {"json", 0, 0, O_JSON},       {"digest", 0, 0, O_DIGEST},    {"keys", 0, 0, O_KEYS},
       {"flip", 0, 0, O_FLIP},       {"help", 0, 0, O_HELP},        {"make-synthetic", 0, 0, O_MAKE},
       {"decode", 1, 0, O_DECODE},   {"quality", 1, 0, O_QUALITY},  {"subsampling", 1, 0, O_SUBSAMPLING},
+      {"step-kernel-ms", 1, 0, O_STEP_KERNEL},
       {"version", 0, 0, O_VERSION}, {0, 0, 0, 0}};
   char opts[4096] = "";
   size_t olen = 0;
 #define ADD(...) olen += (size_t)snprintf(opts + olen, sizeof opts - olen, __VA_ARGS__)
   int json = 0, digest = 0, keys = 0, make_only = 0;
   long synthetic = 10000, stop_after = -1;
-  double step_ms = 0;
+  double step_ms = 0, step_kernel_ms = 1;
   const char *device = "cpu";
   synthetic_coding coding = SYNTHETIC_DEFAULT;
   int c;
@@ -177,6 +179,7 @@ int main(int argc, char **argv) {
     case O_OPTION: ADD(" %s", optarg); break;
     case O_FLIP: ADD(" flip=1"); break;
     case O_STEP: step_ms = atof(optarg); break;
+    case O_STEP_KERNEL: step_kernel_ms = atof(optarg); break;
     case O_STOP: stop_after = atol(optarg); break;
     case O_SYNTH: synthetic = atol(optarg); break;
     case O_DECODE: ADD(" decode=%s", optarg); break;
@@ -250,7 +253,7 @@ int main(int argc, char **argv) {
     mem_open = gpu_used_mb(device);
   gpu_step *gs = NULL;
   if (step_ms > 0 || digest) {
-    if (strncmp(device, "cuda", 4) == 0 && (r = gpu_step_open(&gs, device, step_ms))) {
+    if (strncmp(device, "cuda", 4) == 0 && (r = gpu_step_open(&gs, device, step_ms, step_kernel_ms))) {
       fprintf(stderr, "dlbench: GPU consumer: %s\n", gpu_step_error());
       dl_close(l);
       free(source);

@@ -12,7 +12,7 @@
 
 struct gpu_step {
   int device;
-  double step_ms;
+  double step_ms, kernel_ms;
   cudaStream_t stream;
   cudaEvent_t start[RING], end[RING];
   long steps;
@@ -58,13 +58,14 @@ extern "C" double gpu_used_mb(const char *device) {
   return (double)(total - free_b) / 1048576.0;
 }
 
-extern "C" int gpu_step_open(gpu_step **out, const char *device, double step_ms) {
+extern "C" int gpu_step_open(gpu_step **out, const char *device, double step_ms, double kernel_ms) {
   gpu_step *g = (gpu_step *)calloc(1, sizeof *g);
   g->device = 0;
   const char *colon = strchr(device, ':');
   if (colon)
     g->device = atoi(colon + 1);
   g->step_ms = step_ms;
+  g->kernel_ms = kernel_ms > 0 ? kernel_ms : 1;
   cudaError_t e = cudaSetDevice(g->device);
   if (!e)
     e = cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking);
@@ -106,9 +107,9 @@ extern "C" int gpu_step_consume(gpu_step *g, dl_batch *b, const DLTensor *image)
   for (int d = 0; d < image->ndim; d++)
     bytes *= (size_t)image->shape[d];
   cudaEventRecord(g->start[i % RING], g->stream);
-  /* A model's step is many kernels, not one: kernels of about 1 ms, the first reading the batch,
-   * so that other streams' work is scheduled between them as it would be in training. */
-  int pieces = g->step_ms > 1 ? (int)(g->step_ms + 0.5) : 1;
+  /* A model's step is many kernels, not one: kernels of about 1 ms (--step-kernel-ms), the first
+   * reading the batch, so that other streams' work is scheduled between them as in training. */
+  int pieces = g->step_ms > g->kernel_ms ? (int)(g->step_ms / g->kernel_ms + 0.5) : 1;
   unsigned long long ns = (unsigned long long)(g->step_ms * 1e6 / pieces);
   for (int p = 0; p < pieces; p++)
     step<<<264, 256, 0, g->stream>>>(p ? NULL : (const uint8_t *)image->data, p ? 0 : bytes, ns, g->sink);

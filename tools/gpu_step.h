@@ -1,5 +1,5 @@
 /* dlbench's GPU consumer: real kernels that read each batch and keep the GPU busy a set time per batch,
- * as a model's step of many kernels of about 1 ms would. */
+ * as a model's step of many kernels would (of KERNEL_MS each, about 1 ms unless asked). */
 #ifndef RINGFEED_GPU_STEP_H
 #define RINGFEED_GPU_STEP_H
 
@@ -11,7 +11,7 @@ extern "C" {
 
 typedef struct gpu_step gpu_step;
 
-int gpu_step_open(gpu_step **out, const char *device, double step_ms);
+int gpu_step_open(gpu_step **out, const char *device, double step_ms, double kernel_ms);
 /* Waits (on the GPU) for the batch, runs the step kernel on it, then releases it on the stream. */
 int gpu_step_consume(gpu_step *g, dl_batch *b, const DLTensor *image);
 /* Copies one of the batch's tensors to HOST (for digests). */
