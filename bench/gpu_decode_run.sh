@@ -183,6 +183,12 @@ if has bench; then
       keep "$out/$set-$mode-step.json" "$out/$set-$mode-step.err"
       row "$set $mode, GPU consumer --step-ms $step (1.2 x hybrid's batch time)" "gpu_idle_frac $(num "$out/$set-$mode-step.json" gpu_idle_frac), $(num "$out/$set-$mode-step.json" samples_per_s) images/s, share $(num "$out/$set-$mode-step.json" gpu_share)"
     done
+    # The same consumer in kernels of 0.1 ms (a model's are mostly shorter: bench/model_kernels.py):
+    # whether the loader's GPU work waits for the 1 ms kernels to finish
+    j="$out/$set-hybrid-step-short.json"
+    guarded 90 "$j" "$out/$set-hybrid-step-short.err" $bench --epochs 3 --decode hybrid --step-ms "$step" --step-kernel-ms 0.1
+    keep "$j" "$out/$set-hybrid-step-short.err"
+    row "$set hybrid, GPU consumer --step-ms $step in kernels of 0.1 ms" "gpu_idle_frac $(num "$j" gpu_idle_frac), $(num "$j" samples_per_s) images/s, share $(num "$j" gpu_share)"
     # The CPU path under a consumer slower than it (workers=auto sets the workers it does not need aside)
     cstep=$(awk -v s="$cpu" 'BEGIN{ if (s > 0) printf "%.3f", 1.2 * 256 / s * 1000; else print 100 }')
     j="$out/$set-cpu-step.json"
@@ -194,6 +200,10 @@ fi
 
 # 5. Training: ResNet-50 for 300 steps, JPEGs decoded on the CPU, then as decode=auto chooses.
 if has train && python3 -c "import torch, torchvision; assert torch.cuda.is_available()" 2> /dev/null; then
+  # What a model's step is made of (for the consumer that stands for one under --step-ms)
+  timeout 120 python3 bench/model_kernels.py > "$out/model-kernels.json" 2> "$out/model-kernels.err"
+  keep "$out/model-kernels.json" "$out/model-kernels.err"
+  row "ResNet-50 training step's kernels (bf16, batch 256)" "$(cat "$out/model-kernels.json")"
   src=$("$build/dlbench" --synthetic "$n" --make-synthetic 2> /dev/null)
   # (--held: one batch kept on the GPU, the model's own rate; fixed: as many workers as CPUs, none
   # set aside while running)
