@@ -261,8 +261,8 @@ int main(int argc, char **argv) {
     }
   }
 #else
-  if (step_ms > 0) {
-    fprintf(stderr, "dlbench: --step-ms needs a build with CUDA\n");
+  if (step_ms > 0 || step_kernel_ms != 1) {
+    fprintf(stderr, "dlbench: --step-ms and --step-kernel-ms need a build with CUDA\n");
     dl_close(l);
     free(source);
     return 2;
