@@ -667,7 +667,6 @@ struct dl_loader {
   int consumers;     /* threads inside dl_next_batch_on(), which dl_close() waits out */
   int closed;        /* dl_close() ran; freed when the last export goes */
   int nworkers;
-  bool workers_go; /* every worker thread created: they start together (under mu) */
   struct dl__worker *workers;
   dl__stats st;
   double open_time;
