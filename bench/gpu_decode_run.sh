@@ -96,10 +96,10 @@ if has start; then
   for mode in cpu gpu auto; do
     for i in 1 2 3; do
       j="$out/start-$mode-$i.json"
-      guarded 60 "$j" "$out/start-$mode-$i.err" "$build/dlbench" "$q90" --workers "$workers" --flip --device cuda:0 \
-        --decode $mode --stop-after 3 --json
+      guarded 60 "$j" "$out/start-$mode-$i.err" env DL_LOG_LEVEL=4 "$build/dlbench" "$q90" --workers "$workers" \
+        --flip --device cuda:0 --decode $mode --stop-after 3 --json
       keep "$j" "$out/start-$mode-$i.err"
-      row "first batch, decode=$mode, run $i" "$(num "$j" first_batch_ms) ms; dl_open $(num "$j" open_ms) ms: index $(num "$j" open_index_ms), devices $(num "$j" open_cuda_ms), GPU JPEG decoders $(num "$j" open_gpu_decode_ms), slots $(num "$j" open_slots_ms); in the background: $(num "$j" pinned_mb) MB pinned in $(num "$j" pin_ms) ms, nvJPEG started in $(num "$j" gpu_decoders_start_ms) ms; after 3 batches JPEGs decoded by $(str "$j" decode_backend)"
+      row "first batch, decode=$mode, run $i" "$(num "$j" first_batch_ms) ms; dl_open $(num "$j" open_ms) ms: index $(num "$j" open_index_ms), devices $(num "$j" open_cuda_ms), GPU JPEG decoders $(num "$j" open_gpu_decode_ms), slots $(num "$j" open_slots_ms), workers $(num "$j" open_workers_ms) ($(grep -o 'workers started in.*' "$out/start-$mode-$i.err" | head -1)); in the background: $(num "$j" pinned_mb) MB pinned in $(num "$j" pin_ms) ms, nvJPEG started in $(num "$j" gpu_decoders_start_ms) ms; after 3 batches JPEGs decoded by $(str "$j" decode_backend)"
     done
   done
 fi
