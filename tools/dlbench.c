@@ -179,7 +179,13 @@ int main(int argc, char **argv) {
     case O_OPTION: ADD(" %s", optarg); break;
     case O_FLIP: ADD(" flip=1"); break;
     case O_STEP: step_ms = atof(optarg); break;
-    case O_STEP_KERNEL: step_kernel_ms = atof(optarg); break;
+    case O_STEP_KERNEL:
+      step_kernel_ms = atof(optarg);
+      if (!(step_kernel_ms > 0)) {
+        fprintf(stderr, "dlbench: --step-kernel-ms %s: a length in ms above 0\n", optarg);
+        return 2;
+      }
+      break;
     case O_STOP: stop_after = atol(optarg); break;
     case O_SYNTH: synthetic = atol(optarg); break;
     case O_DECODE: ADD(" decode=%s", optarg); break;

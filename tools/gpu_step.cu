@@ -13,6 +13,7 @@
 struct gpu_step {
   int device;
   double step_ms, kernel_ms;
+  int blocks; /* two per SM: the step holds every SM, whatever the card */
   cudaStream_t stream;
   cudaEvent_t start[RING], end[RING];
   long steps;
@@ -66,7 +67,11 @@ extern "C" int gpu_step_open(gpu_step **out, const char *device, double step_ms,
     g->device = atoi(colon + 1);
   g->step_ms = step_ms;
   g->kernel_ms = kernel_ms > 0 ? kernel_ms : 1;
+  int sms = 0;
   cudaError_t e = cudaSetDevice(g->device);
+  if (!e)
+    e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, g->device);
+  g->blocks = 2 * (sms > 0 ? sms : 1);
   if (!e)
     e = cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking);
   for (int i = 0; !e && i < RING; i++) {
@@ -112,7 +117,7 @@ extern "C" int gpu_step_consume(gpu_step *g, dl_batch *b, const DLTensor *image)
   int pieces = g->step_ms > g->kernel_ms ? (int)(g->step_ms / g->kernel_ms + 0.5) : 1;
   unsigned long long ns = (unsigned long long)(g->step_ms * 1e6 / pieces);
   for (int p = 0; p < pieces; p++)
-    step<<<264, 256, 0, g->stream>>>(p ? NULL : (const uint8_t *)image->data, p ? 0 : bytes, ns, g->sink);
+    step<<<g->blocks, 256, 0, g->stream>>>(p ? NULL : (const uint8_t *)image->data, p ? 0 : bytes, ns, g->sink);
   cudaEventRecord(g->end[i % RING], g->stream);
   cudaError_t e = cudaGetLastError();
   if (e)

@@ -58,6 +58,13 @@ def test_version_and_help():
 
 
 @needs_tools
+def test_step_kernel_length_must_be_a_positive_number():
+    for bad in ("0", "-1", "abc"):
+        out = run(DLBENCH, WDS, *SMALL, "--step-kernel-ms", bad, ok=False)
+        assert out.returncode == 2 and f"--step-kernel-ms {bad}: a length in ms above 0" in out.stderr, out.stderr
+
+
+@needs_tools
 def test_dlshard_takes_brace_ranges_and_globs(two_shards):
     out = run(DLSHARD, "index", f"{two_shards}/s-{{0..1}}.tar").stdout.splitlines()
     assert [line.split(":")[0] for line in out] == [str(two_shards / "s-0.tar"), str(two_shards / "s-1.tar")]
