@@ -12,7 +12,7 @@
  *   --busy                  beside kernels that keep every SM busy, as training does
  *                           (bench/busy_gpu.cu): what a busy GPU costs the decode
  *   --prealloc WxH          the engine's buffers sized once, for a batch of W x H images
- *                           (nvjpegDecodeBatchedPreAllocate), as the loader sizes them
+ *                           (nvjpegDecodeBatchedPreAllocate), as the loader does at open
  *   --threads T --batch B --seconds S
  * Prints one JSON object: images_per_s, host_ms_per_call (time the calling thread spends inside
  * nvJPEG per batch), and the settings.
@@ -169,7 +169,7 @@ int main(int argc, char **argv) {
       roi = 1;
     else if (!strcmp(a, "--busy"))
       busy = 1;
-    else if (!strcmp(a, "--format"))
+    else if (!strcmp(a, "--format") && (!strcmp(v, "rgbi") || !strcmp(v, "yuv")))
       format = !strcmp(v, "yuv") ? NVJPEG_OUTPUT_YUV : NVJPEG_OUTPUT_RGBI, i++;
     else if (!strcmp(a, "--batch"))
       batch = atoi(v), i++;
