@@ -12,10 +12,12 @@
 constexpr unsigned real_flag_strict = NVJPEG_FLAGS_BITSTREAM_STRICT;
 constexpr unsigned real_flag_interp = NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION;
 constexpr unsigned real_flag_default = NVJPEG_FLAGS_DEFAULT;
+constexpr unsigned real_flag_no_pipeline = NVJPEG_FLAGS_HW_DECODE_NO_PIPELINE;
 constexpr int real_max_component = NVJPEG_MAX_COMPONENT;
 #undef NVJPEG_FLAGS_BITSTREAM_STRICT
 #undef NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION
 #undef NVJPEG_FLAGS_DEFAULT
+#undef NVJPEG_FLAGS_HW_DECODE_NO_PIPELINE
 #undef NVJPEG_MAX_COMPONENT
 
 // 1. Ours, in a namespace of their own: values and layouts.
@@ -51,6 +53,7 @@ SAME_VALUE(NVJPEG_OUTPUT_RGBI)
 static_assert(NVJPEG_FLAGS_BITSTREAM_STRICT == real_flag_strict, "NVJPEG_FLAGS_BITSTREAM_STRICT");
 static_assert(NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION == real_flag_interp, "NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION");
 static_assert(NVJPEG_FLAGS_DEFAULT == real_flag_default, "NVJPEG_FLAGS_DEFAULT");
+static_assert(NVJPEG_FLAGS_HW_DECODE_NO_PIPELINE == real_flag_no_pipeline, "NVJPEG_FLAGS_HW_DECODE_NO_PIPELINE");
 static_assert(NVJPEG_MAX_COMPONENT == real_max_component, "NVJPEG_MAX_COMPONENT");
 static_assert(sizeof(ours::nvjpegStatus_t) == sizeof(::nvjpegStatus_t), "nvjpegStatus_t size");
 static_assert(sizeof(ours::nvjpegBackend_t) == sizeof(::nvjpegBackend_t), "nvjpegBackend_t size");

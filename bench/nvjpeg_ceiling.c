@@ -8,6 +8,8 @@
  *   --flags none|strict|interp   interp (the default): interpolated chroma upsampling, what the
  *                           loader asks for; strict: strict bitstream checking, which it no longer
  *                           asks for; none: neither
+ *   --pipelined             nvJPEG's own default for the engine: further images buffered between
+ *                           calls, which the loader turns off (a busy GPU held each call back)
  *   --format rgbi|yuv       interleaved RGB (the loader's), or the planes as coded (no conversion)
  *   --busy                  beside kernels that keep every SM busy, as training does
  *                           (bench/busy_gpu.cu): what a busy GPU costs the decode
@@ -38,7 +40,7 @@ typedef struct jpeg {
 
 static jpeg *jpegs;
 static size_t njpegs, cap;
-static int batch = 256, threads = 1, roi, busy, pre_w, pre_h;
+static int batch = 256, threads = 1, roi, busy, pre_w, pre_h, pipelined;
 static nvjpegOutputFormat_t format = NVJPEG_OUTPUT_RGBI;
 static unsigned flags = NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION;
 static const char *flag_name = "interp";
@@ -105,7 +107,8 @@ static void *run(void *arg) {
   nvjpegJpegState_t st;
   cudaStream_t s;
   int r;
-  if ((r = nv->CreateEx(backend, NULL, NULL, flags, &h)) || (r = nv->JpegStateCreate(h, &st)) ||
+  unsigned all = flags | (pipelined ? 0 : NVJPEG_FLAGS_HW_DECODE_NO_PIPELINE);
+  if ((r = nv->CreateEx(backend, NULL, NULL, all, &h)) || (r = nv->JpegStateCreate(h, &st)) ||
       (r = nv->DecodeBatchedInitialize(h, st, batch, 1, format)))
     die("setting up nvJPEG", r);
   if (pre_w && (r = nv->DecodeBatchedPreAllocate(h, st, batch, pre_w, pre_h, NVJPEG_CSS_444, format)))
@@ -169,6 +172,8 @@ int main(int argc, char **argv) {
       roi = 1;
     else if (!strcmp(a, "--busy"))
       busy = 1;
+    else if (!strcmp(a, "--pipelined"))
+      pipelined = 1;
     else if (!strcmp(a, "--format") && (!strcmp(v, "rgbi") || !strcmp(v, "yuv")))
       format = !strcmp(v, "yuv") ? NVJPEG_OUTPUT_YUV : NVJPEG_OUTPUT_RGBI, i++;
     else if (!strcmp(a, "--batch"))
@@ -188,7 +193,7 @@ int main(int argc, char **argv) {
                                      : NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION;
     } else {
       fprintf(stderr, "usage: nvjpeg_ceiling [--backend hw|cuda] [--roi] [--flags none|strict|interp] [--format rgbi|yuv] "
-                      "[--busy] [--prealloc WxH] [--threads T] "
+                      "[--pipelined] [--busy] [--prealloc WxH] [--threads T] "
                       "[--batch B] [--seconds S] SHARD...\n");
       return 2;
     }
@@ -228,10 +233,11 @@ int main(int argc, char **argv) {
     fprintf(stderr, "nvjpeg_ceiling: keeping the GPU busy failed: %s\n", busy_failed);
     return 1;
   }
-  printf("{\"backend\":\"%s\",\"roi\":%s,\"format\":\"%s\",\"busy\":%s,\"flags\":\"%s\",\"threads\":%d,\"batch\":%d,"
+  printf("{\"backend\":\"%s\",\"roi\":%s,\"format\":\"%s\",\"busy\":%s,\"flags\":\"%s\",\"pipelined\":%s,\"threads\":%d,\"batch\":%d,"
          "\"prealloc\":\"%dx%d\",\"images\":%ld,\"seconds\":%.3f,\"images_per_s\":%.1f,\"host_ms_per_call\":%.3f,\"nvjpeg\":\"%s\"}\n",
          backend == NVJPEG_BACKEND_HARDWARE ? "hw" : "cuda", roi ? "true" : "false",
-         format == NVJPEG_OUTPUT_YUV ? "yuv" : "rgbi", busy ? "true" : "false", flag_name, threads,
+         format == NVJPEG_OUTPUT_YUV ? "yuv" : "rgbi", busy ? "true" : "false", flag_name,
+         pipelined ? "true" : "false", threads,
          batch, pre_w, pre_h, images, wall, images / wall, calls ? host / calls * 1e3 : 0.0, nv->version);
   return 0;
 }

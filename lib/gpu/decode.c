@@ -95,12 +95,18 @@ void dl__gpu_decoder_destroy(dl__gpu_decoder *d) {
  * Not NVJPEG_FLAGS_BITSTREAM_STRICT: what it refuses, the probe before (dl__gpu_plan) already keeps
  * on the CPU (the same error for all 337 damaged and hostile samples of test_gpu_decode either
  * way), and it cost nvJPEG's host calls a third of their rate (an H200, hybrid: 25,400-26,100 q90
- * images/s strict, 32,800-33,700 without; q96 16,200-16,700 and 22,900-23,200). */
+ * images/s strict, 32,800-33,700 without; q96 16,200-16,700 and 22,900-23,200).
+ * The engine's pipeline (images buffered from one call into the next) off: with it, each call
+ * waited for work other streams had queued on the GPU, so a model's step held the decode back by
+ * about its own length (an H200, q90, decode=gpu beside a consumer of 9.2 ms steps: 18.2 ms per
+ * batch, GPU idle 0.49; without it 10.7 ms and 0.13; on an idle GPU 9.8 and 10.6 ms). The other
+ * backends ignore the flag. */
 static nvjpegStatus_t create(const dl__nvjpeg *nv, nvjpegBackend_t backend, nvjpegHandle_t *h, bool *interpolates) {
-  nvjpegStatus_t st = nv->CreateEx(backend, NULL, NULL, NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION, h);
+  const unsigned base = NVJPEG_FLAGS_HW_DECODE_NO_PIPELINE;
+  nvjpegStatus_t st = nv->CreateEx(backend, NULL, NULL, base | NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION, h);
   *interpolates = st == NVJPEG_STATUS_SUCCESS;
   if (st != NVJPEG_STATUS_SUCCESS)
-    st = nv->CreateEx(backend, NULL, NULL, NVJPEG_FLAGS_DEFAULT, h);
+    st = nv->CreateEx(backend, NULL, NULL, base, h);
   if (st != NVJPEG_STATUS_SUCCESS)
     *h = NULL;
   return st;
