@@ -2,7 +2,8 @@
  * The loader end to end over shards this test writes: the same stream whatever the worker count
  * or I/O backend, disjoint equal rank splits, resume tokens at the same and at another world size,
  * sources (lists, braces, globs, tar dialects, ImageFolder), the index cache, truncated shards,
- * the consumer holding every slot, and tensors that outlive the loader.
+ * the consumer holding every slot, tensors that outlive the loader, and workers whose I/O rings
+ * cannot be set up.
  */
 #include "ringfeed.h"
 #include "tar_writer.h"
@@ -16,7 +17,10 @@
 #include <stdatomic.h>
 #include <time.h>
 #include <stdbool.h>
+#include <dirent.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define XXH_INLINE_ALL
@@ -534,6 +538,79 @@ static void open_time_split(void) {
          open, index, stat_number(stats, "open_workers_ms"), stat_number(stats, "first_batch_ms"));
 }
 
+static int open_fds(void) {
+  DIR *d = opendir("/proc/self/fd");
+  ASSERT(d);
+  int n = 0;
+  while (readdir(d))
+    n++;
+  closedir(d);
+  return n;
+}
+
+/* A child under a hard limit of LIMIT descriptors (dl_open lifts only the soft one): opens the
+ * loader and takes a batch. Exits 0 when it ran, 1 when dl_open failed in a worker's ring setup
+ * (the message in FD), 2 for another failure, 3 when a descriptor was left open. */
+static void limited_child(rlim_t limit, int fd) {
+  int before = open_fds();
+  struct rlimit lim = {limit, limit};
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &lim), 0);
+  dl_loader *l;
+  int r = dl_open(&l, source, "batch_size=8 image_size=32 workers=8 io=uring log=quiet");
+  if (r == 0) {
+    dl_batch *b;
+    ASSERT_EQ(dl_next_batch(l, &b), 0);
+    dl_batch_release(b, NULL);
+    dl_close(l);
+  } else {
+    ASSERT(write(fd, dl_last_error(), strlen(dl_last_error())) > 0);
+  }
+  _exit(open_fds() != before ? 3 : r == 0 ? 0 : strstr(dl_last_error(), "io_uring setup failed") ? 1 : 2);
+}
+
+/* The workers set up their io_uring rings in their own threads: with too few file descriptors left
+ * for all of them, dl_open fails naming the worker and the reason, and leaves nothing behind. */
+static void ring_setup_failure(void) {
+  dl_loader *l;
+  if (dl_open(&l, source, "batch_size=8 image_size=32 workers=8 io=uring log=quiet")) {
+    printf("ring setup failure: io_uring not available here (%s)\n", dl_last_error());
+    return;
+  }
+  dl_close(l);
+  int fds = open_fds(), failed = 0, opened = 0;
+  char why[512] = "";
+  for (int extra = 0; extra < 24; extra++) {
+    int p[2];
+    ASSERT_EQ(pipe(p), 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    ASSERT(pid >= 0);
+    if (pid == 0) {
+      close(p[0]);
+      limited_child((rlim_t)(fds + extra), p[1]);
+    }
+    close(p[1]);
+    char msg[512] = "";
+    ssize_t n = read(p[0], msg, sizeof msg - 1);
+    msg[n > 0 ? n : 0] = 0;
+    close(p[0]);
+    int status;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    ASSERT(WIFEXITED(status));
+    ASSERT(WEXITSTATUS(status) != 3); /* a descriptor left open */
+    opened += WEXITSTATUS(status) == 0;
+    if (WEXITSTATUS(status) == 1) {
+      failed++;
+      snprintf(why, sizeof why, "%s", msg);
+    }
+  }
+  ASSERT_GT(failed, 0);
+  ASSERT_GT(opened, 0);
+  ASSERT(strstr(why, "worker ") && strstr(why, strerror(EMFILE)));
+  printf("ring setup failure: %d of 24 descriptor limits failed dl_open in a worker's ring setup (\"%s\"), "
+         "%d opened and ran; no descriptor left open\n", failed, why, opened);
+}
+
 int main(void) {
   const char *tmp = getenv("TMPDIR");
   snprintf(dir, sizeof dir, "%s/ringfeed-test-loader-XXXXXX", tmp ? tmp : "/tmp");
@@ -551,6 +628,7 @@ int main(void) {
   slots_and_lifetimes();
   consumer_threads();
   open_time_split();
+  ring_setup_failure();
   char cmd[600];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
   ASSERT_EQ(system(cmd), 0);
