@@ -568,8 +568,8 @@ static void limited_child(rlim_t limit, int fd) {
   _exit(open_fds() != before ? 3 : r == 0 ? 0 : strstr(dl_last_error(), "io_uring setup failed") ? 1 : 2);
 }
 
-/* The workers set up their io_uring rings in their own threads: with too few file descriptors left
- * for all of them, dl_open fails naming the worker and the reason, and leaves nothing behind. */
+/* With too few file descriptors left for every worker's io_uring ring, dl_open fails naming the
+ * worker and the reason, and leaves nothing behind. */
 static void ring_setup_failure(void) {
   dl_loader *l;
   if (dl_open(&l, source, "batch_size=8 image_size=32 workers=8 io=uring log=quiet")) {
