@@ -63,7 +63,8 @@ for decode in $(has oneproc && echo ${DECODES:-auto}); do
   done
   wait
   total=$(cat "$out"/proc-$decode-*.json | sed -n 's/.*"steady_samples_per_s":\([0-9.]*\).*/\1/p' | awk '{s += $1} END {printf "%.0f", s}')
-  row "$G processes (dlbench, one GPU each, $W workers), decode=$decode" "$total images/s steady in total; 1 process / $G: $(awk -v a="$one" -v b="$total" 'BEGIN{ if (b > 0) printf "%.3f", a / b }')"
+  starts=$(for f in "$out"/proc-$decode-*.json; do num "$f" gpu_decoders_start_ms; done | tr '\n' ' ')
+  row "$G processes (dlbench, one GPU each, $W workers), decode=$decode" "$total images/s steady in total; 1 process / $G: $(awk -v a="$one" -v b="$total" 'BEGIN{ if (b > 0) printf "%.3f", a / b }'); nvJPEG started in $starts ms"
 done
 
 # 3. Save at G ranks, resume at G/2 (or 1): nothing lost or repeated in the epoch.

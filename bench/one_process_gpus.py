@@ -50,7 +50,8 @@ def main():
                       "per_device_batches_equal": len({len(k) for k in keys}) == 1,
                       "epoch_keys": len(union), "epoch_keys_distinct": len(set(union)),
                       **{k: stats[k] for k in ("decode_backend", "gpu_decoded", "cpu_decoded", "gpu_share",
-                                               "workers", "workers_active")}}))
+                                               "workers", "workers_active", "pin_ms", "gpu_decoders_start_ms",
+                                               "open_ms", "first_batch_ms") if k in stats}}))
 
 
 if __name__ == "__main__":
