@@ -190,6 +190,12 @@ if has bench; then
       keep "$out/$set-$mode-step.json" "$out/$set-$mode-step.err"
       row "$set $mode, GPU consumer --step-ms $step (1.2 x hybrid's batch time)" "gpu_idle_frac $(num "$out/$set-$mode-step.json" gpu_idle_frac), $(num "$out/$set-$mode-step.json" samples_per_s) images/s, share $(num "$out/$set-$mode-step.json" gpu_share)"
     done
+    # The same over 10 epochs: how much of the idle time is the start (the split settling under the
+    # consumer's load, the ring filling) and how much is steady
+    j="$out/$set-hybrid-step-long.json"
+    guarded 90 "$j" "$out/$set-hybrid-step-long.err" $bench --epochs 10 --decode hybrid --step-ms "$step"
+    keep "$j" "$out/$set-hybrid-step-long.err"
+    row "$set hybrid, GPU consumer --step-ms $step, 10 epochs" "gpu_idle_frac $(num "$j" gpu_idle_frac), $(num "$j" samples_per_s) images/s, share $(num "$j" gpu_share)"
     # The same consumer in kernels of 0.1 ms (a model's are mostly shorter: bench/model_kernels.py):
     # whether the loader's GPU work waits for the 1 ms kernels to finish
     j="$out/$set-hybrid-step-short.json"
