@@ -604,6 +604,10 @@ typedef struct dl__stats {
   int64_t batches;
   int64_t starved; /* batches the consumer had to wait for */
   double consumer_wait_s;
+  /* Of consumer_wait_s: waits while the consumer's GPU still ran the work it had queued on earlier
+   * batches (a CUDA consumer queues ahead of its GPU): they left the GPU nothing to wait for. */
+  double consumer_wait_gpu_busy_s;
+  _Atomic int64_t release_wait_ns; /* copy threads waiting for the consumer's GPU to free a slot */
   double first_batch_ms;
   double first_wait_s; /* of consumer_wait_s, waiting for the first batch (start-up) */
   double last_batch_s; /* when the last batch was handed out, from dl_open */
@@ -619,6 +623,8 @@ typedef struct dl__split {
   double balanced;        /* the share at which both sides would finish together */
   int votes;              /* batches since the last step: + the GPU should take more, - less */
   int64_t cpu_decoded, cpu_ns, starved; /* the counters at the last update */
+  int64_t release_wait_ns;
+  double t;
   int64_t updates;
 } dl__split;
 

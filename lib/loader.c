@@ -319,6 +319,17 @@ static bool exhausted_out(const dl__stream *s) { return s->sm.total >= 0 && s->n
 
 int dl_next_batch_on(dl_loader *l, int dev, dl_batch **out) { return dl_next_batch_timed(l, dev, -1, out); }
 
+/* Under l->mu: a consumer of device DEV waited WAITED seconds. A CUDA consumer queues its work
+ * ahead of its GPU, so its thread waits here even while its GPU is busy: that part of the waiting
+ * is counted apart, and pacing, the hybrid split and the verdict go by the rest. */
+static void count_wait(dl_loader *l, int dev, double waited) {
+  l->st.consumer_wait_s += waited;
+  if (waited > 0 && l->cuda && dl__cuda_consumer_busy_locked(l, dev))
+    l->st.consumer_wait_gpu_busy_s += waited;
+  else if (waited > 0.0005)
+    l->st.starved++;
+}
+
 int dl_next_batch_timed(dl_loader *l, int dev, int timeout_ms, dl_batch **out) {
   *out = NULL;
   if (forked(l))
@@ -370,7 +381,7 @@ int dl_next_batch_timed(dl_loader *l, int dev, int timeout_ms, dl_batch **out) {
   }
   if (r) {
     if (r == -ETIMEDOUT) /* a consumer waiting in slices (the Python binding) still waited */
-      l->st.consumer_wait_s += dl__now() - t0;
+      count_wait(l, dev, dl__now() - t0);
     if (--l->consumers == 0 && l->closing)
       pthread_cond_broadcast(&l->ready_cv); /* dl_close waits for the last one to leave */
     pthread_mutex_unlock(&l->mu);
@@ -384,14 +395,12 @@ int dl_next_batch_timed(dl_loader *l, int dev, int timeout_ms, dl_batch **out) {
   s->handed = s->next_out;
   l->st.batches++;
   double now = dl__now();
-  l->st.consumer_wait_s += now - t0;
-  if (now - t0 > 0.0005)
-    l->st.starved++;
+  count_wait(l, dev, now - t0);
   dl__pace_locked(l, now);
   l->st.last_batch_s = now - l->open_time;
   if (l->st.batches == 1) {
     l->st.first_batch_ms = (now - l->open_time) * 1000;
-    l->st.first_wait_s = l->st.consumer_wait_s;
+    l->st.first_wait_s = l->st.consumer_wait_s - l->st.consumer_wait_gpu_busy_s;
   }
   int err = b->err;
   if (err) {
@@ -719,7 +728,8 @@ int dl_stats_json(dl_loader *l, char *buf, size_t cap) {
   }
   pthread_mutex_lock(&l->mu);
   int64_t batches = l->st.batches;
-  double wait = l->st.consumer_wait_s, first = l->st.first_batch_ms, share = l->share;
+  double wait = l->st.consumer_wait_s - l->st.consumer_wait_gpu_busy_s, first = l->st.first_batch_ms;
+  double share = l->share, wait_busy = l->st.consumer_wait_gpu_busy_s;
   double balanced = l->split.balanced, first_wait = l->st.first_wait_s, last = l->st.last_batch_s;
   int decode = l->decode; /* decode=auto changes it once nvJPEG has started */
   char decode_now[sizeof l->decode_reason], pace_why[sizeof l->pace.why];
@@ -738,7 +748,8 @@ int dl_stats_json(dl_loader *l, char *buf, size_t cap) {
       buf, cap,
       "{\"samples\":%" PRId64 ",\"batches\":%" PRId64 ",\"errors\":%" PRId64 ",\"bytes_read\":%" PRId64
       ",\"wall_s\":%.6f,\"first_batch_ms\":%.3f,\"open_ms\":%.3f,\"open_index_ms\":%.3f,\"open_cuda_ms\":%.3f"
-      ",\"open_gpu_decode_ms\":%.3f,\"open_slots_ms\":%.3f,\"open_workers_ms\":%.3f,\"consumer_wait_s\":%.6f,\"decode_s\":%.6f"
+      ",\"open_gpu_decode_ms\":%.3f,\"open_slots_ms\":%.3f,\"open_workers_ms\":%.3f,\"consumer_wait_s\":%.6f"
+      ",\"consumer_wait_gpu_busy_s\":%.6f,\"decode_s\":%.6f"
       ",\"read_wait_s\":%.6f,\"workers\":%d,\"workers_active\":%d,\"workers_active_why\":\"%s\",\"parked_s\":%.6f,\"prefetch\":%d,\"batch_size\":%d,\"dataset_samples\":%zu"
       ",\"workers_reason\":\"%s\",\"prefetch_reason\":\"%s\",\"io_backend\":\"%s\",\"io_reason\":\"%s\",\"device\":\"%s\",\"decode_backend\":\"%s\""
       ",\"decode_reason\":\"%s\",\"cpu_decoded\":%" PRId64 ",\"gpu_decoded\":%" PRId64 ",\"gpu_fallbacks\":%" PRId64
@@ -749,7 +760,7 @@ int dl_stats_json(dl_loader *l, char *buf, size_t cap) {
       ",\"worker_decode_frac\":%.4f,\"worker_read_frac\":%.4f,\"worker_slot_wait_frac\":%.4f%s}",
       atomic_load(&l->st.samples), batches, atomic_load(&l->st.errors), atomic_load(&l->st.bytes_read),
       wall, first, l->st.open_ms, l->st.open_index_ms, l->st.open_cuda_ms, l->st.open_gpu_decode_ms,
-      l->st.open_slots_ms, l->st.open_workers_ms, wait, atomic_load(&l->st.decode_ns) * 1e-9,
+      l->st.open_slots_ms, l->st.open_workers_ms, wait + wait_busy, wait_busy, atomic_load(&l->st.decode_ns) * 1e-9,
       atomic_load(&l->st.read_wait_ns) * 1e-9, l->o.workers, active, json_text(pace_why, active_why, sizeof active_why),
       atomic_load(&l->st.parked_ns) * 1e-9, l->o.prefetch, l->o.batch_size, l->ds.n,
       json_text(l->workers_reason, workers_reason, sizeof workers_reason),

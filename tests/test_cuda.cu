@@ -88,7 +88,13 @@ __global__ void slow_sum(const unsigned char *p, size_t n, unsigned long long ns
   atomicAdd(out, acc);
 }
 
+static void stats_text(dl_loader *l, const char *key, char *out, size_t cap);
+static double stats_number(dl_loader *l, const char *key);
+
 // DECODE: where JPEGs are decoded; the reference is the same run's batches, copied at leisure.
+// The consumer queues 30 ms of GPU work per batch and asks for the next at once: its thread waits
+// while its GPU is busy, which the stats count apart, and the verdict is that the consumer is the
+// limit.
 static void slow_consumer(const char *decode) {
   char base[256], opts[300];
   snprintf(base, sizeof base, "batch_size=16 image_size=64 seed=8 workers=3 epochs=2 prefetch=4 device=cuda:0 %s",
@@ -116,6 +122,11 @@ static void slow_consumer(const char *decode) {
     fprintf(stderr, "slow consumer (%s): batch %d handed out and released\n", decode, k);
   }
   ASSERT_EQ(k, ref.batches);
+  double waited = stats_number(l, "consumer_wait_s"), busy = stats_number(l, "consumer_wait_gpu_busy_s");
+  ASSERT(busy > 0 && busy <= waited + 1e-6);
+  char verdict[32];
+  stats_text(l, "bottleneck", verdict, sizeof verdict);
+  ASSERT_STR_EQ(verdict, "consumer");
   unsigned long long got[16];
   // s does not synchronise with the legacy default stream: wait for its kernels explicitly.
   CHECK_CUDA(cudaStreamSynchronize(s));
@@ -142,8 +153,9 @@ static void slow_consumer(const char *decode) {
   CHECK_CUDA(cudaFree(sums));
   CHECK_CUDA(cudaStreamDestroy(s));
   free_copy(&ref);
-  printf("slow consumer (%s): %d batches summed 30 ms after release, none overwritten; DL_EBUSY when all held\n",
-         decode, k);
+  printf("slow consumer (%s): %d batches summed 30 ms after release, none overwritten; DL_EBUSY when all held; "
+         "waited %.3f s for batches, %.3f of it while its GPU was busy: bottleneck %s\n", decode, k, waited, busy,
+         verdict);
 }
 
 static long rss_kb(void) {

@@ -224,8 +224,10 @@ static void split(void) {
   l.ds.direct = NULL;
 
   /* The split steps by 1/32 toward the balance of the two sides' measured rates after three
-   * batches that agree, and only then; a consumer that never waits moves it to the CPU. The GPU
-   * decodes 192 images in 10 ms a batch; four workers take WORKER_MS per image. */
+   * batches that agree, and only then; a consumer that never waits moves it to the CPU while the
+   * copy stage waits for the consumer's GPU (AHEAD: a second of that per update, against the
+   * microseconds between updates here), else it holds. The GPU decodes 192 images in 10 ms a
+   * batch; four workers take WORKER_MS per image. */
   pthread_mutex_init(&l.mu, NULL);
   l.decode = DL__DECODE_HYBRID;
   l.o.gpu_share = -1;
@@ -233,15 +235,18 @@ static void split(void) {
   l.nstreams = 1;
   l.share = 0.75;
   double gpu_rate = 192 / 10.0;
-  struct { bool starved; double balance; double want; } steps[] = {
-      {true, 0.9, 0.75}, {true, 0.9, 0.75},                      /* start-up: not counted */
-      {true, 0.9, 0.75}, {true, 0.9, 0.75}, {true, 0.9, 0.78125}, /* the GPU side is faster: it takes more */
-      {true, 0.78, 0.78125}, {true, 0.78, 0.78125}, {true, 0.78, 0.78125}, /* balanced: stays */
-      {false, 0.9, 0.78125}, {false, 0.9, 0.78125}, {false, 0.9, 0.75}, /* the consumer never waited: to the CPU */
+  struct { bool starved, ahead; double balance; double want; } steps[] = {
+      {true, 0, 0.9, 0.75}, {true, 0, 0.9, 0.75},                         /* start-up: not counted */
+      {true, 0, 0.9, 0.75}, {true, 0, 0.9, 0.75}, {true, 0, 0.9, 0.78125}, /* the GPU side is faster: it takes more */
+      {true, 0, 0.78, 0.78125}, {true, 0, 0.78, 0.78125}, {true, 0, 0.78, 0.78125}, /* balanced: stays */
+      {false, 1, 0.9, 0.78125}, {false, 1, 0.9, 0.78125}, {false, 1, 0.9, 0.75}, /* never waited, far ahead: to the CPU */
+      {false, 0, 0.9, 0.75}, {false, 0, 0.9, 0.75}, {false, 0, 0.9, 0.75},       /* never waited, just ahead: holds */
   };
   for (size_t k = 0; k < sizeof steps / sizeof *steps; k++) {
     if (steps[k].starved)
       l.st.starved++;
+    if (steps[k].ahead)
+      atomic_fetch_add(&l.st.release_wait_ns, 1000000000);
     double worker_ms = l.o.workers / (gpu_rate * (1 / steps[k].balance - 1));
     l.st.cpu_decoded += 10;
     l.st.cpu_decode_ns += (int64_t)(10 * worker_ms * 1e6);

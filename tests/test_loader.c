@@ -533,6 +533,7 @@ static void open_time_split(void) {
   ASSERT(index > 0 && stat_number(stats, "open_workers_ms") > 0 && parts <= open &&
          open <= stat_number(stats, "first_batch_ms"));
   ASSERT_EQ(stat_number(stats, "open_cuda_ms"), 0); /* no device */
+  ASSERT_EQ(stat_number(stats, "consumer_wait_gpu_busy_s"), 0); /* a host consumer: all of its wait counts */
   dl_close(l);
   printf("dl_open's time split: %.2f ms, %.2f of it the index, %.2f starting the workers; first batch at %.2f ms\n",
          open, index, stat_number(stats, "open_workers_ms"), stat_number(stats, "first_batch_ms"));

@@ -48,6 +48,7 @@ typedef struct gpu {
   gpu_slot *slots;
   uint8_t *staging;  /* uint8 landing buffer when the output is float */
   dl__gpu_decoder *dec; /* JPEG decoding on this device, or NULL */
+  gpu_slot *last_released; /* the slot the consumer released last (under l->mu) */
   in_flight *inf;    /* per host slot */
   int *q;            /* the host slots queued, oldest first: q[qhead], ... (a ring of prefetch) */
   int qhead, qlen;
@@ -334,9 +335,13 @@ static int enqueue(gpu *g, dl_batch *host, int slot, dl_batch *dev) {
    * hardware decode is not given a stream that waits on another stream: it stalled there on an
    * H200 (test_cuda's slow consumer, decode=gpu), so the copy thread waits for the release itself
    * (it would block in nvJPEG for as long anyway). */
-  if (gs->release_pending)
-    e = has_gpu_jobs(host) && g->dec ? cudaEventSynchronize(gs->released)
-                                     : cudaStreamWaitEvent(g->copy, gs->released, 0);
+  if (gs->release_pending && has_gpu_jobs(host) && g->dec) {
+    double t = dl__now();
+    e = cudaEventSynchronize(gs->released);
+    atomic_fetch_add_explicit(&l->st.release_wait_ns, (int64_t)((dl__now() - t) * 1e9), memory_order_relaxed);
+  } else if (gs->release_pending) {
+    e = cudaStreamWaitEvent(g->copy, gs->released, 0);
+  }
   gs->release_pending = false;
   /* The GPU's JPEGs first, so the engines start while the CPU samples are copied. A JPEG nvJPEG
    * refuses becomes a CPU sample here, before the copies below. */
@@ -634,8 +639,15 @@ void dl__cuda_release_locked(dl_batch *b) {
     cudaSetDevice(id);
   /* Work the consumer queued on its stream before this point may still read the batch. */
   gs->release_pending = cudaEventRecord(gs->released, (cudaStream_t)b->release_stream) == cudaSuccess;
+  c->g[b->stream].last_released = gs->release_pending ? gs : NULL;
   if (prev != id && prev >= 0)
     cudaSetDevice(prev);
+}
+
+bool dl__cuda_consumer_busy_locked(dl_loader *l, int stream) {
+  cuda_state *c = l->cuda;
+  gpu_slot *gs = c->g[stream].last_released;
+  return gs && cudaEventQuery(gs->released) == cudaErrorNotReady;
 }
 
 int dl__cuda_stats(dl_loader *l, char *buf, size_t cap) {

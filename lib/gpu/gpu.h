@@ -27,6 +27,9 @@ int dl__cuda_field(const dl_batch *b, const char *name, DLTensor *out);
 int dl__cuda_wait(dl_batch *b, void *stream);
 /* Under l->mu, when a device batch's last reference goes: records the consumer's event. */
 void dl__cuda_release_locked(dl_batch *b);
+/* Under l->mu: whether the consumer's GPU is still running work it queued before its last
+ * release on device STREAM (so a consumer waiting now for a batch does not leave it idle). */
+bool dl__cuda_consumer_busy_locked(dl_loader *l, int stream);
 int dl__cuda_stats(dl_loader *l, char *buf, size_t cap);
 /* Makes a JPEG decoder on every device of l->cuda (nvJPEG's hardware engine where there is
  * one); sets l->gpu_hw and l->gpu_pool. Fails with the reason in WHY. */
@@ -80,7 +83,8 @@ size_t dl__gpu_job_bytes(const int32_t roi[4], int scale, int channels);
 /* Hybrid: after each batch the copy stage reports how long the GPU took for its samples; with the
  * workers' time per image that gives the share at which both sides finish a batch together, which
  * the next batches' share moves toward while the consumer waits, and back toward the CPU while it
- * never waits (the GPU's time is then better left to training). */
+ * never waits and the copy stage waits for its GPU (the GPU's time is then better left to
+ * training). */
 void dl__gpu_share_update(dl_loader *l, int gpu_samples, double gpu_ms);
 
 #endif

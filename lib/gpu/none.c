@@ -32,6 +32,10 @@ int dl__cuda_wait(dl_batch *b, void *stream) {
   return 0;
 }
 void dl__cuda_release_locked(dl_batch *b) { (void)b; }
+bool dl__cuda_consumer_busy_locked(dl_loader *l, int stream) {
+  (void)l, (void)stream;
+  return false;
+}
 int dl__gpu_decoders_open(dl_loader *l, char *why, size_t cap) {
   (void)l;
   snprintf(why, cap, "this ringfeed was built without CUDA");

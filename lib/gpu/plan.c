@@ -215,7 +215,12 @@ void dl__gpu_share_update(dl_loader *l, int gpu_samples, double gpu_ms) {
   int64_t cpu_n = atomic_load(&l->st.cpu_decoded), cpu_ns = atomic_load(&l->st.cpu_decode_ns);
   int64_t dn = cpu_n - s->cpu_decoded, dns = cpu_ns - s->cpu_ns;
   bool starved = l->st.starved > s->starved;
-  s->cpu_decoded = cpu_n, s->cpu_ns = cpu_ns, s->starved = l->st.starved;
+  /* The copy threads' share of the time since the last update spent waiting for the consumer's
+   * GPU to give a slot back: how far ahead of the consumer the loader runs. */
+  int64_t rw = atomic_load(&l->st.release_wait_ns);
+  double now = dl__now(), span = s->t > 0 ? now - s->t : 0;
+  double ahead = span > 0 ? (double)(rw - s->release_wait_ns) * 1e-9 / span / l->nstreams : 0;
+  s->cpu_decoded = cpu_n, s->cpu_ns = cpu_ns, s->starved = l->st.starved, s->release_wait_ns = rw, s->t = now;
   /* The first batches carry the decoders' start-up. */
   if (++s->updates > 2) {
     /* The per-image rates say where both sides would finish a batch together. */
@@ -233,9 +238,11 @@ void dl__gpu_share_update(dl_loader *l, int gpu_samples, double gpu_ms) {
      * q90: 23.3 thousand images/s on the GPU side at share 0.7, 17.9 at 0.59). Which side waited
      * for the other, the rule before, settled at such a local balance (0.59, 26,000 images/s
      * where a fixed 0.7 gave 30,700). A consumer that never waits leaves the split drifting to
-     * the CPU: the GPU's time is then better left to training. */
+     * the CPU while the copy stage keeps waiting for the consumer's GPU (the loader is well
+     * ahead): the GPU's time is then better left to training. Short of that it holds, rather
+     * than drift until the consumer waits. */
     if (!starved)
-      s->votes--;
+      s->votes = ahead > 0.25 ? s->votes - 1 : 0;
     else if (s->balanced > l->share + 1.0 / 64)
       s->votes++;
     else if (s->balanced > 0 && s->balanced < l->share - 1.0 / 64)
