@@ -617,14 +617,19 @@ typedef struct dl__stats {
   double open_index_ms, open_cuda_ms, open_gpu_decode_ms, open_slots_ms, open_workers_ms, open_ms;
 } dl__stats;
 
+/* The consumer's waiting that could have left it idle: not a CUDA consumer's wait while its GPU
+ * still ran earlier work. What pacing, the hybrid split and the verdict go by. */
+static inline double dl__consumer_idle_s(const dl__stats *st) {
+  return st->consumer_wait_s - st->consumer_wait_gpu_busy_s;
+}
+
 /* Hybrid's measurements (gpu/plan.c, under l->mu). */
 typedef struct dl__split {
   double gpu_ms, cpu_ms;  /* smoothed time per image: one device's decoder, one worker */
   double balanced;        /* the share at which both sides would finish together */
   int votes;              /* batches since the last step: + the GPU should take more, - less */
-  int64_t cpu_decoded, cpu_ns, starved; /* the counters at the last update */
-  int64_t release_wait_ns;
-  double t;
+  int64_t cpu_decoded, cpu_ns, starved, release_wait_ns; /* the counters at the last update */
+  double t;                                              /* and its time */
   int64_t updates;
 } dl__split;
 

@@ -319,14 +319,15 @@ static bool exhausted_out(const dl__stream *s) { return s->sm.total >= 0 && s->n
 
 int dl_next_batch_on(dl_loader *l, int dev, dl_batch **out) { return dl_next_batch_timed(l, dev, -1, out); }
 
-/* Under l->mu: a consumer of device DEV waited WAITED seconds. A CUDA consumer queues its work
- * ahead of its GPU, so its thread waits here even while its GPU is busy: that part of the waiting
- * is counted apart, and pacing, the hybrid split and the verdict go by the rest. */
-static void count_wait(dl_loader *l, int dev, double waited) {
+/* Under l->mu: a consumer of device DEV waited WAITED seconds, for a batch it got (HANDED) or in
+ * a slice of its wait. A CUDA consumer queues its work ahead of its GPU, so its thread waits here
+ * even while its GPU is busy: that part of the waiting is counted apart, and pacing, the hybrid
+ * split and the verdict go by the rest. */
+static void count_wait(dl_loader *l, int dev, double waited, bool handed) {
   l->st.consumer_wait_s += waited;
   if (waited > 0 && l->cuda && dl__cuda_consumer_busy_locked(l, dev))
     l->st.consumer_wait_gpu_busy_s += waited;
-  else if (waited > 0.0005)
+  else if (handed && waited > 0.0005)
     l->st.starved++;
 }
 
@@ -381,7 +382,7 @@ int dl_next_batch_timed(dl_loader *l, int dev, int timeout_ms, dl_batch **out) {
   }
   if (r) {
     if (r == -ETIMEDOUT) /* a consumer waiting in slices (the Python binding) still waited */
-      count_wait(l, dev, dl__now() - t0);
+      count_wait(l, dev, dl__now() - t0, false);
     if (--l->consumers == 0 && l->closing)
       pthread_cond_broadcast(&l->ready_cv); /* dl_close waits for the last one to leave */
     pthread_mutex_unlock(&l->mu);
@@ -395,12 +396,12 @@ int dl_next_batch_timed(dl_loader *l, int dev, int timeout_ms, dl_batch **out) {
   s->handed = s->next_out;
   l->st.batches++;
   double now = dl__now();
-  count_wait(l, dev, now - t0);
+  count_wait(l, dev, now - t0, true);
   dl__pace_locked(l, now);
   l->st.last_batch_s = now - l->open_time;
   if (l->st.batches == 1) {
     l->st.first_batch_ms = (now - l->open_time) * 1000;
-    l->st.first_wait_s = l->st.consumer_wait_s - l->st.consumer_wait_gpu_busy_s;
+    l->st.first_wait_s = dl__consumer_idle_s(&l->st);
   }
   int err = b->err;
   if (err) {
@@ -728,7 +729,7 @@ int dl_stats_json(dl_loader *l, char *buf, size_t cap) {
   }
   pthread_mutex_lock(&l->mu);
   int64_t batches = l->st.batches;
-  double wait = l->st.consumer_wait_s - l->st.consumer_wait_gpu_busy_s, first = l->st.first_batch_ms;
+  double wait = dl__consumer_idle_s(&l->st), first = l->st.first_batch_ms;
   double share = l->share, wait_busy = l->st.consumer_wait_gpu_busy_s;
   double balanced = l->split.balanced, first_wait = l->st.first_wait_s, last = l->st.last_batch_s;
   int decode = l->decode; /* decode=auto changes it once nvJPEG has started */

@@ -118,8 +118,9 @@ void dl__slot_free_locked(dl_batch *b) {
 }
 
 /*
- * workers=auto while running. Over each window (8 batches, 50 ms at least), the consumer's wait and
- * the workers' wait for a free slot (in workers: 2.0 is two workers' worth of idling) decide:
+ * workers=auto while running. Over each window (8 batches, 50 ms at least), the consumer's wait
+ * (dl__consumer_idle_s) and the workers' wait for a free slot (in workers: 2.0 is two workers'
+ * worth of idling) decide:
  * - the consumer waited more than 2% of the window: half the workers set aside come back;
  * - it waited less than 0.5% and the workers idled more than one and a half workers' worth: half
  *   of that idling is set aside, never the last worker, and not in the four windows after workers
@@ -127,10 +128,6 @@ void dl__slot_free_locked(dl_batch *b) {
  * Which worker decodes which sample never changes a batch's bytes, so this is invisible but for
  * the CPUs it frees.
  */
-/* The consumer's waiting that could have left it idle (not a CUDA consumer's wait while its GPU
- * still ran earlier work). */
-static double idle_s(const dl_loader *l) { return l->st.consumer_wait_s - l->st.consumer_wait_gpu_busy_s; }
-
 void dl__pace_locked(dl_loader *l, double now) {
   dl__pace *p = &l->pace;
   if (!p->on)
@@ -138,15 +135,15 @@ void dl__pace_locked(dl_loader *l, double now) {
   int64_t slot_ns = atomic_load_explicit(&l->st.slot_wait_ns, memory_order_relaxed);
   if (l->st.batches <= 3 || !p->t) { /* the first batches carry the start-up */
     if (l->st.batches >= 3)
-      p->t = now, p->wait = idle_s(l), p->batches = l->st.batches, p->slot_ns = slot_ns;
+      p->t = now, p->wait = dl__consumer_idle_s(&l->st), p->batches = l->st.batches, p->slot_ns = slot_ns;
     return;
   }
   double span = now - p->t;
   if (l->st.batches - p->batches < 8 || span < 0.05)
     return;
-  double waited = (idle_s(l) - p->wait) / span, idle = (double)(slot_ns - p->slot_ns) * 1e-9 / span;
+  double waited = (dl__consumer_idle_s(&l->st) - p->wait) / span, idle = (double)(slot_ns - p->slot_ns) * 1e-9 / span;
   int64_t window = l->st.batches - p->batches;
-  p->t = now, p->wait = idle_s(l), p->batches = l->st.batches, p->slot_ns = slot_ns;
+  p->t = now, p->wait = dl__consumer_idle_s(&l->st), p->batches = l->st.batches, p->slot_ns = slot_ns;
   int was = p->active;
   if (waited > 0.02 && p->active < l->nworkers) {
     p->active += (l->nworkers - p->active + 1) / 2;

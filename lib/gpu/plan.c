@@ -238,8 +238,8 @@ void dl__gpu_share_update(dl_loader *l, int gpu_samples, double gpu_ms) {
      * q90: 23.3 thousand images/s on the GPU side at share 0.7, 17.9 at 0.59). Which side waited
      * for the other, the rule before, settled at such a local balance (0.59, 26,000 images/s
      * where a fixed 0.7 gave 30,700). A consumer that never waits leaves the split drifting to
-     * the CPU while the copy stage keeps waiting for the consumer's GPU (the loader is well
-     * ahead): the GPU's time is then better left to training. Short of that it holds, rather
+     * the CPU while the copy stage waits for the consumer's GPU over a quarter of the time (the
+     * loader is well ahead): the GPU's time is then better left to training. Short of that it holds, rather
      * than drift until the consumer waits. */
     if (!starved)
       s->votes = ahead > 0.25 ? s->votes - 1 : 0;
