@@ -157,6 +157,7 @@ int main(int argc, char **argv) {
   int json = 0, digest = 0, keys = 0, make_only = 0;
   long synthetic = 10000, stop_after = -1;
   double step_ms = 0, step_kernel_ms = 1;
+  bool kernel_given = false;
   const char *device = "cpu";
   synthetic_coding coding = SYNTHETIC_DEFAULT;
   int c;
@@ -181,6 +182,7 @@ int main(int argc, char **argv) {
     case O_STEP: step_ms = atof(optarg); break;
     case O_STEP_KERNEL:
       step_kernel_ms = atof(optarg);
+      kernel_given = true;
       if (!(step_kernel_ms > 0)) {
         fprintf(stderr, "dlbench: --step-kernel-ms %s: a length in ms above 0\n", optarg);
         return 2;
@@ -202,6 +204,10 @@ int main(int argc, char **argv) {
   }
   if (olen >= sizeof opts) {
     fprintf(stderr, "dlbench: options too long\n");
+    return 2;
+  }
+  if (kernel_given && !(step_ms > 0)) { /* it shapes the --step-ms consumer, and nothing else */
+    fprintf(stderr, "dlbench: --step-kernel-ms needs --step-ms\n");
     return 2;
   }
   /* Several sources (the shell's expansion of a glob) are one list. */
@@ -267,7 +273,7 @@ int main(int argc, char **argv) {
     }
   }
 #else
-  if (step_ms > 0 || step_kernel_ms != 1) {
+  if (step_ms > 0) {
     fprintf(stderr, "dlbench: --step-ms and --step-kernel-ms need a build with CUDA\n");
     dl_close(l);
     free(source);

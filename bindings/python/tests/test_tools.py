@@ -62,6 +62,9 @@ def test_step_kernel_length_must_be_a_positive_number():
     for bad in ("0", "-1", "abc"):
         out = run(DLBENCH, WDS, *SMALL, "--step-kernel-ms", bad, ok=False)
         assert out.returncode == 2 and f"--step-kernel-ms {bad}: a length in ms above 0" in out.stderr, out.stderr
+    # A valid length without the consumer it shapes is refused too, not ignored.
+    out = run(DLBENCH, WDS, *SMALL, "--step-kernel-ms", "1", ok=False)
+    assert out.returncode == 2 and "--step-kernel-ms needs --step-ms" in out.stderr, out.stderr
 
 
 @needs_tools
