@@ -26,6 +26,8 @@ row() { echo "| $1 | $2 |" >> "$table"; }
 # Appends a step's log to run.log, under its name.
 keep() { for f in "$@"; do printf '\n===== %s\n' "$(basename "$f")" >> "$dest/run.log"; tail -c 20000 "$f" >> "$dest/run.log"; done; }
 num() { sed -n "s/.*\"$2\": *\([0-9.e+-]*\).*/\1/p" "$1" | head -1; }
+# The GPU's idle gaps under --step-ms: how many over 1 ms, their time, the largest and the step after it.
+gaps() { echo "$(num "$1" gpu_idle_gaps_over_1ms) gaps over 1 ms ($(num "$1" gpu_idle_over_1ms_ms) ms), the largest $(sed -n 's/.*"gpu_idle_largest":\[{"step":\([0-9]*\),"ms":\([0-9.]*\).*/\2 ms before step \1/p' "$1")"; }
 str() { sed -n "s/.*\"$2\":\"\([^\"]*\)\".*/\1/p" "$1" | head -1; }
 has() { case " $parts " in *" $1 "*) return 0 ;; esac; return 1; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN{ if (b > 0) printf "%.2f", a / b; else print "-" }'; }
@@ -188,26 +190,26 @@ if has bench; then
     for mode in $(for r in $(seq ${STEP_REPEATS:-1}); do echo gpu hybrid; done); do
       guarded 90 "$out/$set-$mode-step.json" "$out/$set-$mode-step.err" $bench --epochs 3 --decode $mode --step-ms "$step"
       keep "$out/$set-$mode-step.json" "$out/$set-$mode-step.err"
-      row "$set $mode, GPU consumer --step-ms $step (1.2 x hybrid's batch time)" "gpu_idle_frac $(num "$out/$set-$mode-step.json" gpu_idle_frac), $(num "$out/$set-$mode-step.json" samples_per_s) images/s, share $(num "$out/$set-$mode-step.json" gpu_share)"
+      row "$set $mode, GPU consumer --step-ms $step (1.2 x hybrid's batch time)" "gpu_idle_frac $(num "$out/$set-$mode-step.json" gpu_idle_frac) in $(gaps "$out/$set-$mode-step.json"), $(num "$out/$set-$mode-step.json" samples_per_s) images/s, share $(num "$out/$set-$mode-step.json" gpu_share), GPU decode $(num "$out/$set-$mode-step.json" gpu_decode_ms) ms/batch"
     done
     # The same over 10 epochs: how much of the idle time is the start (the split settling under the
     # consumer's load, the ring filling) and how much is steady
     j="$out/$set-hybrid-step-long.json"
     guarded 90 "$j" "$out/$set-hybrid-step-long.err" $bench --epochs 10 --decode hybrid --step-ms "$step"
     keep "$j" "$out/$set-hybrid-step-long.err"
-    row "$set hybrid, GPU consumer --step-ms $step, 10 epochs" "gpu_idle_frac $(num "$j" gpu_idle_frac), $(num "$j" samples_per_s) images/s, share $(num "$j" gpu_share)"
+    row "$set hybrid, GPU consumer --step-ms $step, 10 epochs" "gpu_idle_frac $(num "$j" gpu_idle_frac) in $(gaps "$j"), $(num "$j" samples_per_s) images/s, share $(num "$j" gpu_share), GPU decode $(num "$j" gpu_decode_ms) ms/batch"
     # The same consumer in kernels of 0.1 ms (a model's are mostly shorter: bench/model_kernels.py):
     # whether the loader's GPU work waits for the 1 ms kernels to finish
     j="$out/$set-hybrid-step-short.json"
     guarded 90 "$j" "$out/$set-hybrid-step-short.err" $bench --epochs 3 --decode hybrid --step-ms "$step" --step-kernel-ms 0.1
     keep "$j" "$out/$set-hybrid-step-short.err"
-    row "$set hybrid, GPU consumer --step-ms $step in kernels of 0.1 ms" "gpu_idle_frac $(num "$j" gpu_idle_frac), $(num "$j" samples_per_s) images/s, share $(num "$j" gpu_share)"
+    row "$set hybrid, GPU consumer --step-ms $step in kernels of 0.1 ms" "gpu_idle_frac $(num "$j" gpu_idle_frac) in $(gaps "$j"), $(num "$j" samples_per_s) images/s, share $(num "$j" gpu_share)"
     # The CPU path under a consumer slower than it (workers=auto sets the workers it does not need aside)
     cstep=$(awk -v s="$cpu" 'BEGIN{ if (s > 0) printf "%.3f", 1.2 * 256 / s * 1000; else print 100 }')
     j="$out/$set-cpu-step.json"
     guarded 90 "$j" "$out/$set-cpu-step.err" $bench --epochs 3 --decode cpu --step-ms "$cstep"
     keep "$j" "$out/$set-cpu-step.err"
-    row "$set cpu, GPU consumer --step-ms $cstep (1.2 x cpu's batch time)" "gpu_idle_frac $(num "$j" gpu_idle_frac), $(num "$j" samples_per_s) images/s, $(num "$j" workers_active) of $(num "$j" workers) workers at work at the end, $(num "$j" parked_s) s set aside"
+    row "$set cpu, GPU consumer --step-ms $cstep (1.2 x cpu's batch time)" "gpu_idle_frac $(num "$j" gpu_idle_frac) in $(gaps "$j"), $(num "$j" samples_per_s) images/s, $(num "$j" workers_active) of $(num "$j" workers) workers at work at the end, $(num "$j" parked_s) s set aside"
   done
 fi
 

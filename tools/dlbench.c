@@ -391,13 +391,16 @@ int main(int argc, char **argv) {
   char token[256] = "";
   dl_state_save(l, token, sizeof token);
   double idle = -1, h2d = -1;
+#ifdef DL_WITH_CUDA
+  gpu_step_idle gaps = {0};
+#endif
   const char *h2d_at = strstr(stats, "\"h2d_gb_s\":");
   if (h2d_at)
     h2d = atof(h2d_at + 11);
 #ifdef DL_WITH_CUDA
   if (gs) {
-    double unused;
-    gpu_step_close(gs, &idle, &unused);
+    gpu_step_close(gs, &gaps);
+    idle = gaps.frac;
   }
 #endif
   struct rusage ru;
@@ -433,6 +436,15 @@ int main(int argc, char **argv) {
            (int)stat_of(stats, "workers"), io, device, decode, rss_mb, steady);
     if (idle >= 0)
       printf(",\"gpu_idle_frac\":%.6f,\"step_ms\":%.3f", idle, step_ms);
+#ifdef DL_WITH_CUDA
+    if (idle >= 0) {
+      printf(",\"gpu_idle_gaps_over_1ms\":%ld,\"gpu_idle_over_1ms_ms\":%.3f,\"gpu_idle_largest\":[",
+             gaps.gaps_over_1ms, gaps.over_1ms_ms);
+      for (int i = 0; i < gaps.nlargest; i++)
+        printf("%s{\"step\":%ld,\"ms\":%.3f}", i ? "," : "", gaps.largest[i].step, gaps.largest[i].ms);
+      printf("]");
+    }
+#endif
     if (h2d >= 0)
       printf(",\"h2d_gb_s\":%.3f", h2d);
     if (mem_before >= 0)
@@ -450,8 +462,12 @@ int main(int argc, char **argv) {
     printf("first batch %.1f ms, consumer waited %.3f s, %lld errors, io %s, device %s, JPEG decode %s, "
            "peak RSS %.0f MB\n",
            first_ms, wait, errors, io, device, decode, rss_mb);
+#ifdef DL_WITH_CUDA
     if (idle >= 0)
-      printf("GPU idle %.4f of the time between steps of %.2f ms\n", idle, step_ms);
+      printf("GPU idle %.4f of the time between steps of %.2f ms: %ld gaps over 1 ms (%.1f ms in all), the "
+             "largest %.2f ms before step %ld\n", idle, step_ms, gaps.gaps_over_1ms, gaps.over_1ms_ms,
+             gaps.nlargest ? gaps.largest[0].ms : 0.0, gaps.nlargest ? gaps.largest[0].step : 0L);
+#endif
     if (h2d >= 0)
       printf("host-to-device copies %.2f GB/s; the GPU stage's stream busy %.1f%% of the time\n", h2d,
              100 * stat_of(stats, "gpu_stage_busy_frac"));

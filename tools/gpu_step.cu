@@ -18,6 +18,7 @@ struct gpu_step {
   cudaEvent_t start[RING], end[RING];
   long steps;
   double busy_ms, idle_ms;
+  gpu_step_idle gaps;
   unsigned long long *sink;
 };
 
@@ -89,6 +90,23 @@ extern "C" int gpu_step_open(gpu_step **out, const char *device, double step_ms,
   return 0;
 }
 
+// Keeps GAP (before step I) among the largest, and counts it if over a millisecond.
+static void note_gap(gpu_step_idle *s, long i, double gap) {
+  if (gap > 1) {
+    s->gaps_over_1ms++;
+    s->over_1ms_ms += gap;
+  }
+  int at = s->nlargest;
+  while (at > 0 && s->largest[at - 1].ms < gap)
+    at--;
+  if (at == GPU_STEP_LARGEST || gap <= 0)
+    return;
+  int last = s->nlargest < GPU_STEP_LARGEST ? s->nlargest++ : GPU_STEP_LARGEST - 1;
+  memmove(&s->largest[at + 1], &s->largest[at], (size_t)(last - at) * sizeof s->largest[0]);
+  s->largest[at].step = i;
+  s->largest[at].ms = gap;
+}
+
 // Folds step I's timing into the totals (its events have completed).
 static void account(gpu_step *g, long i) {
   float busy = 0, gap = 0;
@@ -98,6 +116,7 @@ static void account(gpu_step *g, long i) {
   if (i > 0) {
     cudaEventElapsedTime(&gap, g->end[(i - 1) % RING], g->start[i % RING]);
     g->idle_ms += gap > 0 ? gap : 0;
+    note_gap(&g->gaps, i, gap);
   }
 }
 
@@ -137,14 +156,14 @@ extern "C" int gpu_step_fetch(gpu_step *g, dl_batch *b, const DLTensor *t, void 
   return e ? fail(e, "copying the batch back") : 0;
 }
 
-extern "C" void gpu_step_close(gpu_step *g, double *idle_frac, double *h2d_unused) {
+extern "C" void gpu_step_close(gpu_step *g, gpu_step_idle *idle) {
   cudaStreamSynchronize(g->stream);
   long first = g->steps > RING - 1 ? g->steps - (RING - 1) : 0;
   for (long i = first; i < g->steps; i++)
     account(g, i);
   double span = g->busy_ms + g->idle_ms;
-  *idle_frac = g->steps > 1 && span > 0 ? g->idle_ms / span : (g->steps ? 0 : -1);
-  (void)h2d_unused;
+  *idle = g->gaps;
+  idle->frac = g->steps > 1 && span > 0 ? g->idle_ms / span : (g->steps ? 0 : -1);
   for (int i = 0; i < RING; i++) {
     cudaEventDestroy(g->start[i]);
     cudaEventDestroy(g->end[i]);

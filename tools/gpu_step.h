@@ -16,8 +16,18 @@ int gpu_step_open(gpu_step **out, const char *device, double step_ms, double ker
 int gpu_step_consume(gpu_step *g, dl_batch *b, const DLTensor *image);
 /* Copies one of the batch's tensors to HOST (for digests). */
 int gpu_step_fetch(gpu_step *g, dl_batch *b, const DLTensor *t, void *host);
-/* Finishes, and gives the fraction of time the GPU had no step to run between the first and last. */
-void gpu_step_close(gpu_step *g, double *idle_frac, double *h2d_unused);
+/* Where the GPU waited: the fraction of time it had no step to run between the first and last, and
+ * the gaps behind it, so that a stall (an epoch's turn, a slow batch) shows apart from jitter. */
+#define GPU_STEP_LARGEST 8
+typedef struct {
+  double frac;
+  long gaps_over_1ms;
+  double over_1ms_ms;                 /* those gaps' time together */
+  int nlargest;                       /* the largest gaps, largest first */
+  struct { long step; double ms; } largest[GPU_STEP_LARGEST]; /* STEP: the one that waited */
+} gpu_step_idle;
+/* Finishes, and says how long the GPU waited (frac -1 when no step ran). */
+void gpu_step_close(gpu_step *g, gpu_step_idle *idle);
 const char *gpu_step_error(void);
 /* Device memory in use on DEVICE ("cuda:N"), by every process, in MiB (CUDA started if need be). */
 double gpu_used_mb(const char *device);
