@@ -252,9 +252,12 @@ void dl__gpu_share_update(dl_loader *l, int gpu_samples, double gpu_ms) {
     /* Steps of 1/32 of a batch, after three votes the same way: nvJPEG sets up again for every new
      * batch size, so the split does not flicker. */
     if (s->votes >= 3 || s->votes <= -3) {
-      double step = s->votes > 0 ? 1.0 / 32 : -1.0 / 32;
+      double step = s->votes > 0 ? 1.0 / 32 : -1.0 / 32, was = l->share;
       l->share = fmin(1, fmax(0, round((l->share + step) * 32) / 32));
       s->votes = 0;
+      dl__log(DL__LOG_DEBUG, "hybrid split: GPU share %.3f -> %.3f (balanced %.3f; the consumer %s; the copy stage "
+              "waited for it %.0f%% of the time)", was, l->share, s->balanced, starved ? "waited" : "kept up",
+              100 * ahead);
     }
   }
   pthread_mutex_unlock(&l->mu);
