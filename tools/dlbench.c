@@ -179,7 +179,13 @@ int main(int argc, char **argv) {
     case O_RESUME: ADD(" resume=%s", optarg); break;
     case O_OPTION: ADD(" %s", optarg); break;
     case O_FLIP: ADD(" flip=1"); break;
-    case O_STEP: step_ms = atof(optarg); break;
+    case O_STEP:
+      step_ms = atof(optarg);
+      if (!(step_ms > 0)) {
+        fprintf(stderr, "dlbench: --step-ms %s: a length in ms above 0\n", optarg);
+        return 2;
+      }
+      break;
     case O_STEP_KERNEL:
       step_kernel_ms = atof(optarg);
       kernel_given = true;
@@ -208,6 +214,10 @@ int main(int argc, char **argv) {
   }
   if (kernel_given && !(step_ms > 0)) { /* it shapes the --step-ms consumer, and nothing else */
     fprintf(stderr, "dlbench: --step-kernel-ms needs --step-ms\n");
+    return 2;
+  }
+  if (step_ms > 0 && strncmp(device, "cuda", 4) != 0) { /* its consumer is a GPU's: on the CPU it would run no step */
+    fprintf(stderr, "dlbench: --step-ms runs a GPU consumer: it needs --device cuda:N (not %s)\n", device);
     return 2;
   }
   /* Several sources (the shell's expansion of a glob) are one list. */

@@ -68,6 +68,18 @@ def test_step_kernel_length_must_be_a_positive_number():
 
 
 @needs_tools
+def test_step_needs_a_positive_length_and_a_gpu():
+    for bad in ("0", "-5", "abc"):
+        out = run(DLBENCH, WDS, *SMALL, "--step-ms", bad, ok=False)
+        assert out.returncode == 2 and f"--step-ms {bad}: a length in ms above 0" in out.stderr, out.stderr
+    # The consumer is a GPU's: on the CPU it would silently run no step at all.
+    out = run(DLBENCH, WDS, *SMALL, "--step-ms", "5", "--device", "cpu", ok=False)
+    assert out.returncode == 2 and "--step-ms runs a GPU consumer: it needs --device cuda:N (not cpu)" in out.stderr
+    out = run(DLBENCH, WDS, *SMALL, "--step-ms", "5", ok=False)  # the default device is the CPU
+    assert out.returncode == 2 and "needs --device cuda:N" in out.stderr, out.stderr
+
+
+@needs_tools
 def test_dlshard_takes_brace_ranges_and_globs(two_shards):
     out = run(DLSHARD, "index", f"{two_shards}/s-{{0..1}}.tar").stdout.splitlines()
     assert [line.split(":")[0] for line in out] == [str(two_shards / "s-0.tar"), str(two_shards / "s-1.tar")]
