@@ -20,6 +20,7 @@
 #include <ftw.h>
 #include <math.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 static dl_loader l;
 static dl_batch slot;
@@ -225,9 +226,9 @@ static void split(void) {
 
   /* The split steps by 1/32 toward the balance of the two sides' measured rates after three
    * batches that agree, and only then; a consumer that never waits moves it to the CPU while the
-   * copy stage waits for the consumer's GPU (AHEAD: a second of that per update, against the
-   * microseconds between updates here), else it holds. The GPU decodes 192 images in 10 ms a
-   * batch; four workers take WORKER_MS per image. */
+   * copy stage waits for the consumer's GPU over a quarter of the time (AHEAD: that share of the
+   * time since the update before), by 1/8 while over half, else it holds. The GPU decodes 192
+   * images in 10 ms a batch; four workers take WORKER_MS per image. */
   pthread_mutex_init(&l.mu, NULL);
   l.decode = DL__DECODE_HYBRID;
   l.o.gpu_share = -1;
@@ -235,18 +236,21 @@ static void split(void) {
   l.nstreams = 1;
   l.share = 0.75;
   double gpu_rate = 192 / 10.0;
-  struct { bool starved, ahead; double balance; double want; } steps[] = {
+  struct { bool starved; double ahead, balance, want; } steps[] = {
       {true, 0, 0.9, 0.75}, {true, 0, 0.9, 0.75},                         /* start-up: not counted */
       {true, 0, 0.9, 0.75}, {true, 0, 0.9, 0.75}, {true, 0, 0.9, 0.78125}, /* the GPU side is faster: it takes more */
       {true, 0, 0.78, 0.78125}, {true, 0, 0.78, 0.78125}, {true, 0, 0.78, 0.78125}, /* balanced: stays */
-      {false, 1, 0.9, 0.78125}, {false, 1, 0.9, 0.78125}, {false, 1, 0.9, 0.75}, /* never waited, far ahead: to the CPU */
-      {false, 0, 0.9, 0.75}, {false, 0, 0.9, 0.75}, {false, 0, 0.9, 0.75},       /* never waited, just ahead: holds */
+      {false, 0.375, 0.9, 0.78125}, {false, 0.375, 0.9, 0.78125}, {false, 0.375, 0.9, 0.75}, /* never waited, ahead: */
+      {false, 0.9, 0.9, 0.75}, {false, 0.9, 0.9, 0.75}, {false, 0.9, 0.9, 0.625}, /* to the CPU; far ahead: faster */
+      {false, 0, 0.9, 0.625}, {false, 0, 0.9, 0.625}, {false, 0, 0.9, 0.625},      /* never waited, just ahead: holds */
   };
   for (size_t k = 0; k < sizeof steps / sizeof *steps; k++) {
     if (steps[k].starved)
       l.st.starved++;
-    if (steps[k].ahead)
-      atomic_fetch_add(&l.st.release_wait_ns, 1000000000);
+    if (steps[k].ahead > 0) { /* that share of the time since the last update, a little of it before the next */
+      usleep(2000);
+      atomic_fetch_add(&l.st.release_wait_ns, (int64_t)(steps[k].ahead * (dl__now() - l.split.t) * 1e9));
+    }
     double worker_ms = l.o.workers / (gpu_rate * (1 / steps[k].balance - 1));
     l.st.cpu_decoded += 10;
     l.st.cpu_decode_ns += (int64_t)(10 * worker_ms * 1e6);
