@@ -536,8 +536,11 @@ int dl__cuda_start(dl_loader *l) {
       c->device_bytes += c->out_sample_bytes * (size_t)B + 1 + sizeof(int64_t) * (size_t)B + l->field_block;
       if (l->field_block && (e = cudaMalloc((void **)&b->fields, l->field_block)))
         return cuda_fail(e, "allocating device field memory");
+      /* The copy thread waits on `released` from the host before nvJPEG writes the slot: a
+       * blocking wait, not CUDA's default spin, which held a core for the whole of a slow
+       * consumer's step. */
       if ((e = cudaEventCreateWithFlags(&gs->copied, cudaEventDisableTiming)) ||
-          (e = cudaEventCreateWithFlags(&gs->released, cudaEventDisableTiming)))
+          (e = cudaEventCreateWithFlags(&gs->released, cudaEventDisableTiming | cudaEventBlockingSync)))
         return cuda_fail(e, "creating events");
     }
   }
