@@ -94,11 +94,13 @@ static const char *text_of(const char *stats, const char *key, char *out, size_t
   return out;
 }
 
-static double now(void) {
+static double clock_s(clockid_t c) {
   struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
+  clock_gettime(c, &t);
   return (double)t.tv_sec + t.tv_nsec * 1e-9;
 }
+
+static double now(void) { return clock_s(CLOCK_MONOTONIC); }
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -262,7 +264,7 @@ int main(int argc, char **argv) {
   if (strncmp(device, "cuda", 4) == 0)
     mem_before = gpu_used_mb(device);
 #endif
-  double t0 = now();
+  double t0 = now(), cpu0 = clock_s(CLOCK_PROCESS_CPUTIME_ID); /* what the loader costs the host's CPUs */
   dl_loader *l;
   int r = dl_open(&l, source, opts);
   if (r) {
@@ -389,7 +391,7 @@ int main(int argc, char **argv) {
       last_print = t;
     }
   }
-  double wall = now() - t0;
+  double wall = now() - t0, cpu = clock_s(CLOCK_PROCESS_CPUTIME_ID) - cpu0;
 #ifdef DL_WITH_CUDA
   if (mem_before >= 0)
     mem_end = gpu_used_mb(device);
@@ -400,14 +402,13 @@ int main(int argc, char **argv) {
   dl_stats_json(l, stats, sizeof stats);
   char token[256] = "";
   dl_state_save(l, token, sizeof token);
-  double idle = -1, h2d = -1;
-#ifdef DL_WITH_CUDA
-  gpu_step_idle gaps = {0};
-#endif
+  double h2d = -1;
   const char *h2d_at = strstr(stats, "\"h2d_gb_s\":");
   if (h2d_at)
     h2d = atof(h2d_at + 11);
 #ifdef DL_WITH_CUDA
+  double idle = -1; /* the step consumer's, with --step-ms */
+  gpu_step_idle gaps = {0};
   if (gs) {
     gpu_step_close(gs, &gaps);
     idle = gaps.frac;
@@ -441,13 +442,12 @@ int main(int argc, char **argv) {
     printf("{\"samples\":%" PRId64 ",\"batches\":%" PRId64 ",\"wall_s\":%.6f,\"samples_per_s\":%.3f"
            ",\"bytes_per_s\":%.1f,\"first_batch_ms\":%.3f,\"consumer_wait_s\":%.6f,\"errors\":%lld"
            ",\"workers\":%d,\"io_backend\":\"%s\",\"device\":\"%s\",\"decode_backend\":\"%s\""
-           ",\"peak_rss_mb\":%.1f,\"steady_samples_per_s\":%.3f",
+           ",\"peak_rss_mb\":%.1f,\"steady_samples_per_s\":%.3f,\"cpu_s\":%.3f",
            samples, batches, wall, samples / wall, bytes / wall, first_ms, wait, errors,
-           (int)stat_of(stats, "workers"), io, device, decode, rss_mb, steady);
-    if (idle >= 0)
-      printf(",\"gpu_idle_frac\":%.6f,\"step_ms\":%.3f", idle, step_ms);
+           (int)stat_of(stats, "workers"), io, device, decode, rss_mb, steady, cpu);
 #ifdef DL_WITH_CUDA
     if (idle >= 0) {
+      printf(",\"gpu_idle_frac\":%.6f,\"step_ms\":%.3f", idle, step_ms);
       printf(",\"gpu_idle_gaps_over_1ms\":%ld,\"gpu_idle_over_1ms_ms\":%.3f,\"gpu_idle_largest\":[",
              gaps.gaps_over_1ms, gaps.over_1ms_ms);
       for (int i = 0; i < gaps.nlargest; i++)
@@ -472,6 +472,8 @@ int main(int argc, char **argv) {
     printf("first batch %.1f ms, consumer waited %.3f s, %lld errors, io %s, device %s, JPEG decode %s, "
            "peak RSS %.0f MB\n",
            first_ms, wait, errors, io, device, decode, rss_mb);
+    printf("CPU time %.2f s in all threads: %.1f CPUs on average, %.3f ms a sample\n", cpu, wall > 0 ? cpu / wall : 0.0,
+           samples ? cpu * 1e3 / (double)samples : 0.0);
 #ifdef DL_WITH_CUDA
     if (idle >= 0)
       printf("GPU idle %.4f of the time between steps of %.2f ms: %ld gaps over 1 ms (%.1f ms in all), the "

@@ -45,7 +45,24 @@ def test_several_sources_read_as_one_list_and_json_alone_on_stdout(two_shards):
     listed = json.loads(run(DLBENCH, f"{a}::{b}", *SMALL, "--json", "--digest").stdout)
     assert listed["digest"] == got["digest"]
     text = run(DLBENCH, a, b, *SMALL, "--digest").stdout.splitlines()
-    assert f"digest {got['digest']}" in text[-5:]  # before the summary lines
+    summary = next(i for i, line in enumerate(text) if " samples in " in line)
+    assert text[summary - 1] == f"digest {got['digest']}"  # just before the summary lines
+
+
+@needs_tools
+def test_cpu_time_counts_the_workers_decoding(tmp_path):
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path))
+    out = subprocess.run([DLBENCH, "--synthetic", "300", "--workers", "2", "--epochs", "2", "--json"],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    # The workers' decoding is CPU time (its clock time, the figure beside it, runs over it only
+    # while a worker waits for a CPU), and no more CPUs than the machine has were at work.
+    assert got["cpu_s"] >= 0.3 * got["loader"]["decode_s"] > 0
+    assert got["cpu_s"] <= got["wall_s"] * os.cpu_count() + 0.1
+    text = subprocess.run([DLBENCH, "--synthetic", "300", "--workers", "2"], capture_output=True, text=True,
+                          timeout=120, env=env).stdout
+    assert "CPU time " in text and " ms a sample" in text
 
 
 @needs_tools
