@@ -1,10 +1,20 @@
 // The card's own copy rate for one batch of B x 224 x 224 x 3 uint8: plain cudaMemcpyAsync from
 // pinned and from pageable memory, timed with events over many copies. The yardstick for the
-// loader's copy stage in the same run. Usage: h2d_baseline [BATCH] [DEVICE]; prints one JSON object.
+// loader's copy stage in the same run.
+//
+// With THREADS, also the ceiling of a loader of raw records at the host's memory speed: THREADS
+// threads copy 1 MiB pieces from plain memory (as the kernel copies page-cached file data into a
+// read's buffer) into a ring of 4 pinned slots of SLOT_MB, and each full slot is copied to the
+// device while the others fill. The loader's raw records from page-cached shards do the same work
+// plus the reads' system calls; copying from memory is what "once by the kernel" costs at best.
+//
+// Usage: h2d_baseline [BATCH] [DEVICE] [THREADS SLOT_MB]; prints one JSON object.
 #include <cuda_runtime.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define CHECK(x)                                                                                   \
   do {                                                                                             \
@@ -31,9 +41,121 @@ static double rate(void *src, void *dst, size_t bytes, cudaStream_t s, int reps)
   return (double)bytes * reps / (ms * 1e6);
 }
 
+#define SLOTS 4
+#define PIECE ((size_t)1 << 20)
+#define SOURCE ((size_t)2 << 30) /* larger than any cache: every piece comes from memory */
+
+/* The ring: slot k holds fill number `seq[k]`; `taken` pieces handed out, `done` copied in. */
+typedef struct {
+  pthread_mutex_t mu;
+  pthread_cond_t work, full;
+  unsigned char *slot[SLOTS], *src;
+  size_t pieces;
+  long seq[SLOTS], taken[SLOTS], done[SLOTS];
+  long next_fill, fills; /* the fill the workers take pieces of next; how many in all */
+} ring;
+
+static void *filler(void *arg) {
+  ring *r = (ring *)arg;
+  size_t at = 0;
+  pthread_mutex_lock(&r->mu);
+  for (;;) {
+    int k = (int)(r->next_fill % SLOTS);
+    while (r->next_fill < r->fills && (r->seq[k] != r->next_fill || r->taken[k] == (long)r->pieces)) {
+      if (r->seq[k] == r->next_fill && r->taken[k] == (long)r->pieces) { /* all handed out: the next */
+        k = (int)(++r->next_fill % SLOTS);
+        continue;
+      }
+      pthread_cond_wait(&r->work, &r->mu); /* the slot is still on its way to the device */
+      k = (int)(r->next_fill % SLOTS);
+    }
+    if (r->next_fill >= r->fills)
+      break;
+    size_t piece = (size_t)r->taken[k]++;
+    pthread_mutex_unlock(&r->mu);
+    at = (at + PIECE * 7919) % (SOURCE - PIECE); /* wander over the source as reads of many files do */
+    memcpy(r->slot[k] + piece * PIECE, r->src + at / 4096 * 4096, PIECE);
+    pthread_mutex_lock(&r->mu);
+    if (++r->done[k] == (long)r->pieces)
+      pthread_cond_broadcast(&r->full);
+  }
+  pthread_mutex_unlock(&r->mu);
+  return NULL;
+}
+
+static double seconds(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+/* Fills FILLS slots of SLOT_BYTES with THREADS threads while the device takes them; GB/s delivered
+ * after the first ring's worth. Also the device copies alone from the same ring, round robin. */
+static void pipeline(int threads, size_t slot_bytes, cudaStream_t s, double *ring_alone, double *filled) {
+  ring r;
+  memset(&r, 0, sizeof r);
+  pthread_mutex_init(&r.mu, NULL);
+  pthread_cond_init(&r.work, NULL);
+  pthread_cond_init(&r.full, NULL);
+  r.pieces = slot_bytes / PIECE;
+  slot_bytes = r.pieces * PIECE;
+  r.fills = (long)(((size_t)24 << 30) / slot_bytes) + SLOTS; /* about 24 GB after the first ring */
+  r.src = (unsigned char *)malloc(SOURCE);
+  memset(r.src, 7, SOURCE);
+  void *d;
+  CHECK(cudaMalloc(&d, slot_bytes));
+  for (int k = 0; k < SLOTS; k++) {
+    CHECK(cudaHostAlloc((void **)&r.slot[k], slot_bytes, cudaHostAllocPortable));
+    memset(r.slot[k], 7, slot_bytes);
+    r.seq[k] = k;
+  }
+  cudaEvent_t a, b;
+  CHECK(cudaEventCreate(&a));
+  CHECK(cudaEventCreate(&b));
+  CHECK(cudaEventRecord(a, s));
+  for (int i = 0; i < 20 * SLOTS; i++)
+    CHECK(cudaMemcpyAsync(d, r.slot[i % SLOTS], slot_bytes, cudaMemcpyHostToDevice, s));
+  CHECK(cudaEventRecord(b, s));
+  CHECK(cudaEventSynchronize(b));
+  float ms;
+  CHECK(cudaEventElapsedTime(&ms, a, b));
+  *ring_alone = (double)slot_bytes * 20 * SLOTS / (ms * 1e6);
+
+  pthread_t *t = (pthread_t *)calloc((size_t)threads, sizeof *t);
+  for (int i = 0; i < threads; i++)
+    pthread_create(&t[i], NULL, filler, &r);
+  double t0 = 0;
+  for (long f = 0; f < r.fills; f++) {
+    int k = (int)(f % SLOTS);
+    pthread_mutex_lock(&r.mu);
+    while (r.done[k] < (long)r.pieces)
+      pthread_cond_wait(&r.full, &r.mu);
+    pthread_mutex_unlock(&r.mu);
+    if (f == SLOTS)
+      t0 = seconds();
+    CHECK(cudaMemcpyAsync(d, r.slot[k], slot_bytes, cudaMemcpyHostToDevice, s));
+    CHECK(cudaStreamSynchronize(s));
+    pthread_mutex_lock(&r.mu); /* the slot is free: it takes fill f + SLOTS */
+    r.seq[k] = f + SLOTS;
+    r.taken[k] = r.done[k] = 0;
+    pthread_cond_broadcast(&r.work);
+    pthread_mutex_unlock(&r.mu);
+  }
+  *filled = (double)slot_bytes * (double)(r.fills - SLOTS) / ((seconds() - t0) * 1e9);
+  for (int i = 0; i < threads; i++)
+    pthread_join(t[i], NULL);
+  free(t);
+  for (int k = 0; k < SLOTS; k++)
+    cudaFreeHost(r.slot[k]);
+  cudaFree(d);
+  free(r.src);
+}
+
 int main(int argc, char **argv) {
   int batch = argc > 1 ? atoi(argv[1]) : 256;
   int dev = argc > 2 ? atoi(argv[2]) : 0;
+  int threads = argc > 3 ? atoi(argv[3]) : 0;
+  size_t slot_mb = argc > 4 ? (size_t)atoi(argv[4]) : 64;
   size_t bytes = (size_t)batch * 224 * 224 * 3;
   CHECK(cudaSetDevice(dev));
   cudaStream_t s;
@@ -45,6 +167,13 @@ int main(int argc, char **argv) {
   memset(pageable, 7, bytes);
   double p = rate(pinned, d, bytes, s, 50);
   double q = rate(pageable, d, bytes, s, 10);
-  printf("{\"batch_bytes\":%zu,\"pinned_gb_s\":%.3f,\"pageable_gb_s\":%.3f}\n", bytes, p, q);
+  printf("{\"batch_bytes\":%zu,\"pinned_gb_s\":%.3f,\"pageable_gb_s\":%.3f", bytes, p, q);
+  if (threads > 0 && slot_mb > 0) {
+    double alone, filled;
+    pipeline(threads, slot_mb << 20, s, &alone, &filled);
+    printf(",\"threads\":%d,\"slot_mb\":%zu,\"ring_pinned_gb_s\":%.3f,\"filled_from_memory_gb_s\":%.3f", threads,
+           slot_mb, alone, filled);
+  }
+  printf("}\n");
   return 0;
 }
