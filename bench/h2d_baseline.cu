@@ -38,6 +38,8 @@ static double rate(void *src, void *dst, size_t bytes, cudaStream_t s, int reps)
   CHECK(cudaEventSynchronize(b));
   float ms;
   CHECK(cudaEventElapsedTime(&ms, a, b));
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
   return (double)bytes * reps / (ms * 1e6);
 }
 
@@ -60,14 +62,15 @@ static void *filler(void *arg) {
   size_t at = 0;
   pthread_mutex_lock(&r->mu);
   for (;;) {
-    int k = (int)(r->next_fill % SLOTS);
-    while (r->next_fill < r->fills && (r->seq[k] != r->next_fill || r->taken[k] == (long)r->pieces)) {
-      if (r->seq[k] == r->next_fill && r->taken[k] == (long)r->pieces) { /* all handed out: the next */
-        k = (int)(++r->next_fill % SLOTS);
-        continue;
-      }
-      pthread_cond_wait(&r->work, &r->mu); /* the slot is still on its way to the device */
+    int k = 0;
+    while (r->next_fill < r->fills) {
       k = (int)(r->next_fill % SLOTS);
+      if (r->seq[k] != r->next_fill)
+        pthread_cond_wait(&r->work, &r->mu); /* the slot is still on its way to the device */
+      else if (r->taken[k] < (long)r->pieces)
+        break;
+      else
+        r->next_fill++; /* every piece of this fill handed out: the next */
     }
     if (r->next_fill >= r->fills)
       break;
@@ -120,10 +123,15 @@ static void pipeline(int threads, size_t slot_bytes, cudaStream_t s, double *rin
   float ms;
   CHECK(cudaEventElapsedTime(&ms, a, b));
   *ring_alone = (double)slot_bytes * 20 * SLOTS / (ms * 1e6);
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
 
   pthread_t *t = (pthread_t *)calloc((size_t)threads, sizeof *t);
   for (int i = 0; i < threads; i++)
-    pthread_create(&t[i], NULL, filler, &r);
+    if (pthread_create(&t[i], NULL, filler, &r)) {
+      fprintf(stderr, "h2d_baseline: could not start filler thread %d\n", i);
+      exit(1);
+    }
   double t0 = 0;
   for (long f = 0; f < r.fills; f++) {
     int k = (int)(f % SLOTS);
@@ -155,7 +163,11 @@ int main(int argc, char **argv) {
   int batch = argc > 1 ? atoi(argv[1]) : 256;
   int dev = argc > 2 ? atoi(argv[2]) : 0;
   int threads = argc > 3 ? atoi(argv[3]) : 0;
-  size_t slot_mb = argc > 4 ? (size_t)atoi(argv[4]) : 64;
+  int slot_mb = argc > 4 ? atoi(argv[4]) : 64;
+  if (batch < 1 || dev < 0 || (argc > 3 && (threads < 1 || threads > 1024)) || slot_mb < 1 || slot_mb > 4096) {
+    fprintf(stderr, "usage: h2d_baseline [BATCH >= 1] [DEVICE] [THREADS 1-1024 [SLOT_MB 1-4096]]\n");
+    return 2;
+  }
   size_t bytes = (size_t)batch * 224 * 224 * 3;
   CHECK(cudaSetDevice(dev));
   cudaStream_t s;
@@ -168,10 +180,10 @@ int main(int argc, char **argv) {
   double p = rate(pinned, d, bytes, s, 50);
   double q = rate(pageable, d, bytes, s, 10);
   printf("{\"batch_bytes\":%zu,\"pinned_gb_s\":%.3f,\"pageable_gb_s\":%.3f", bytes, p, q);
-  if (threads > 0 && slot_mb > 0) {
+  if (threads > 0) {
     double alone, filled;
-    pipeline(threads, slot_mb << 20, s, &alone, &filled);
-    printf(",\"threads\":%d,\"slot_mb\":%zu,\"ring_pinned_gb_s\":%.3f,\"filled_from_memory_gb_s\":%.3f", threads,
+    pipeline(threads, (size_t)slot_mb << 20, s, &alone, &filled);
+    printf(",\"threads\":%d,\"slot_mb\":%d,\"ring_pinned_gb_s\":%.3f,\"filled_from_memory_gb_s\":%.3f", threads,
            slot_mb, alone, filled);
   }
   printf("}\n");

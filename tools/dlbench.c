@@ -447,9 +447,8 @@ int main(int argc, char **argv) {
            (int)stat_of(stats, "workers"), io, device, decode, rss_mb, steady, cpu);
 #ifdef DL_WITH_CUDA
     if (idle >= 0) {
-      printf(",\"gpu_idle_frac\":%.6f,\"step_ms\":%.3f", idle, step_ms);
-      printf(",\"gpu_idle_gaps_over_1ms\":%ld,\"gpu_idle_over_1ms_ms\":%.3f,\"gpu_idle_largest\":[",
-             gaps.gaps_over_1ms, gaps.over_1ms_ms);
+      printf(",\"gpu_idle_frac\":%.6f,\"step_ms\":%.3f,\"gpu_idle_gaps_over_1ms\":%ld,\"gpu_idle_over_1ms_ms\":%.3f"
+             ",\"gpu_idle_largest\":[", idle, step_ms, gaps.gaps_over_1ms, gaps.over_1ms_ms);
       for (int i = 0; i < gaps.nlargest; i++)
         printf("%s{\"step\":%ld,\"ms\":%.3f}", i ? "," : "", gaps.largest[i].step, gaps.largest[i].ms);
       printf("]");
