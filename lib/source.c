@@ -58,7 +58,7 @@ static int expand_into(const char *pat, strlist *out) {
     if (end != dots || errno)
       return dl__fail(DL_EOPTION, "source '%s': bad range {%.*s}", pat, (int)blen, body);
     long long b = strtoll(dots + 2, &end, 10);
-    if (end != close || errno || b < a || b - a > 10000000)
+    if (end != close || errno || b < a || (uint64_t)b - (uint64_t)a > 10000000) /* no signed overflow */
       return dl__fail(DL_EOPTION, "source '%s': bad range {%.*s}", pat, (int)blen, body);
     int width = (int)(dots - body);
     for (long long i = a; i <= b; i++) {
@@ -98,8 +98,12 @@ static uint64_t expansion_count(const char *pat) {
     const char *dots = strstr(open, "..");
     uint64_t k = 1;
     if (dots && dots < close) {
+      errno = 0;
       long long a = strtoll(open + 1, NULL, 10), b = strtoll(dots + 2, NULL, 10);
-      k = b >= a ? (uint64_t)(b - a) + 1 : 1;
+      /* Ends out of range are expand_into's to name; the span in unsigned arithmetic, as b - a
+       * overflows for ends far apart. */
+      uint64_t span = (uint64_t)b - (uint64_t)a;
+      k = b < a || errno ? 1 : span >= MAX_PATHS ? MAX_PATHS + 1 : span + 1;
     } else {
       for (const char *p = open; p < close; p++)
         k += *p == ',';
