@@ -195,7 +195,8 @@ DL_EXTERN const void *dl_batch_bytes(const dl_batch *b, const char *name, int i,
 
 /*
  * Exports field NAME as a DLManagedTensor. Each export holds a reference to the batch; the batch
- * returns to the loader once it has been released and every export's deleter has run.
+ * returns to the loader once it has been released and every export's deleter has run. Export
+ * before the release: a released batch gives -EINVAL.
  */
 DL_EXTERN int dl_batch_export(dl_batch *b, const char *name, DLManagedTensor **out);
 
@@ -208,7 +209,8 @@ DL_EXTERN int dl_batch_wait(dl_batch *b, void *stream);
 /*
  * Hands the batch back. For device batches the library records an event on STREAM, and the next
  * copy into that device slot waits on it, so work queued on STREAM may still read the batch.
- * Releasing NULL is a no-op.
+ * Releasing NULL is a no-op; releasing a batch again before the loader hands its slot out anew
+ * does nothing but log a warning.
  */
 DL_EXTERN void dl_batch_release(dl_batch *b, void *stream);
 

@@ -581,6 +581,14 @@ void dl_batch_release(dl_batch *b, void *stream) {
   if (getpid() != l->pid)
     return; /* the parent's batch: nothing of it is the child's to release */
   pthread_mutex_lock(&l->mu);
+  /* The consumer's hold is the one reference that is not an export's. Releasing a batch a second
+   * time would free its slot while the workers fill it again or the next batch waits in it, and
+   * the consumer would wait for that batch for ever. */
+  if (b->state != DL__SLOT_HELD || b->refs - b->exports < 1) {
+    pthread_mutex_unlock(&l->mu);
+    dl__log(DL__LOG_WARN, "dl_batch_release: this batch was released already; the second release does nothing");
+    return;
+  }
   b->release_stream = stream;
   unref_locked(b, &free_now);
   pthread_mutex_unlock(&l->mu);
@@ -622,9 +630,16 @@ int dl_batch_export(dl_batch *b, const char *name, DLManagedTensor **out) {
   e->m.manager_ctx = b;
   e->m.deleter = export_deleter;
   pthread_mutex_lock(&b->l->mu);
-  b->refs++;
-  b->exports++;
+  bool held = b->state == DL__SLOT_HELD && b->refs - b->exports >= 1;
+  if (held) {
+    b->refs++;
+    b->exports++;
+  }
   pthread_mutex_unlock(&b->l->mu);
+  if (!held) { /* its slot may be filling with another batch: a tensor of it would change under the user */
+    free(e);
+    return dl__fail(-EINVAL, "dl_batch_export: the batch was released already; export before releasing it");
+  }
   *out = &e->m;
   return 0;
 }

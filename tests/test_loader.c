@@ -465,6 +465,35 @@ static void *wait_once(void *arg) {
 }
 
 /* Several consumer threads share one loader; dl_close from another thread ends their waits. */
+/* A batch released twice: the second release does nothing. It used to free the slot while the
+ * next batch waited in it, and the consumer then waited for that batch for ever. Exporting a
+ * released batch fails rather than handing out a tensor whose slot is filling again. */
+static void released_twice(void) {
+  dl_loader *l;
+  OPEN_OK(l, source, "batch_size=4 image_size=16 workers=2 prefetch=2 epochs=1");
+  ASSERT_GE(dl_batches_per_epoch(l), 5);
+  dl_batch *a, *b, *c;
+  ASSERT_EQ(dl_next_batch(l, &a), 0);
+  ASSERT_EQ(dl_next_batch(l, &b), 0);
+  dl_batch_release(a, NULL);
+  usleep(300 * 1000); /* a's slot fills with batch 2 meanwhile */
+  dl_batch_release(a, NULL);
+  DLManagedTensor *t = NULL;
+  ASSERT_EQ(dl_batch_export(a, "image", &t), -EINVAL);
+  ASSERT(t == NULL);
+  ASSERT_CONTAINS(dl_last_error(), "released already");
+  dl_batch_release(b, NULL);
+  for (int64_t want = 2; want < 5; want++) {
+    int64_t epoch, index;
+    ASSERT_EQ(dl_next_batch_timed(l, 0, 10000, &c), 0);
+    ASSERT_EQ(dl_batch_position(c, &epoch, &index), 0);
+    ASSERT_EQ(index, want);
+    dl_batch_release(c, NULL);
+  }
+  dl_close(l);
+  printf("released twice: the second release ignored with a warning, the next batches in order\n");
+}
+
 static void consumer_threads(void) {
   dl_loader *l;
   OPEN_OK(l, source, "batch_size=4 image_size=16 workers=2 prefetch=3 shuffle=1 seed=5");
@@ -627,6 +656,7 @@ int main(void) {
   sources();
   damaged_shards_and_cache();
   slots_and_lifetimes();
+  released_twice();
   consumer_threads();
   open_time_split();
   ring_setup_failure();
