@@ -586,6 +586,10 @@ typedef struct dl__stream {
   int64_t handed;    /* batches handed out */
   dl_batch *slots;   /* host prefetch slots; batch k lives in slot k % prefetch */
   dl_batch *dslots;  /* device slots (copy stage), batch k in dslots[k % device_slots]; or NULL */
+  /* A consumer waiting for next_out while its slot still holds a batch another thread was handed:
+   * since when (0: not so), and whether the warning about it was given. */
+  double held_since;
+  bool held_told;
 } dl__stream;
 
 typedef struct dl__stats {

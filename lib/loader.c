@@ -331,6 +331,32 @@ static void count_wait(dl_loader *l, int dev, double waited, bool handed) {
     l->st.starved++;
 }
 
+#define HELD_WARN_S 5.0
+
+static bool before(const struct timespec *a, const struct timespec *b) {
+  return a->tv_sec < b->tv_sec || (a->tv_sec == b->tv_sec && a->tv_nsec < b->tv_nsec);
+}
+
+/* The slot of the batch a consumer waits for still holds batch B, handed to another consumer
+ * thread, which alone can free it. If it never does (it waits here too, or keeps B's tensors
+ * while it waits on something else), every consumer waits for ever: after HELD_WARN_S seconds of
+ * this the loader says so, once. True while the consumer should look again within a second. */
+static bool held_elsewhere(dl_loader *l, dl__stream *s, const dl_batch *b) {
+  double now = dl__now();
+  if (!s->held_since)
+    s->held_since = now;
+  if (!s->held_told && now - s->held_since >= HELD_WARN_S) {
+    s->held_told = true;
+    dl__log(DL__LOG_WARN,
+            "batch %" PRId64 " has waited %.0f s for its slot (one of %d), which still holds batch %" PRId64
+            ", handed to another thread and not released: release it (in Python, drop that batch and its "
+            "tensors), or raise %s",
+            s->next_out, now - s->held_since, s->dslots ? l->o.device_slots : l->o.prefetch, b->k,
+            s->dslots ? "device_slots" : "prefetch");
+  }
+  return !s->held_told;
+}
+
 int dl_next_batch_timed(dl_loader *l, int dev, int timeout_ms, dl_batch **out) {
   *out = NULL;
   if (forked(l))
@@ -361,10 +387,13 @@ int dl_next_batch_timed(dl_loader *l, int dev, int timeout_ms, dl_batch **out) {
       break;
     }
     b = s->dslots ? &s->dslots[s->next_out % l->o.device_slots] : &s->slots[s->next_out % l->o.prefetch];
-    if (b->k == s->next_out && b->ready)
+    if (b->k == s->next_out && b->ready) {
+      s->held_since = 0, s->held_told = false;
       break;
+    }
     /* Held by this very thread: waiting cannot end (it would have to release it first). Held by
-     * another consumer thread: that one releases it in its own time. */
+     * another consumer thread: that one releases it in its own time (held_elsewhere warns when
+     * it takes long). */
     if (b->state == DL__SLOT_HELD && pthread_equal(b->holder, pthread_self())) {
       int slots = s->dslots ? l->o.device_slots : l->o.prefetch;
       r = dl__fail(DL_EBUSY,
@@ -373,9 +402,22 @@ int dl_next_batch_timed(dl_loader *l, int dev, int timeout_ms, dl_batch **out) {
                    s->next_out, slots, b->k, s->dslots ? "device_slots" : "prefetch");
       break;
     }
-    if (timeout_ms < 0) {
-      pthread_cond_wait(&l->ready_cv, &l->mu);
-    } else if (pthread_cond_timedwait(&l->ready_cv, &l->mu, &deadline) == ETIMEDOUT) {
+    bool look = false;
+    if (b->state == DL__SLOT_HELD)
+      look = held_elsewhere(l, s, b);
+    else
+      s->held_since = 0, s->held_told = false;
+    struct timespec until = deadline;
+    if (look) { /* a second on, or the caller's deadline if that comes first */
+      struct timespec soon;
+      clock_gettime(CLOCK_REALTIME, &soon);
+      soon.tv_sec += 1;
+      if (timeout_ms < 0 || before(&soon, &deadline))
+        until = soon;
+    }
+    int w = timeout_ms < 0 && !look ? pthread_cond_wait(&l->ready_cv, &l->mu)
+                                    : pthread_cond_timedwait(&l->ready_cv, &l->mu, &until);
+    if (w == ETIMEDOUT && timeout_ms >= 0 && !before(&until, &deadline)) {
       r = dl__fail(-ETIMEDOUT, "no batch within %d ms", timeout_ms);
       break;
     }

@@ -464,7 +464,6 @@ static void *wait_once(void *arg) {
   return NULL;
 }
 
-/* Several consumer threads share one loader; dl_close from another thread ends their waits. */
 /* A batch released twice: the second release does nothing. It used to free the slot while the
  * next batch waited in it, and the consumer then waited for that batch for ever. Exporting a
  * released batch fails rather than handing out a tensor whose slot is filling again. */
@@ -494,6 +493,44 @@ static void released_twice(void) {
   printf("released twice: the second release ignored with a warning, the next batches in order\n");
 }
 
+/* One thread keeps batch 0 while another consumes (prefetch=2): the consumer's wait for batch 2
+ * lasts until batch 0 is released, and after 5 s the loader says which batch holds it up. */
+static void held_by_another_thread(void) {
+  dl_loader *l;
+  OPEN_OK(l, source, "batch_size=4 image_size=16 workers=2 prefetch=2 epochs=1");
+  dl_batch *kept;
+  ASSERT_EQ(dl_next_batch(l, &kept), 0);
+  char log[600];
+  snprintf(log, sizeof log, "%s/held.log", dir);
+  fflush(stderr);
+  int saved = dup(2), fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  ASSERT(saved >= 0 && fd >= 0);
+  ASSERT_EQ(dup2(fd, 2), 2);
+  close(fd);
+  static consumer c;
+  memset(&c, 0, sizeof c);
+  c.l = l;
+  pthread_t t;
+  ASSERT_EQ(pthread_create(&t, NULL, consume, &c), 0);
+  sleep(6);
+  dl_batch_release(kept, NULL);
+  pthread_join(t, NULL);
+  fflush(stderr);
+  ASSERT_EQ(dup2(saved, 2), 2);
+  close(saved);
+  ASSERT_EQ(c.result, DL_EOF);
+  ASSERT_EQ(c.batches, dl_batches_per_epoch(l) - 1);
+  dl_close(l);
+  char text[2048] = {0};
+  FILE *f = fopen(log, "r");
+  ASSERT(f);
+  ASSERT_GT(fread(text, 1, sizeof text - 1, f), 0);
+  fclose(f);
+  ASSERT_CONTAINS(text, "batch 2 has waited 5 s for its slot (one of 2), which still holds batch 0");
+  printf("held by another thread: the consumer waited for it, warned after 5 s, and went on once released\n");
+}
+
+/* Several consumer threads share one loader; dl_close from another thread ends their waits. */
 static void consumer_threads(void) {
   dl_loader *l;
   OPEN_OK(l, source, "batch_size=4 image_size=16 workers=2 prefetch=3 shuffle=1 seed=5");
@@ -657,6 +694,7 @@ int main(void) {
   damaged_shards_and_cache();
   slots_and_lifetimes();
   released_twice();
+  held_by_another_thread();
   consumer_threads();
   open_time_split();
   ring_setup_failure();
