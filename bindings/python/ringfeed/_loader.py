@@ -143,6 +143,14 @@ class Writer:
             self.abort()
 
 
+def _token(state):
+    """The resume token of STATE: state_dict()'s {"token": ...}, or the token itself."""
+    token = state.get("token") if isinstance(state, dict) else state
+    if not isinstance(token, str):
+        raise ValueError(f"ringfeed: a state is what state_dict() returns ({{'token': 'rf2...'}}), not {state!r:.80}")
+    return token
+
+
 class Loader:
     """Batches of SOURCE: tar shards (a path, a list, globs, brace ranges) or an ImageFolder.
     Keywords are the C options (batch_size, workers, prefetch, image_size, crop, flip, channels,
@@ -169,7 +177,7 @@ class Loader:
         if "world_size" not in options and "WORLD_SIZE" in os.environ:
             options["world_size"] = int(os.environ["WORLD_SIZE"])
         if state is not None:
-            options["resume"] = state["token"] if isinstance(state, dict) else state
+            options["resume"] = _token(state)
         self._options = dict(options)
         self._source = source
         self._log_every = int(options.get("log_stats_every") or 0)
@@ -321,10 +329,22 @@ class Loader:
         return {"token": buf.value.decode()}
 
     def load_state_dict(self, state):
-        """Reopens the loader at STATE (as returned by state_dict())."""
+        """Reopens the loader at STATE (as returned by state_dict()). A state the loader refuses
+        (another dataset's, a damaged token) raises, and the loader goes on where it was."""
+        token = _token(state)
+        here = self.state_dict()["token"]
+        options = {k: v for k, v in self._options.items() if k != "resume"}
         self.close()
-        self.__init__(self._source, state=state, framework=self._framework, **{
-            k: v for k, v in self._options.items() if k != "resume"})
+        try:
+            self.__init__(self._source, state=token, framework=self._framework, **options)
+        except Error:
+            self.__init__(self._source, state=here, framework=self._framework, **options)
+            raise
+
+    def __reduce__(self):
+        raise TypeError("a ringfeed.Loader cannot be pickled or copied: it owns worker threads and pinned "
+                        "memory. Open one in each process (rank= and world_size= split the data; torchrun's "
+                        "RANK and WORLD_SIZE are read), and pass state_dict() to resume")
 
     def _log_stats(self):
         s = self.stats()

@@ -96,6 +96,35 @@ def test_resume_through_state_dict_equals_the_uninterrupted_stream():
     assert np.array_equal(next(again)["image"], full[5])
 
 
+@needs_testdata
+def test_a_refused_state_leaves_the_loader_where_it_was():
+    kw = dict(batch_size=8, image_size=20, seed=7, epochs=2, flip=True, workers=2, framework="numpy")
+    full = [b["image"].copy() for b in ringfeed.Loader(WDS, **kw)]
+    loader = ringfeed.Loader(WDS, **kw)
+    for _ in range(3):
+        next(loader)
+    with pytest.raises(ValueError, match="state_dict"):
+        loader.load_state_dict({"step": 3})
+    token = loader.state_dict()["token"]
+    other = token[:-4] + ("0000" if not token.endswith("0000") else "1111")  # another dataset's
+    with pytest.raises(ringfeed.Error) as e:
+        loader.load_state_dict({"token": other})
+    assert e.value.name == "DL_ESTATE" and "another dataset" in e.value.message
+    assert np.array_equal(next(loader)["image"], full[3])
+    loader.close()
+
+
+@needs_testdata
+def test_pickling_a_loader_says_what_to_do_instead():
+    import copy
+    import pickle
+    with ringfeed.Loader(WDS, batch_size=8, image_size=20, workers=1, framework="numpy") as loader:
+        for attempt in (pickle.dumps, copy.deepcopy, copy.copy):
+            with pytest.raises(TypeError, match="one in each process"):
+                attempt(loader)
+        assert next(loader)["image"].shape == (8, 20, 20, 3)
+
+
 def test_errors_are_exceptions_with_code_names(tmp_path):
     with pytest.raises(ringfeed.Error) as e:
         ringfeed.Loader(str(tmp_path / "missing.tar"))
