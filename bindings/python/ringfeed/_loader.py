@@ -143,6 +143,23 @@ class Writer:
             self.abort()
 
 
+# torch.utils.data.DataLoader's keywords that ringfeed spells otherwise or does not need: what
+# to write instead, added to the unknown-option error of someone moving over.
+_DATALOADER_HINTS = {
+    "num_workers": "a DataLoader keyword: ringfeed's is workers=N, threads of the library",
+    "prefetch_factor": "a DataLoader keyword: ringfeed's is prefetch=N, batches in flight in all",
+    "pin_memory": "a DataLoader keyword: batches are always in pinned memory, and device='cuda' "
+                  "puts them on the GPU",
+    "persistent_workers": "a DataLoader keyword: the workers live as long as the Loader",
+    "collate_fn": "a DataLoader keyword: batches come collated, a dict of tensors",
+    "sampler": "a DataLoader keyword: order comes from shuffle=, seed=, rank= and world_size=",
+    "batch_sampler": "a DataLoader keyword: order comes from shuffle=, seed=, rank= and world_size=",
+    "generator": "a DataLoader keyword: the shuffle comes from seed=",
+    "worker_init_fn": "a DataLoader keyword: the workers are the library's threads and run no Python",
+    "timeout": "a DataLoader keyword: a batch is waited for until it comes, Ctrl-C interrupts",
+}
+
+
 def _token(state):
     """The resume token of STATE: state_dict()'s {"token": ...}, or the token itself."""
     token = state.get("token") if isinstance(state, dict) else state
@@ -184,7 +201,11 @@ class Loader:
         self._handed = 0
         text = " ".join(f"{k}={_format(k, v)}" for k, v in options.items()
                         if v is not None and k != "log_stats_every")
-        _check(lib.dl_open(ctypes.byref(self._handle), source.encode(), text.encode()))
+        rc = lib.dl_open(ctypes.byref(self._handle), source.encode(), text.encode())
+        if rc < 0:
+            message = (lib.dl_last_error() or b"").decode(errors="replace")
+            hint = next((h for k, h in _DATALOADER_HINTS.items() if f"unknown option '{k}'" in message), None)
+            raise Error(rc, f"{message} ({hint})" if hint else message)
         # The epoch the next batch belongs to: the token names where the run starts.
         self._epoch = int(self.state_dict()["token"].split(".")[2])
         self._device = str(options.get("device", "cpu"))

@@ -136,6 +136,15 @@ def test_errors_are_exceptions_with_code_names(tmp_path):
         ringfeed.Loader(str(tmp_path), seed="1 2")
 
 
+def test_dataloader_keywords_name_what_to_write_instead(tmp_path):
+    for keyword, hint in (("num_workers", "workers=N"), ("pin_memory", "always in pinned memory"),
+                          ("prefetch_factor", "prefetch=N"), ("collate_fn", "come collated")):
+        with pytest.raises(ringfeed.Error) as e:
+            ringfeed.Loader(str(tmp_path), **{keyword: 2})
+        assert e.value.name == "DL_EOPTION" and f"unknown option '{keyword}'" in e.value.message
+        assert hint in e.value.message and "DataLoader" in e.value.message
+
+
 @needs_testdata
 def test_calls_after_close_raise_instead_of_crashing():
     loader = ringfeed.Loader(WDS, batch_size=16, image_size=32, workers=1, framework="numpy")
