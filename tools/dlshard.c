@@ -585,19 +585,19 @@ static int cmd_verify(int argc, char **argv) {
     return 1;
   }
   dl__log_level = DL__LOG_QUIET;
-  long bad = 0, shards = 0;
+  long bad = 0, shards = 0, unread = 0;
   for (int a = 1; a < argc; a++) {
     size_t n = 0;
     char **paths = paths_of(argv[a], &n);
     if (!paths) {
-      bad++;
+      unread++;
       continue;
     }
     for (size_t i = 0; i < n; i++) {
       uint64_t size;
       int fd = open_shard(paths[i], true, &size, stdout);
       if (fd < 0) {
-        bad++;
+        unread++;
         continue;
       }
       char magic[8] = {0};
@@ -609,10 +609,13 @@ static int cmd_verify(int argc, char **argv) {
     free_paths(paths, n);
   }
   dl__image_decoder_free(&d);
-  printf("%ld shard%s verified: %s\n", shards, shards == 1 ? "" : "s", bad ? "damaged (see above)" : "ok");
+  printf("%ld shard%s verified%s\n", shards, shards == 1 ? "" : "s",
+         bad ? ": damaged (see above)" : shards ? ": ok" : "");
   if (bad)
     printf("%ld bad record%s\n", bad, bad == 1 ? "" : "s");
-  return bad ? 1 : 0;
+  if (unread) /* missing or unreadable: named above, not counted as records */
+    printf("%ld shard%s could not be read (see above)\n", unread, unread == 1 ? "" : "s");
+  return bad || unread ? 1 : 0;
 }
 
 /* ---- index, ls ---- */

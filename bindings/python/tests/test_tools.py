@@ -104,3 +104,8 @@ def test_dlshard_takes_brace_ranges_and_globs(two_shards):
     assert "2 shards verified: ok" in out
     missing = run(DLSHARD, "index", f"{two_shards}/t-*.tar", ok=False)
     assert missing.returncode == 1 and "no file matches" in missing.stderr
+    # A shard that is not there is named and counted apart from damaged records.
+    out = run(DLSHARD, "verify", str(two_shards / "s-0.tar"), str(two_shards / "gone.tar"), ok=False)
+    assert out.returncode == 1 and "gone.tar: No such file or directory" in out.stdout, out.stdout
+    assert "1 shard verified: ok" in out.stdout and "1 shard could not be read" in out.stdout
+    assert "bad record" not in out.stdout
