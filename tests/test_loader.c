@@ -497,7 +497,7 @@ static void released_twice(void) {
  * lasts until batch 0 is released, and after 5 s the loader says which batch holds it up. */
 static void held_by_another_thread(void) {
   dl_loader *l;
-  OPEN_OK(l, source, "batch_size=4 image_size=16 workers=2 prefetch=2 epochs=1");
+  OPEN_OK(l, source, "batch_size=4 image_size=16 workers=2 prefetch=2 epochs=1 log=warn"); /* whatever DL_LOG_LEVEL says */
   dl_batch *kept;
   ASSERT_EQ(dl_next_batch(l, &kept), 0);
   char log[600];
