@@ -139,7 +139,7 @@ if has ceiling; then
       guarded $limit "$out/ceiling-$name.json" "$out/ceiling-$name.err" "$build/bench/nvjpeg_ceiling" $args \
         "$(dirname "$src")"/*.tar
       keep "$out/ceiling-$name.json" "$out/ceiling-$name.err"
-      row "$set nvJPEG alone ${args:-(loader's flags)}" "$(num "$out/ceiling-$name.json" images_per_s) images/s, $(num "$out/ceiling-$name.json" host_ms_per_call) ms host per call"
+      row "$set nvJPEG alone ${args:-(the flags of the loader)}" "$(num "$out/ceiling-$name.json" images_per_s) images/s, $(num "$out/ceiling-$name.json" host_ms_per_call) ms host per call"
     done
   done
 fi
