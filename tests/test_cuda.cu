@@ -308,6 +308,7 @@ static void members_on_device(const char *dir, const char *decode) {
 }
 
 int main(void) {
+  setvbuf(stdout, NULL, _IOLBF, 0); /* whole lines between the stderr progress lines in one log */
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
     dl_loader *l;
