@@ -1,9 +1,11 @@
 """The Loader: options in, batches of framework tensors out, state_dict for resume."""
 
+import contextlib
 import ctypes
 import json
 import os
 import sys
+import threading
 from typing import Iterator
 
 from . import _dlpack
@@ -11,6 +13,7 @@ from ._lib import DLManagedTensor, K_DL_CUDA, lib
 
 _DL_EOF = 1
 _DL_EBUSY = -1007
+_DL_ECLOSED = -1011
 _ETIMEDOUT = -110
 _WAIT_SLICE_MS = 50
 
@@ -185,6 +188,9 @@ class Loader:
 
     def __init__(self, source, *, state=None, framework=None, **options):
         self._handle = ctypes.c_void_p()
+        if not hasattr(self, "_guard"):  # kept when the loader reopens (set_epoch, load_state_dict)
+            self._guard = threading.Condition()
+            self._users = 0
         self._framework = _framework(framework)
         if isinstance(source, (list, tuple)):
             source = "::".join(str(s) for s in source)
@@ -226,7 +232,9 @@ class Loader:
             if batch is None:
                 return
             yield batch
-            if batch["index"] == lib.dl_epoch_batches(self._live(), batch["epoch"]) - 1:
+            with self._use() as handle:
+                last = batch["index"] == lib.dl_epoch_batches(handle, batch["epoch"]) - 1
+            if last:
                 return
 
     def __next__(self) -> dict:
@@ -262,27 +270,54 @@ class Loader:
         state = "closed" if not self._handle else f"epoch {self._epoch}"
         return f"ringfeed.Loader({self._source!r}{options}, framework={self._framework!r}) <{state}>"
 
+    @contextlib.contextmanager
+    def _use(self, closed=(-9, "the loader is closed")):
+        """The C handle, for one call or a few: close() from another thread waits until every
+        such use has ended before dl_close frees the loader, so no call is made on a freed one. A
+        closed loader raises CLOSED (code, message) instead of handing C a NULL."""
+        counted = False
+        try:
+            with self._guard:
+                if not self._handle:
+                    raise Error(*closed)
+                self._users += 1
+                counted = True  # at once: an interrupt after the count must still undo it
+                handle = self._handle
+            yield handle
+        finally:
+            if counted:
+                with self._guard:
+                    self._users -= 1
+                    if not self._users:
+                        self._guard.notify_all()
+
     def _live(self):
-        """The C handle; a closed loader raises instead of handing C a NULL."""
-        if not self._handle:
-            raise Error(-9, "the loader is closed")
-        return self._handle
+        with self._use() as handle:
+            return handle
 
     def next_batch(self, device_index=0):
         """The next batch as a dict, or None at the end of the last epoch."""
-        handle = self._live()
         b = ctypes.c_void_p()
         # Short waits: between them Python runs its signal handlers, so Ctrl-C interrupts a
-        # wait for a slow batch at once instead of after it.
-        rc = _ETIMEDOUT
-        while rc == _ETIMEDOUT:
-            rc = lib.dl_next_batch_timed(handle, device_index, _WAIT_SLICE_MS, ctypes.byref(b))
+        # wait for a slow batch at once instead of after it; and close() from another thread
+        # takes effect between two of them.
+        closed = (-9, "the loader is closed")
+        while True:
+            with self._use(closed) as handle:
+                rc = lib.dl_next_batch_timed(handle, device_index, _WAIT_SLICE_MS, ctypes.byref(b))
+                if rc == 0:
+                    return self._take(handle, b)
+            if rc != _ETIMEDOUT:
+                break
+            closed = (_DL_ECLOSED, "the loader was closed while waiting for a batch")
         if rc == _DL_EBUSY:
             raise Error(rc, (lib.dl_last_error() or b"").decode() + "; batches are zero-copy views "
                         "of the loader's slots: drop earlier batches, or keep copies (.clone(), .copy())")
         _check(rc)
-        if rc == _DL_EOF:
-            return None
+        return None  # DL_EOF
+
+    def _take(self, handle, b):
+        """Batch B as a dict of tensors, then the loader-side hold released."""
         self._handed += 1
         if self._log_every and self._handed % self._log_every == 0:
             self._log_stats()
@@ -340,13 +375,15 @@ class Loader:
     # -- state, stats, lifetime --------------------------------------------------------------
 
     def __len__(self):
-        return int(lib.dl_batches_per_epoch(self._live()))
+        with self._use() as handle:
+            return int(lib.dl_batches_per_epoch(handle))
 
     def state_dict(self):
         """Where the stream stands: pass it back as Loader(..., state=...) to continue after the
         last batch handed out (also at another world size)."""
         buf = ctypes.create_string_buffer(512)
-        _check(lib.dl_state_save(self._live(), buf, len(buf)))
+        with self._use() as handle:
+            _check(lib.dl_state_save(handle, buf, len(buf)))
         return {"token": buf.value.decode()}
 
     def load_state_dict(self, state):
@@ -377,13 +414,20 @@ class Loader:
         the consumer back (consumer: nothing, the loader keeps up; else decode, read or copy) and
         "bottleneck_why" the figures that show it."""
         buf = ctypes.create_string_buffer(8192)
-        _check(lib.dl_stats_json(self._live(), buf, len(buf)))
+        with self._use() as handle:
+            _check(lib.dl_stats_json(handle, buf, len(buf)))
         return json.loads(buf.value.decode())
 
     def close(self):
-        if self._handle:
-            lib.dl_close(self._handle)
-            self._handle = ctypes.c_void_p()
+        """Stops the workers and frees the loader (tensors handed out stay valid). From another
+        thread it ends a wait for a batch there (DL_ECLOSED) within a wait slice."""
+        with self._guard:
+            handle, self._handle = self._handle, ctypes.c_void_p()
+            if not handle:
+                return
+            while self._users:  # a call in flight on another thread: each ends within a slice
+                self._guard.wait()
+        lib.dl_close(handle)
 
     def __enter__(self):
         return self
@@ -392,5 +436,5 @@ class Loader:
         self.close()
 
     def __del__(self):
-        if getattr(self, "_handle", None):
+        if getattr(self, "_handle", None) and hasattr(self, "_guard"):
             self.close()

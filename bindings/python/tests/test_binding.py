@@ -2,8 +2,11 @@
 
 import io
 import os
+import random
 import resource
 import tarfile
+import threading
+import time
 
 import pytest
 
@@ -218,6 +221,65 @@ except KeyboardInterrupt:
     words = out.stdout.split()
     assert words and words[0] == "interrupted", out.stdout + out.stderr
     assert float(words[1]) < 0.2 and float(words[3]) < 0.1, out.stdout
+
+
+@needs_testdata
+def test_close_from_another_thread_waits_for_a_call_in_flight():
+    """close() refuses new calls at once but frees the loader only after calls already made on
+    another thread have returned: none of them runs on a freed loader."""
+    loader = ringfeed.Loader(WDS, batch_size=8, image_size=20, workers=1, framework="numpy")
+    batches = len(loader)
+    entered, leave, seen = threading.Event(), threading.Event(), []
+
+    def in_flight():
+        with loader._use() as handle:
+            entered.set()
+            leave.wait(10)
+            seen.append(ringfeed._loader.lib.dl_batches_per_epoch(handle))
+
+    user = threading.Thread(target=in_flight)
+    user.start()
+    assert entered.wait(10)
+    closer = threading.Thread(target=loader.close)
+    closer.start()
+    time.sleep(0.2)
+    assert closer.is_alive()  # waiting for the call in flight
+    with pytest.raises(ringfeed.Error, match="closed"):
+        loader.state_dict()  # a new call is refused meanwhile
+    leave.set()
+    user.join(10)
+    closer.join(10)
+    assert not closer.is_alive() and seen == [batches]
+
+
+def test_close_while_another_thread_waits_for_a_batch(tmp_path):
+    """A consumer thread waiting for slow batches, closed from the main thread at random moments:
+    it ends with DL_ECLOSED (or "closed" when close came first), never a crash or a hang."""
+    Image = pytest.importorskip("PIL.Image")
+    noise = np.random.default_rng(1).integers(0, 255, (900, 900, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(noise).save(buf, format="PNG", compress_level=1)
+    shard = tmp_path / "slow.tar"
+    _tar(shard, [(f"{i:04d}.png", buf.getvalue()) for i in range(48)])
+    rng = random.Random(3)
+    for _ in range(12):
+        loader = ringfeed.Loader(str(shard), batch_size=8, workers=1, image_size=32, framework="numpy")
+        ends = []
+
+        def consume():
+            try:
+                for _ in loader:
+                    pass
+                ends.append("done")
+            except ringfeed.Error as e:
+                ends.append(e.name)
+
+        t = threading.Thread(target=consume)
+        t.start()
+        time.sleep(rng.uniform(0.0, 0.25))
+        loader.close()
+        t.join(10)
+        assert not t.is_alive() and ends and ends[0] in ("DL_ECLOSED", "EBADF", "done"), ends
 
 
 def _tar(path, members):
