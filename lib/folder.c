@@ -213,6 +213,7 @@ int dl__folder_load(dl__dataset *ds, const char *root) {
     /* No class folders: a flat folder of files. */
     char **files = NULL;
     size_t nfiles = 0, fcap = 0;
+    bool shards = false;
     DIR *fd = opendir(root);
     while (fd && (de = readdir(fd))) {
       if (de->d_name[0] == '.')
@@ -220,24 +221,32 @@ int dl__folder_load(dl__dataset *ds, const char *root) {
       if (nfiles == fcap) {
         fcap = fcap ? fcap * 2 : 256;
         char **v = realloc(files, fcap * sizeof *v);
-        if (!v)
+        if (!v) {
+          rc = dl__fail(-ENOMEM, "out of memory listing %s", root); /* not a part of the folder */
           break;
+        }
         files = v;
       }
-      if (!(files[nfiles] = strdup(de->d_name)))
+      if (!(files[nfiles] = strdup(de->d_name))) {
+        rc = dl__fail(-ENOMEM, "out of memory listing %s", root);
         break;
+      }
+      const char *ext = strrchr(de->d_name, '.');
+      shards |= ext && (!strcmp(ext, ".tar") || !strcmp(ext, ".rfs"));
       nfiles++;
     }
     if (fd)
       closedir(fd);
-    qsort(files, nfiles, sizeof *files, cmp_str);
-    rc = flat_load(ds, root, files, nfiles);
+    if (!rc) {
+      qsort(files, nfiles, sizeof *files, cmp_str);
+      rc = flat_load(ds, root, files, nfiles);
+    }
     for (size_t i = 0; i < nfiles; i++)
       free(files[i]);
     free(files);
     if (!rc && ds->n == 0)
-      rc = dl__fail(DL_ENOSAMPLES, "source %s: no class folders (root/<class>/<image>) and no image or .npy files",
-                    root);
+      rc = dl__fail(DL_ENOSAMPLES, "source %s: no class folders (root/<class>/<image>) and no image or .npy files%s",
+                    root, shards ? " (it holds shards: give them by a glob or a brace range, as DIR/*.tar)" : "");
     return rc;
   }
   if (!rc)

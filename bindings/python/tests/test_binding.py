@@ -139,6 +139,16 @@ def test_errors_are_exceptions_with_code_names(tmp_path):
         ringfeed.Loader(str(tmp_path), seed="1 2")
 
 
+@needs_testdata
+def test_a_folder_of_shards_says_to_give_them_by_a_glob(tmp_path):
+    import shutil
+    shutil.copy(WDS, tmp_path / "shard-0.tar")
+    with pytest.raises(ringfeed.Error) as e:
+        ringfeed.Loader(str(tmp_path))
+    assert e.value.name == "DL_ENOSAMPLES" and "it holds shards" in e.value.message
+    assert len(ringfeed.Loader(str(tmp_path / "*.tar"), batch_size=4, image_size=16, workers=1)) > 0
+
+
 def test_dataloader_keywords_name_what_to_write_instead(tmp_path):
     for keyword, hint in (("num_workers", "workers=N"), ("pin_memory", "always in pinned memory"),
                           ("prefetch_factor", "prefetch=N"), ("collate_fn", "come collated")):
