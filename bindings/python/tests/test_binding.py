@@ -197,12 +197,7 @@ def test_a_forked_child_is_refused_the_parents_loader_and_opens_its_own():
 
 def test_ctrl_c_interrupts_a_wait_for_a_slow_batch(tmp_path):
     """SIGINT reaches Python within 200 ms while dl_next_batch waits, and the loader closes fast."""
-    Image = pytest.importorskip("PIL.Image")
-    noise = np.random.default_rng(0).integers(0, 255, (1500, 1500, 3), dtype=np.uint8)
-    buf = io.BytesIO()
-    Image.fromarray(noise).save(buf, format="PNG", compress_level=1)
-    shard = tmp_path / "slow.tar"
-    _tar(shard, [(f"{i:04d}.png", buf.getvalue()) for i in range(64)])
+    shard = _slow_shard(tmp_path, 1500, 64)
     script = f'''
 import os, signal, sys, threading, time
 sys.path.insert(0, {os.path.dirname(os.path.dirname(ringfeed.__file__))!r})
@@ -265,12 +260,7 @@ def test_close_from_another_thread_waits_for_a_call_in_flight():
 def test_close_while_another_thread_waits_for_a_batch(tmp_path):
     """A consumer thread waiting for slow batches, closed from the main thread at random moments:
     it ends with DL_ECLOSED (or "closed" when close came first), never a crash or a hang."""
-    Image = pytest.importorskip("PIL.Image")
-    noise = np.random.default_rng(1).integers(0, 255, (900, 900, 3), dtype=np.uint8)
-    buf = io.BytesIO()
-    Image.fromarray(noise).save(buf, format="PNG", compress_level=1)
-    shard = tmp_path / "slow.tar"
-    _tar(shard, [(f"{i:04d}.png", buf.getvalue()) for i in range(48)])
+    shard = _slow_shard(tmp_path, 900, 48)
     rng = random.Random(3)
     for _ in range(12):
         loader = ringfeed.Loader(str(shard), batch_size=8, workers=1, image_size=32, framework="numpy")
@@ -290,6 +280,17 @@ def test_close_while_another_thread_waits_for_a_batch(tmp_path):
         loader.close()
         t.join(10)
         assert not t.is_alive() and ends and ends[0] in ("DL_ECLOSED", "EBADF", "done"), ends
+
+
+def _slow_shard(tmp_path, side, count):
+    """COUNT noise PNGs of SIDE x SIDE pixels: slow to decode, so a consumer waits for them."""
+    Image = pytest.importorskip("PIL.Image")
+    noise = np.random.default_rng(side).integers(0, 255, (side, side, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(noise).save(buf, format="PNG", compress_level=1)
+    shard = tmp_path / "slow.tar"
+    _tar(shard, [(f"{i:04d}.png", buf.getvalue()) for i in range(count)])
+    return shard
 
 
 def _tar(path, members):
