@@ -1,5 +1,6 @@
 /* libFuzzer entry point for the image decoders: any bytes as a JPEG, PNG or WebP member, decoded
- * with a random-resized crop (drawn from the input) into a small slot, as a worker does. */
+ * with a random-resized crop (drawn from the input) into a small slot, as a worker does; and read
+ * by the JPEG marker reader that plans GPU decodes. */
 #include "internal.h"
 
 #include <stdbool.h>
@@ -21,6 +22,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   uint64_t key = size;
   for (size_t i = 0; i < size && i < 64; i++)
     key = key * 31 + data[i];
+  /* The marker reader the GPU path plans with, over whole files (scans and restart markers). */
+  for (int whole = 0; whole <= 1; whole++) {
+    dl__jpeg_info j;
+    if (dl__jpeg_probe(data, size, whole, &j) == 0 && (j.scans < 1 || j.entropy_bytes > size || j.blocks < 0))
+      abort();
+  }
   uint8_t out[24 * 24 * 3];
   for (int channels = 1; channels <= 3; channels += 2) {
     dl__decode_job job = {.src = data, .len = size, .channels = channels, .out_w = 24, .out_h = 24,
