@@ -213,6 +213,8 @@ static int set_blocks(dl_loader *l, dl__sampler *sm) {
 
 int dl_open(dl_loader **out, const char *source, const char *options) {
   double t0 = dl__now();
+  if (!out)
+    return dl__fail(-EINVAL, "dl_open: no place for the loader (OUT is NULL)");
   *out = NULL;
   dl_loader *l = calloc(1, sizeof *l);
   if (!l)
@@ -358,6 +360,8 @@ static bool held_elsewhere(dl_loader *l, dl__stream *s, const dl_batch *b) {
 }
 
 int dl_next_batch_timed(dl_loader *l, int dev, int timeout_ms, dl_batch **out) {
+  if (!out) /* a batch taken with nowhere to put it could never be released */
+    return dl__fail(-EINVAL, "dl_next_batch: no place for the batch (OUT is NULL)");
   *out = NULL;
   if (forked(l))
     return DL_EFORKED;
@@ -532,6 +536,8 @@ int dl__batch_describe(const dl_batch *b, const char *name, DLDevice device, DLT
 }
 
 int dl_batch_field(const dl_batch *b, const char *name, DLTensor *t) {
+  if (!b || !name || !t)
+    return dl__fail(-EINVAL, "dl_batch_field: %s is NULL", !b ? "the batch" : !name ? "the field name" : "OUT");
   if (b->is_device)
     return dl__cuda_field(b, name, t);
   return dl__batch_describe(b, name, (DLDevice){kDLCPU, 0}, t);
@@ -659,6 +665,8 @@ static void export_deleter(DLManagedTensor *m) {
 }
 
 int dl_batch_export(dl_batch *b, const char *name, DLManagedTensor **out) {
+  if (!out)
+    return dl__fail(-EINVAL, "dl_batch_export: no place for the tensor (OUT is NULL)");
   export *e = calloc(1, sizeof *e);
   if (!e)
     return dl__fail(-ENOMEM, "out of memory");

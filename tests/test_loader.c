@@ -493,6 +493,27 @@ static void released_twice(void) {
   printf("released twice: the second release ignored with a warning, the next batches in order\n");
 }
 
+/* NULL where the API writes its result, or for a field name: -EINVAL naming it, not a crash. */
+static void null_arguments(void) {
+  dl_loader *l;
+  ASSERT_EQ(dl_open(NULL, source, "batch_size=4"), -EINVAL);
+  ASSERT_CONTAINS(dl_last_error(), "OUT is NULL");
+  OPEN_OK(l, source, "batch_size=4 image_size=16 workers=1");
+  ASSERT_EQ(dl_next_batch(l, NULL), -EINVAL);
+  dl_batch *b;
+  ASSERT_EQ(dl_next_batch(l, &b), 0);
+  DLTensor t;
+  ASSERT_EQ(dl_batch_field(b, NULL, &t), -EINVAL);
+  ASSERT_CONTAINS(dl_last_error(), "field name");
+  ASSERT_EQ(dl_batch_field(b, "image", NULL), -EINVAL);
+  ASSERT_EQ(dl_batch_field(NULL, "image", &t), -EINVAL);
+  ASSERT_EQ(dl_batch_export(b, "image", NULL), -EINVAL);
+  ASSERT_EQ(dl_batch_field(b, "image", &t), 0); /* the batch is still the consumer's */
+  dl_batch_release(b, NULL);
+  dl_close(l);
+  printf("NULL arguments: -EINVAL naming them\n");
+}
+
 /* One thread keeps batch 0 while another consumes (prefetch=2): the consumer's wait for batch 2
  * lasts until batch 0 is released, and after 5 s the loader says which batch holds it up. */
 static void held_by_another_thread(void) {
@@ -694,6 +715,7 @@ int main(void) {
   damaged_shards_and_cache();
   slots_and_lifetimes();
   released_twice();
+  null_arguments();
   held_by_another_thread();
   consumer_threads();
   open_time_split();
