@@ -138,9 +138,7 @@ int dl_writer_begin(dl_writer *w, const char *key, int64_t label) {
   return 0;
 }
 
-int dl_writer_field(dl_writer *w, const char *name, const char *codec, const void *data, size_t size) {
-  if (!w->open_record)
-    return dl__fail(-EINVAL, "%s: dl_writer_field outside a record", w->path);
+static int add_field(dl_writer *w, const char *name, const char *codec, const void *data, size_t size) {
   int c = -1;
   for (int i = 0; i < (int)DL__ARRAY_LEN(dl__rfs_codec_names); i++)
     if (!strcmp(codec, dl__rfs_codec_names[i]))
@@ -186,6 +184,17 @@ int dl_writer_field(dl_writer *w, const char *name, const char *codec, const voi
   memcpy(e + 8, &st32, 4);
   memcpy(e + 12, &raw, 8);
   return 0;
+}
+
+int dl_writer_field(dl_writer *w, const char *name, const char *codec, const void *data, size_t size) {
+  if (!w->open_record)
+    return dl__fail(-EINVAL, "%s: dl_writer_field outside a record", w->path);
+  int r = add_field(w, name, codec, data, size);
+  if (r) { /* the record is dropped, key and all: the writer goes on with the next one */
+    w->open_record = false;
+    w->keys_len = w->key_off;
+  }
+  return r;
 }
 
 int dl_writer_end(dl_writer *w) {

@@ -115,11 +115,14 @@ class Writer:
     def add(self, key, label=-1, fields=None):
         """Appends one record. FIELDS maps a name to (codec, bytes or array), or to bytes or an
         array alone (stored raw)."""
-        _check(lib.dl_writer_begin(self._handle, str(key).encode(), int(label)))
+        parts = []  # every payload made before the record starts: a bad value leaves nothing open
         for name, value in (fields or {}).items():
             codec, data = value if isinstance(value, tuple) else ("raw", value)
-            data = self._payload(data)
-            _check(lib.dl_writer_field(self._handle, name.encode(), codec.encode(), data, len(data)))
+            parts.append((name.encode(), codec.encode(), self._payload(data)))
+        # A field the library refuses drops the record, so the next add() starts afresh.
+        _check(lib.dl_writer_begin(self._handle, str(key).encode(), int(label)))
+        for name, codec, data in parts:
+            _check(lib.dl_writer_field(self._handle, name, codec, data, len(data)))
         _check(lib.dl_writer_end(self._handle))
 
     def close(self):

@@ -91,6 +91,21 @@ def test_raw_fields_of_ringfeed_shards(tmp_path):
     assert [k for b in got for k in b["key"]] == [f"rec{i}" for i in range(9)]
 
 
+def test_a_refused_record_is_dropped_and_the_writer_goes_on(tmp_path):
+    path = tmp_path / "w.rfs"
+    with ringfeed.Writer(str(path)) as w:
+        w.add("rec0", label=0, fields={"meta": ("raw", npy_bytes(np.array([0])))})
+        with pytest.raises(ringfeed.Error) as e:  # refused by the library, after the record began
+            w.add("bad", label=9, fields={"meta": ("raw", npy_bytes(np.array([9]))), "x": ("nonsense", b"x")})
+        assert e.value.name == "DL_EOPTION" and "unknown codec 'nonsense'" in e.value.message
+        with pytest.raises(ValueError):  # refused in Python (not a (codec, data) pair), before it began
+            w.add("worse", label=9, fields={"meta": ("raw", b"x", "extra")})
+        w.add("rec1", label=1, fields={"meta": ("raw", npy_bytes(np.array([1])))})
+    got = [copies(b) for b in ringfeed.Loader(str(path), batch_size=2, shuffle=False, framework="numpy", workers=1)]
+    assert [k for b in got for k in b["key"]] == ["rec0", "rec1"]
+    assert np.concatenate([b["meta"] for b in got]).tolist() == [[0], [1]]
+
+
 def test_token_windows_match_a_numpy_reference(tmp_path):
     tokens = (np.arange(1000, dtype=np.uint32) * 7919 % 50257).astype(np.uint16)
     path = tmp_path / "t.bin"
