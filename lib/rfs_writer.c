@@ -65,6 +65,8 @@ static int pad_to(dl_writer *w, uint64_t boundary) {
 }
 
 int dl_writer_open(dl_writer **out, const char *path, const char *options) {
+  if (!out || !path)
+    return dl__fail(-EINVAL, "dl_writer_open: %s is NULL", !out ? "OUT" : "PATH");
   *out = NULL;
   dl_writer *w = calloc(1, sizeof *w);
   if (!w)
@@ -123,6 +125,8 @@ int dl_writer_open(dl_writer **out, const char *path, const char *options) {
 int dl_writer_begin(dl_writer *w, const char *key, int64_t label) {
   if (w->open_record)
     return dl__fail(-EINVAL, "%s: dl_writer_begin inside a record", w->path);
+  if (!key)
+    return dl__fail(-EINVAL, "%s: dl_writer_begin without a key", w->path);
   size_t n = strlen(key);
   if (n >= 4096)
     return dl__fail(-EINVAL, "%s: key of %zu bytes is too long", w->path, n);
@@ -189,7 +193,9 @@ static int add_field(dl_writer *w, const char *name, const char *codec, const vo
 int dl_writer_field(dl_writer *w, const char *name, const char *codec, const void *data, size_t size) {
   if (!w->open_record)
     return dl__fail(-EINVAL, "%s: dl_writer_field outside a record", w->path);
-  int r = add_field(w, name, codec, data, size);
+  int r = !name || !codec || (!data && size)
+              ? dl__fail(-EINVAL, "%s: dl_writer_field: %s is NULL", w->path, !name ? "NAME" : !codec ? "CODEC" : "DATA")
+              : add_field(w, name, codec, data, size);
   if (r) { /* the record is dropped, key and all: the writer goes on with the next one */
     w->open_record = false;
     w->keys_len = w->key_off;

@@ -11,6 +11,7 @@
 #include "test.h"
 #include "test_data.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -95,9 +96,19 @@ static void writer_round_trip(void) {
     size_t rl = make_npy(raw, 400, r);
     ASSERT_EQ(dl_writer_field(w, "packed", "zstd", raw, rl), 0);
     ASSERT_EQ(dl_writer_field(w, "image", "jpeg", jpg, jlen), 0);
-    ASSERT_EQ(dl_writer_field(w, "x", "lz4", raw, 1), DL_EOPTION);
     ASSERT_EQ(dl_writer_end(w), 0);
   }
+  /* A field refused drops its record, key and all, and the writer goes on: no record is written
+   * without a field its writer meant it to have. */
+  ASSERT_EQ(dl_writer_begin(w, NULL, 0), -EINVAL);
+  ASSERT_EQ(dl_writer_begin(w, "dropped", 1), 0);
+  ASSERT_EQ(dl_writer_field(w, "tensor", "raw", npy, make_npy(npy, 4, 0)), 0);
+  ASSERT_EQ(dl_writer_field(w, "x", "lz4", raw, 1), DL_EOPTION);
+  ASSERT_EQ(dl_writer_end(w), -EINVAL);
+  ASSERT_EQ(dl_writer_begin(w, "dropped too", 1), 0);
+  ASSERT_EQ(dl_writer_field(w, NULL, "raw", raw, 1), -EINVAL);
+  ASSERT_EQ(dl_writer_field(w, "x", "raw", raw, 1), -EINVAL); /* outside a record now */
+  ASSERT_EQ(dl_writer_open(NULL, path, ""), -EINVAL);
   ASSERT_EQ(dl_writer_close(w), 0);
   int fd = open(path, O_RDONLY);
   struct stat st;
