@@ -321,9 +321,6 @@ class Loader:
 
     def _take(self, handle, b):
         """Batch B as a dict of tensors, then the loader-side hold released."""
-        self._handed += 1
-        if self._log_every and self._handed % self._log_every == 0:
-            self._log_stats()
         try:
             stream = self._consumer_stream(b)
             if stream is not None:
@@ -351,6 +348,9 @@ class Loader:
             # The tensors hold the batch; releasing here only ends the loader-side hold. On CUDA
             # the release is recorded on the consumer's stream, so queued work still sees the data.
             lib.dl_batch_release(b, stream if "stream" in locals() else None)
+        self._handed += 1  # after the release: a failure to log cannot keep the batch's slot
+        if self._log_every and self._handed % self._log_every == 0:
+            self._log_stats()
         return out
 
     def _consumer_stream(self, b):
