@@ -25,15 +25,16 @@
     }                                                                                              \
   } while (0)
 
-static double rate(void *src, void *dst, size_t bytes, cudaStream_t s, int reps) {
+/* GB/s of REPS copies of BYTES to DST, from the NSRC sources in turn, after three to warm up. */
+static double rate(unsigned char *const *src, int nsrc, void *dst, size_t bytes, cudaStream_t s, int reps) {
   cudaEvent_t a, b;
   CHECK(cudaEventCreate(&a));
   CHECK(cudaEventCreate(&b));
   for (int i = 0; i < 3; i++)
-    CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s));
+    CHECK(cudaMemcpyAsync(dst, src[i % nsrc], bytes, cudaMemcpyHostToDevice, s));
   CHECK(cudaEventRecord(a, s));
   for (int i = 0; i < reps; i++)
-    CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s));
+    CHECK(cudaMemcpyAsync(dst, src[i % nsrc], bytes, cudaMemcpyHostToDevice, s));
   CHECK(cudaEventRecord(b, s));
   CHECK(cudaEventSynchronize(b));
   float ms;
@@ -112,19 +113,7 @@ static void pipeline(int threads, size_t slot_bytes, cudaStream_t s, double *rin
     memset(r.slot[k], 7, slot_bytes);
     r.seq[k] = k;
   }
-  cudaEvent_t a, b;
-  CHECK(cudaEventCreate(&a));
-  CHECK(cudaEventCreate(&b));
-  CHECK(cudaEventRecord(a, s));
-  for (int i = 0; i < 20 * SLOTS; i++)
-    CHECK(cudaMemcpyAsync(d, r.slot[i % SLOTS], slot_bytes, cudaMemcpyHostToDevice, s));
-  CHECK(cudaEventRecord(b, s));
-  CHECK(cudaEventSynchronize(b));
-  float ms;
-  CHECK(cudaEventElapsedTime(&ms, a, b));
-  *ring_alone = (double)slot_bytes * 20 * SLOTS / (ms * 1e6);
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
+  *ring_alone = rate(r.slot, SLOTS, d, slot_bytes, s, 20 * SLOTS);
 
   pthread_t *t = (pthread_t *)calloc((size_t)threads, sizeof *t);
   for (int i = 0; i < threads; i++)
@@ -177,8 +166,9 @@ int main(int argc, char **argv) {
   CHECK(cudaMalloc(&d, bytes));
   memset(pinned, 7, bytes);
   memset(pageable, 7, bytes);
-  double p = rate(pinned, d, bytes, s, 50);
-  double q = rate(pageable, d, bytes, s, 10);
+  unsigned char *one[2] = {(unsigned char *)pinned, (unsigned char *)pageable};
+  double p = rate(&one[0], 1, d, bytes, s, 50);
+  double q = rate(&one[1], 1, d, bytes, s, 10);
   printf("{\"batch_bytes\":%zu,\"pinned_gb_s\":%.3f,\"pageable_gb_s\":%.3f", bytes, p, q);
   if (threads > 0) {
     double alone, filled;
