@@ -611,6 +611,10 @@ static bool drop_hold(dl_batch *b) {
   return false;
 }
 
+/* Under l->mu: the consumer has not released B yet (its hold is the one reference that is not an
+ * export's). */
+static bool consumer_holds(const dl_batch *b) { return b->state == DL__SLOT_HELD && b->refs - b->exports >= 1; }
+
 static void unref_locked(dl_batch *b, bool *free_now) {
   dl_loader *l = b->l;
   if (--b->refs > 0)
@@ -629,10 +633,9 @@ void dl_batch_release(dl_batch *b, void *stream) {
   if (getpid() != l->pid)
     return; /* the parent's batch: nothing of it is the child's to release */
   pthread_mutex_lock(&l->mu);
-  /* The consumer's hold is the one reference that is not an export's. Releasing a batch a second
-   * time would free its slot while the workers fill it again or the next batch waits in it, and
-   * the consumer would wait for that batch for ever. */
-  if (b->state != DL__SLOT_HELD || b->refs - b->exports < 1) {
+  /* Releasing a batch a second time would free its slot while the workers fill it again or the
+   * next batch waits in it, and the consumer would wait for that batch for ever. */
+  if (!consumer_holds(b)) {
     pthread_mutex_unlock(&l->mu);
     dl__log(DL__LOG_WARN, "dl_batch_release: this batch was released already; the second release does nothing");
     return;
@@ -680,7 +683,7 @@ int dl_batch_export(dl_batch *b, const char *name, DLManagedTensor **out) {
   e->m.manager_ctx = b;
   e->m.deleter = export_deleter;
   pthread_mutex_lock(&b->l->mu);
-  bool held = b->state == DL__SLOT_HELD && b->refs - b->exports >= 1;
+  bool held = consumer_holds(b);
   if (held) {
     b->refs++;
     b->exports++;
