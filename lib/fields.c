@@ -25,12 +25,15 @@ static const dl__fref *find_ref(const dl__dataset *ds, const dl__sample *s, int 
 }
 
 /* The first bytes of a field's payload (decompressed), enough for its .npy header. */
-static int payload_prefix(const dl__dataset *ds, const dl__sample *s, const dl__fref *ref, dl__buf *raw,
-                          dl__buf *out, size_t *n, size_t *total, dl__err *e) {
-  /* The loader's own descriptor where it keeps one (buffered); else the file opened for this read. */
-  bool own = ds->fds[s->file] < 0 || ds->direct[s->file];
-  int fd = own ? dl__open_regular(ds->files[s->file], "file", NULL) : ds->fds[s->file];
-  if (fd < 0)
+static int payload_prefix(const dl__dataset *ds, const dl__options *opt, const dl__sample *s,
+                          const dl__fref *ref, dl__buf *raw, dl__buf *out, size_t *n, size_t *total,
+                          dl__err *e) {
+  /* A remote shard's bytes come by a ranged request; a local one's through the loader's own
+   * descriptor where it keeps one (buffered), else the file opened for this read. */
+  bool remote = ds->remote && ds->remote[s->file].url;
+  bool own = !remote && (ds->fds[s->file] < 0 || ds->direct[s->file]);
+  int fd = remote ? -1 : own ? dl__open_regular(ds->files[s->file], "file", NULL) : ds->fds[s->file];
+  if (!remote && fd < 0)
     return dl__err_set(e, fd, "%s", dl_last_error());
   size_t want = ref->kind == DL__REF_NPY ? (ref->len < HEADER_PREFIX ? ref->len : HEADER_PREFIX) : ref->len;
   if (ref->kind == DL__REF_NPY_ZST && want > (64u << 20))
@@ -40,9 +43,12 @@ static int payload_prefix(const dl__dataset *ds, const dl__sample *s, const dl__
       close(fd);
     return dl__err_set(e, -ENOMEM, "out of memory");
   }
-  int64_t got = dl__pread_full(fd, raw->p, want, s->offset + ref->at);
+  int64_t got = remote ? dl__remote_read(ds, s->file, opt, raw->p, want, s->offset + ref->at)
+                       : dl__pread_full(fd, raw->p, want, s->offset + ref->at);
   if (own)
     close(fd);
+  if (got < 0 && remote)
+    return dl__err_set(e, (int)got, "%s", dl_last_error());
   if (got < 0)
     return dl__err_set(e, (int)got, "cannot read the field's %zu bytes: %s", want, strerror((int)-got));
   if (got != (int64_t)want)
@@ -202,7 +208,8 @@ int dl__fields_schema(dl_loader *l) {
       } else {
         dl__err e = {0};
         size_t n = 0, total = 0;
-        if (payload_prefix(ds, s, ref, &raw, &pre, &n, &total, &e) || dl__npy_parse(pre.p, n, total, &npy, &e)) {
+        if (payload_prefix(ds, &l->o, s, ref, &raw, &pre, &n, &total, &e) ||
+            dl__npy_parse(pre.p, n, total, &npy, &e)) {
           if (!found && l->o.on_error == DL__ON_ERROR_FAIL)
             rc = dl__fail(e.code, "shard %s sample %s field %s: %s", ds->files[s->file], ds->pool + s->key,
                           fd->name, e.msg);

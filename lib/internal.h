@@ -259,6 +259,10 @@ bool dl__is_url(const char *s);
 int dl__remote_load(dl__dataset *ds, const char *url, const dl__options *o);
 /* The s3:// objects a pattern with wildcards names (ListObjectsV2), sorted; the caller frees. */
 int dl__remote_list(dl__dataset *ds, const char *pattern, const dl__options *o, char ***out, size_t *n);
+/* LEN bytes at OFF of remote FILE of DS into BUF (one ranged request, retried): LEN, or an error
+ * with its message. */
+int64_t dl__remote_read(const dl__dataset *ds, uint32_t file, const dl__options *o, void *buf, size_t len,
+                        uint64_t off);
 /* A temporary copy of the remote object URL (deleted when *FD closes): the whole object, or with
  * WHOLE false and a ringfeed shard, its head and index only; *SIZE is the object's size. */
 int dl__remote_copy(const char *url, const dl__options *o, bool whole, int *fd, uint64_t *size);

@@ -187,6 +187,13 @@ void dl__remote_free(dl__dataset *ds) {
   ds->s3 = NULL;
 }
 
+int64_t dl__remote_read(const dl__dataset *ds, uint32_t file, const dl__options *o, void *buf, size_t len,
+                        uint64_t off) {
+  dl__target t = {ds->files[file], ds->remote[file].url, ds->s3};
+  int rc = len ? dl__http_range(o, &t, off, len, buf) : 0;
+  return rc ? rc : (int64_t)len;
+}
+
 /* Records where FILE is fetched from, its size and version. */
 static int set_remote(dl__dataset *ds, uint32_t file, const char *url, uint64_t size, uint64_t version) {
   dl__remote_file *grown = realloc(ds->remote, (size_t)(file + 1) * sizeof *grown);
@@ -218,7 +225,7 @@ int dl__remote_copy(const char *url, const dl__options *o, bool whole, int *out,
   dl__target t;
   uint8_t *head = malloc(PROBE);
   size_t head_len = 0;
-  char etag[128];
+  char etag[128] = "";
   int rc = !head ? dl__fail(-ENOMEM, "out of memory") : target_of(&tmp, url, o, http, sizeof http, &t);
   if (!rc)
     rc = dl__http_probe(o, &t, size, etag, sizeof etag, head, PROBE, &head_len);
@@ -258,7 +265,7 @@ int dl__remote_load(dl__dataset *ds, const char *url, const dl__options *o) {
     return dl__fail(-ENOMEM, "out of memory");
   uint64_t size = 0;
   size_t head_len = 0;
-  char etag[128];
+  char etag[128] = "";
   rc = dl__http_probe(o, &t, &size, etag, sizeof etag, head, PROBE, &head_len);
   uint32_t file = 0;
   /* A cached index or copy is the object's while its size and ETag are (or, with no ETag, its

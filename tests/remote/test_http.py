@@ -1,9 +1,13 @@
 """Shards over HTTP and HTTPS, from nginx and through a fault-injecting proxy: the same stream as
 from local disk, a cached index, resume across local and remote copies, clear errors, retries, and
 a close that does not wait for a stalled server."""
+import json
 import os
+import pathlib
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -167,3 +171,40 @@ def test_close_does_not_wait_for_a_stalled_server(servers, tmp_path):
     finally:
         proxy.stop()
     assert took < 0.5 and proxy.counts["stall"] > 0
+
+
+def tensor_tar(path, base, samples):
+    """A tar shard of SAMPLES samples, each an int32 .npy member x of four times BASE + i and a
+    label BASE + i: two files made with different BASE have the same layout, byte for byte."""
+    import io
+    import tarfile
+    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as t:
+        for i in range(samples):
+            x = (b"\x93NUMPY\x01\x00v\x00" + b"{'descr': '<i4', 'fortran_order': False, 'shape': (4,), }".ljust(117)
+                 + b"\n" + (base + i).to_bytes(4, "little") * 4)
+            for name, data in ((f"{i:06d}.x.npy", x), (f"{i:06d}.cls", str(base + i).encode())):
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                t.addfile(info, io.BytesIO(data))
+
+
+@pytest.fixture
+def own_server(tmp_path):
+    """nginx over a folder of the test's own: outside pytest's (private to its user, where nginx's
+    workers, run as another user under root, could not read)."""
+    root = pathlib.Path(tempfile.mkdtemp(prefix="ringfeed-http-"))
+    root.chmod(0o755)
+    server = Nginx(str(root), str(tmp_path / "nginx"))
+    yield root, server
+    server.stop()
+    shutil.rmtree(root)
+
+
+def test_npy_members_of_a_remote_tar_equal_local(own_server, tmp_path):
+    root, server = own_server
+    tensor_tar(root / "t.tar", 0, 40)
+    env = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
+    local = bench(str(root / "t.tar"), "--workers", "2", env=env)
+    remote = bench(f"{server.url}/t.tar", "--workers", "2", env=env)
+    assert remote["digest"] == local["digest"] and remote["errors"] == local["errors"] == 0
+    assert remote["samples"] == 40 and remote["loader"]["requests"] > 0
