@@ -137,6 +137,7 @@ typedef struct dl__sample {
 typedef struct dl__remote_file {
   char *url;
   uint64_t size, version;
+  void *headers; /* its requests' headers (a curl_slist): If-Match with the ETag indexed, S3's */
 } dl__remote_file;
 
 typedef struct dl__dataset {

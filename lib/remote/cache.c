@@ -237,7 +237,7 @@ static int fill(dl__cache_dir *d, const dl__dataset *ds, uint32_t f, const char 
     close(fd);
     return -ENOSPC;
   }
-  dl__target t = {ds->files[f], rf->url, ds->s3};
+  dl__target t = {ds->files[f], rf->url, ds->s3, rf->headers};
   if (r)
     r = dl__fail(r, "shard cache %s: cannot make room for %s: %s", d->path, t.name, strerror(-r));
   else if ((r = dl__http_download(o, &t, fd, rf->size, cancel)) == 0 && fdatasync(fd))

@@ -57,11 +57,13 @@ void dl__http_configure(CURL *h, const dl__options *o, const dl__target *t) {
   const char *ca = ca_file(o);
   if (ca)
     curl_easy_setopt(h, CURLOPT_CAINFO, ca);
-  if (t->s3 && !t->s3->anonymous) {
+  bool signed_s3 = t->s3 && !t->s3->anonymous;
+  if (signed_s3) {
     curl_easy_setopt(h, CURLOPT_AWS_SIGV4, t->s3->sigv4);
     curl_easy_setopt(h, CURLOPT_USERPWD, t->s3->userpwd);
-    curl_easy_setopt(h, CURLOPT_HTTPHEADER, t->s3->headers);
   }
+  if (t->headers || signed_s3)
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, t->headers ? t->headers : t->s3->headers);
 }
 
 /* URL without any user:password@ it carries: messages never show credentials. */
@@ -121,7 +123,9 @@ bool dl__http_outcome_of(CURL *h, CURLcode c, const dl__target *t, int64_t expec
   if (t->s3 && body && got > 0)
     dl__s3_error_code(body, (size_t)got, code, sizeof code); /* S3 says why: NoSuchKey, SignatureDoesNotMatch */
   const char *plain = s == 404 ? "not found" : s == 403 ? "forbidden" : s == 416 ? "range not satisfiable" : "";
-  const char *why = code[0] ? code : plain;
+  if (s == 412) /* If-Match refused: another version of the object than the one indexed */
+    plain = "it changed on the server since it was opened";
+  const char *why = code[0] && s != 412 ? code : plain;
   snprintf(out->msg, sizeof out->msg, "%s: HTTP %ld%s%s%s", where, s, why[0] ? " (" : "", why, why[0] ? ")" : "");
   return s == 429 || s == 500 || s == 502 || s == 503 || s == 504;
 }

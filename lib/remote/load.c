@@ -179,8 +179,10 @@ int dl__remote_list(dl__dataset *ds, const char *pattern, const dl__options *o, 
 }
 
 void dl__remote_free(dl__dataset *ds) {
-  for (uint32_t i = 0; ds->remote && i < ds->nfiles; i++)
+  for (uint32_t i = 0; ds->remote && i < ds->nfiles; i++) {
     free(ds->remote[i].url);
+    curl_slist_free_all(ds->remote[i].headers);
+  }
   free(ds->remote);
   ds->remote = NULL;
   dl__s3_free(ds->s3);
@@ -189,21 +191,48 @@ void dl__remote_free(dl__dataset *ds) {
 
 int64_t dl__remote_read(const dl__dataset *ds, uint32_t file, const dl__options *o, void *buf, size_t len,
                         uint64_t off) {
-  dl__target t = {ds->files[file], ds->remote[file].url, ds->s3};
+  dl__target t = {ds->files[file], ds->remote[file].url, ds->s3, ds->remote[file].headers};
   int rc = len ? dl__http_range(o, &t, off, len, buf) : 0;
   return rc ? rc : (int64_t)len;
 }
 
-/* Records where FILE is fetched from, its size and version. */
-static int set_remote(dl__dataset *ds, uint32_t file, const char *url, uint64_t size, uint64_t version) {
+/* The headers of an object's requests after its probe, into *OUT: If-Match with the ETag the probe
+ * saw, so that a shard replaced on the server is refused (HTTP 412) rather than read at the
+ * offsets of the version indexed, and S3's own. NULL where there is no strong ETag to match (a
+ * weak one, W/"...", never matches): the object's requests then carry S3's headers or none. */
+static int version_headers(const dl__s3 *s3, const char *etag, struct curl_slist **out) {
+  *out = NULL;
+  if (!etag[0] || !strncmp(etag, "W/", 2))
+    return 0;
+  char line[160];
+  snprintf(line, sizeof line, "If-Match: %s", etag);
+  struct curl_slist *list = curl_slist_append(NULL, line);
+  for (const struct curl_slist *h = s3 && !s3->anonymous ? s3->headers : NULL; h && list; h = h->next) {
+    struct curl_slist *grown = curl_slist_append(list, h->data);
+    if (!grown)
+      curl_slist_free_all(list);
+    list = grown;
+  }
+  *out = list;
+  return list ? 0 : dl__fail(-ENOMEM, "out of memory");
+}
+
+/* Records where FILE is fetched from, its size, version and ETag. */
+static int set_remote(dl__dataset *ds, uint32_t file, const char *url, uint64_t size, uint64_t version,
+                      const char *etag) {
   dl__remote_file *grown = realloc(ds->remote, (size_t)(file + 1) * sizeof *grown);
   if (!grown)
     return dl__fail(-ENOMEM, "out of memory");
   for (uint32_t i = ds->remote ? file : 0; i < file; i++)
     grown[i] = (dl__remote_file){0}; /* files added before without a URL (none: remote and local do not mix) */
   ds->remote = grown;
-  ds->remote[file] = (dl__remote_file){.url = strdup(url), .size = size, .version = version};
-  return ds->remote[file].url ? 0 : dl__fail(-ENOMEM, "out of memory");
+  dl__remote_file *rf = &ds->remote[file];
+  *rf = (dl__remote_file){.url = strdup(url), .size = size, .version = version};
+  struct curl_slist *headers;
+  if (!rf->url || version_headers(ds->s3, etag, &headers))
+    return dl__fail(-ENOMEM, "out of memory");
+  rf->headers = headers;
+  return 0;
 }
 
 /* Where URL is requested (HTTP into HTTP, CAP bytes), and how (S3's signing, kept in DS). */
@@ -215,20 +244,22 @@ static int target_of(dl__dataset *ds, const char *url, const dl__options *o, cha
     rc = s3_of(ds, o, &s3) ? -1 : dl__s3_url(s3, url, http, cap);
   else if (!rc)
     snprintf(http, cap, "%s", url);
-  *t = (dl__target){url, http, s3};
+  *t = (dl__target){url, http, s3, NULL};
   return rc;
 }
 
 int dl__remote_copy(const char *url, const dl__options *o, bool whole, int *out, uint64_t *size) {
   dl__dataset tmp = {0};
   char http[8192];
-  dl__target t;
+  dl__target t = {0};
   uint8_t *head = malloc(PROBE);
   size_t head_len = 0;
   char etag[128] = "";
   int rc = !head ? dl__fail(-ENOMEM, "out of memory") : target_of(&tmp, url, o, http, sizeof http, &t);
   if (!rc)
     rc = dl__http_probe(o, &t, size, etag, sizeof etag, head, PROBE, &head_len);
+  if (!rc)
+    rc = version_headers(t.s3, etag, &t.headers); /* the copy is of the version probed */
   int fd = -1;
   if (!rc && !whole && head_len >= 8 && !memcmp(head, "RFSHARD1", 8)) {
     rc = (fd = rfs_index_copy(&t, o, *size, head, head_len)) < 0 ? fd : 0;
@@ -238,6 +269,7 @@ int dl__remote_copy(const char *url, const dl__options *o, bool whole, int *out,
     fd = -1;
   }
   free(head);
+  curl_slist_free_all(t.headers);
   dl__remote_free(&tmp);
   *out = fd;
   return rc;
@@ -275,8 +307,9 @@ int dl__remote_load(dl__dataset *ds, const char *url, const dl__options *o) {
   if (!rc)
     rc = dl__dataset_add_file(ds, url, &file);
   if (!rc)
-    rc = set_remote(ds, file, http, size, version);
+    rc = set_remote(ds, file, http, size, version, etag);
   if (!rc) {
+    t.headers = ds->remote[file].headers; /* what loading it still reads is of the version probed */
     if (head_len >= 8 && !memcmp(head, "RFSHARD1", 8)) {
       rc = load_rfs(ds, file, &t, o, size, head, head_len);
     } else {

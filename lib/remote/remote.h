@@ -33,11 +33,13 @@ int dl__s3_list(const dl__options *o, const dl__s3 *s, const char *pattern, char
 /* S3's <Code> in an error body, or "". */
 void dl__s3_error_code(const uint8_t *body, size_t n, char *out, size_t cap);
 
-/* One remote object: NAME in messages (the source as given), URL requested, S3 signing or NULL. */
+/* One remote object: NAME in messages (the source as given), URL requested, S3 signing or NULL,
+ * and the headers of its requests where they are its own (else S3's, or none). */
 typedef struct dl__target {
   const char *name;
   const char *url;
   const dl__s3 *s3;
+  struct curl_slist *headers;
 } dl__target;
 
 /* What a request came to: its transport result, HTTP status and a message naming the URL. */

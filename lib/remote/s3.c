@@ -270,7 +270,7 @@ int dl__s3_list(const dl__options *o, const dl__s3 *s, const char *pattern, char
     percent_encode(token, "", esc_token, sizeof esc_token);
     snprintf(url, sizeof url, "%s?list-type=2&prefix=%s%s%s", base, esc_prefix, token[0] ? "&continuation-token=" : "",
              token[0] ? esc_token : "");
-    dl__target t = {pattern, url, s};
+    dl__target t = {pattern, url, s, NULL};
     size_t len = 0;
     r = dl__http_get_small(o, &t, page, cap, &len);
     if (r)

@@ -208,3 +208,41 @@ def test_npy_members_of_a_remote_tar_equal_local(own_server, tmp_path):
     remote = bench(f"{server.url}/t.tar", "--workers", "2", env=env)
     assert remote["digest"] == local["digest"] and remote["errors"] == local["errors"] == 0
     assert remote["samples"] == 40 and remote["loader"]["requests"] > 0
+
+
+def test_a_shard_replaced_on_the_server_is_refused_not_mixed(own_server, tmp_path):
+    # The index (and the labels in it) is of the version opened; reading the new version at its
+    # offsets would pair old labels with new tensors. Each read carries If-Match: 412 instead.
+    lib = os.environ.get("RINGFEED_LIBRARY")
+    if not lib:
+        pytest.skip("the Python binding needs RINGFEED_LIBRARY")
+    pytest.importorskip("numpy")
+    root, server = own_server
+    tensor_tar(root / "t.tar", 0, 400)
+    tensor_tar(tmp_path / "new.tar", 1000, 400)
+    os.utime(tmp_path / "new.tar", (1e9, 1e9))  # another mtime: nginx's ETag is mtime and size
+    binding = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bindings", "python")
+    code = f"""
+import json, os, sys
+sys.path.insert(0, {binding!r})
+import ringfeed
+loader = ringfeed.Loader({server.url + '/t.tar'!r}, batch_size=8, workers=1, prefetch=2, shuffle=False,
+                         epochs=1, framework="numpy")
+pairs = []
+for b in loader:
+    pairs += [(int(x[0]), int(y)) for x, y in zip(b["x"], b["label"])]
+    if len(pairs) == 8:  # the first batch taken: the rest is read after the change
+        os.replace({str(tmp_path / 'new.tar')!r}, {str(root / 't.tar')!r})
+print(json.dumps({{"pairs": pairs, "errors": loader.stats()["errors"]}}))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"), DL_LOG_LEVEL="2"))
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout)
+    pairs = result["pairs"]
+    assert len(pairs) == 400 and [y for _, y in pairs] == list(range(400))
+    # Every sample is the version opened, or refused and zeroed; none holds the new version's data.
+    assert all(x == y or x == 0 for x, y in pairs), [p for p in pairs if p[0] != p[1] and p[0]][:5]
+    refused = sum(1 for x, y in pairs if x != y)
+    assert result["errors"] == refused > 300  # all but the batches read before the change
+    assert f"{server.url}/t.tar: HTTP 412 (it changed on the server since it was opened)" in out.stderr

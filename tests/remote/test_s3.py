@@ -61,6 +61,8 @@ def test_s3_stream_equals_local_and_every_signature_checks(s3, shard, workers):
     assert remote["batch_digests"] == local["batch_digests"] and remote["errors"] == local["errors"]
     assert s3["seen"]["checked"] - before["checked"] >= remote["loader"]["requests"]
     assert s3["seen"]["refused"] == before["refused"]
+    # The samples' reads ask for the version indexed (a shard replaced meanwhile is refused).
+    assert s3["seen"].get("if_match", 0) - before.get("if_match", 0) >= remote["loader"]["requests"]
 
 
 def test_whole_shards_into_the_cache_and_block_shuffle(s3, tmp_path):
