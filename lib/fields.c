@@ -172,6 +172,82 @@ static bool is_bytes_field(const dl__dataset *ds, int f) {
   return false;
 }
 
+/* pad=1 needs every sample's .npy header. Over remote shards, a request after request would cost
+ * a round trip per sample at open; instead the headers of a window of samples go out together
+ * through the workers' HTTP backend (neighbours share a request, io_depth in flight). A header
+ * longer than AHEAD_BYTES, a failed read, or a window that could not be read is read again alone,
+ * as without it. */
+enum { AHEAD_BYTES = 4096, AHEAD_SAMPLES = 4096 };
+
+typedef struct ahead {
+  dl__io io;
+  unsigned depth;
+  bool broken;     /* the backend failed: reads may still be in flight, so it is used no more */
+  size_t first, n; /* the window: samples [first, first + n) */
+  uint8_t *buf;    /* AHEAD_BYTES per sample of the window */
+  int64_t *got;    /* per sample of the window: the bytes read, or -1 (read it alone) */
+} ahead;
+
+static bool ahead_open(dl_loader *l, ahead *a) {
+  *a = (ahead){.io = {.ops = &dl__io_http_ops, .l = l}};
+  /* io_depth as the workers will have it: chosen after the schema when not given */
+  a->depth = !l->o.io_depth ? 64 : l->o.io_depth < AHEAD_SAMPLES ? (unsigned)l->o.io_depth : AHEAD_SAMPLES;
+  a->buf = malloc((size_t)AHEAD_SAMPLES * AHEAD_BYTES);
+  a->got = malloc(AHEAD_SAMPLES * sizeof *a->got);
+  if (!a->buf || !a->got || a->io.ops->init(&a->io, a->depth)) {
+    free(a->buf);
+    free(a->got);
+    return false;
+  }
+  return true;
+}
+
+static void ahead_close(ahead *a) {
+  a->io.ops->fini(&a->io);
+  free(a->buf);
+  free(a->got);
+}
+
+/* One completion into the window; false when the backend cannot go on. */
+static bool ahead_reap(ahead *a) {
+  uint64_t tag;
+  int64_t res;
+  if (a->io.ops->wait(&a->io, &tag, &res))
+    return false;
+  a->got[tag] = res;
+  return true;
+}
+
+/* Reads ahead the headers of field F of the samples from FIRST on. */
+static void ahead_fill(const dl__dataset *ds, ahead *a, int f, size_t first) {
+  a->first = first;
+  a->n = ds->n - first < AHEAD_SAMPLES ? ds->n - first : AHEAD_SAMPLES;
+  unsigned flying = 0;
+  bool ok = true;
+  for (size_t k = 0; k < a->n; k++) {
+    a->got[k] = -1;
+    const dl__sample *s = &ds->samples[first + k];
+    const dl__fref *ref = find_ref(ds, s, f);
+    if (!ok || !ref || ref->kind != DL__REF_NPY)
+      continue;
+    /* Full: half the reads come back before more go out, so that those go out together (a read
+     * submitted alone to a waiting backend would be a request of its own). */
+    for (unsigned half = flying == a->depth ? (a->depth + 1) / 2 : 0; half && ok; half--)
+      if ((ok = ahead_reap(a)))
+        flying--;
+    size_t len = ref->len < AHEAD_BYTES ? ref->len : AHEAD_BYTES;
+    uint8_t *into = a->buf + k * AHEAD_BYTES;
+    if (ok && (ok = !a->io.ops->submit(&a->io, (int)s->file, into, len, s->offset + ref->at, k)))
+      flying++;
+  }
+  while (ok && flying && (ok = ahead_reap(a)))
+    flying--;
+  if (!ok) {
+    a->broken = true;
+    a->n = 0;
+  }
+}
+
 int dl__fields_schema(dl_loader *l) {
   dl__dataset *ds = &l->ds;
   for (size_t i = 0; i < ds->n && !l->has_image; i++)
@@ -180,6 +256,8 @@ int dl__fields_schema(dl_loader *l) {
   if (rc)
     return rc;
   dl__buf raw = {0}, pre = {0};
+  ahead a;
+  bool read_ahead = l->o.pad && ds->remote && ahead_open(l, &a);
   size_t at = 0;
   for (int f = 0; f < ds->nfield_names && !rc; f++) {
     if (!wanted(&l->o, ds->field_names[f]))
@@ -195,6 +273,8 @@ int dl__fields_schema(dl_loader *l) {
     snprintf(fd->name, sizeof fd->name, "%s", ds->field_names[f]);
     fd->ds_index = f;
     bool found = false;
+    if (read_ahead)
+      a.first = a.n = 0;
     for (size_t i = 0; i < ds->n && !rc && (!found || l->o.pad); i++) {
       const dl__sample *s = &ds->samples[i];
       const dl__fref *ref = find_ref(ds, s, f);
@@ -208,8 +288,13 @@ int dl__fields_schema(dl_loader *l) {
       } else {
         dl__err e = {0};
         size_t n = 0, total = 0;
-        if (payload_prefix(ds, &l->o, s, ref, &raw, &pre, &n, &total, &e) ||
-            dl__npy_parse(pre.p, n, total, &npy, &e)) {
+        if (read_ahead && !a.broken && i >= a.first + a.n)
+          ahead_fill(ds, &a, f, i);
+        int64_t early = read_ahead && i >= a.first && i < a.first + a.n ? a.got[i - a.first] : -1;
+        bool parsed = early >= 0 && !dl__npy_parse(a.buf + (i - a.first) * AHEAD_BYTES, (size_t)early, ref->len,
+                                                   &npy, &e);
+        if (!parsed && (payload_prefix(ds, &l->o, s, ref, &raw, &pre, &n, &total, &e) ||
+                        dl__npy_parse(pre.p, n, total, &npy, &e))) {
           if (!found && l->o.on_error == DL__ON_ERROR_FAIL)
             rc = dl__fail(e.code, "shard %s sample %s field %s: %s", ds->files[s->file], ds->pool + s->key,
                           fd->name, e.msg);
@@ -247,6 +332,8 @@ int dl__fields_schema(dl_loader *l) {
   l->field_block = at;
   dl__buf_free(&raw);
   dl__buf_free(&pre);
+  if (read_ahead)
+    ahead_close(&a);
   return rc;
 }
 
