@@ -253,9 +253,10 @@ class Loader:
 
     def set_epoch(self, epoch: int) -> None:
         """Makes the next batches those of EPOCH, from its start (DistributedSampler.set_epoch's
-        habit: calling it with the epoch that comes next anyway changes nothing)."""
+        habit: calling it with the epoch that comes next anyway changes nothing; the epoch under way,
+        left by a `break`, starts again)."""
         epoch = int(epoch)
-        if epoch == self._epoch:
+        if epoch == self._epoch and self._at_epoch_start():
             return
         if epoch < 0:
             raise ValueError(f"ringfeed: set_epoch({epoch}): epochs count from 0")
@@ -263,6 +264,10 @@ class Loader:
         self.close()
         options = {k: v for k, v in self._options.items() if k not in ("resume", "start_epoch")}
         self.__init__(self._source, framework=self._framework, start_epoch=epoch, **options)
+
+    def _at_epoch_start(self):
+        """Whether the next batch is the first of its epoch (the token's position is 0)."""
+        return self.state_dict()["token"].split(".")[3] == "0"
 
     def __getitem__(self, index):
         raise TypeError("ringfeed.Loader is a loader with its own workers, not a dataset: iterate it "

@@ -73,6 +73,19 @@ def test_set_epoch_starts_that_epoch_as_a_continuous_run_has_it():
     assert e.value.name == "DL_EOPTION"
 
 
+def test_set_epoch_of_the_epoch_under_way_starts_it_again():
+    with ringfeed.Loader(WDS, epochs=2, **KW) as continuous:
+        first = keys_of(run(continuous))
+    with ringfeed.Loader(WDS, epochs=2, **KW) as loader:
+        for i, batch in enumerate(loader):
+            if i == 1:
+                break
+        del batch
+        loader.set_epoch(0)  # as a validation pass that stopped early and runs again
+        again = run(loader)
+        assert keys_of(again) == first and [b["index"] for b in again] == list(range(len(loader)))
+
+
 def test_a_resumed_epoch_ends_where_the_epoch_ends():
     with ringfeed.Loader(WDS, epochs=2, **KW) as loader:
         whole = keys_of(run(loader))
