@@ -159,6 +159,7 @@ typedef struct dl__dataset {
   struct dl__remote_file *remote; /* per file, for remote sources (else NULL) */
   void *s3;     /* the S3 addressing and credentials of s3:// files (remote/s3.c), or NULL */
   int64_t cache_fetches, cache_fetch_bytes; /* remote tars downloaded into the shard cache to index them */
+  char skipped_shard[DL__MSG_MAX]; /* the first shard skipped whole, and why: "no samples" says it */
 } dl__dataset;
 
 /* Index of field NAME (LEN bytes), added when new; -1 past DL__MAX_FIELDS names or on ENOMEM. */

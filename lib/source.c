@@ -225,7 +225,8 @@ int dl__source_load(dl__dataset *ds, const char *source, const dl__options *o) {
     p = sep + 2;
   }
   if (ds->n == 0)
-    return dl__fail(DL_ENOSAMPLES, "source %s: no samples found", source);
+    return dl__fail(DL_ENOSAMPLES, "source %s: no samples found%s%s", source, ds->skipped_shard[0] ? "; " : "",
+                    ds->skipped_shard);
   return 0;
 }
 
@@ -256,6 +257,10 @@ int dl__tokens_load(dl__dataset *ds, const char *paths, int token_bytes, int seq
         const char *path = globbed ? g.gl_pathv[j] : list[i];
         uint32_t file;
         struct stat st;
+        if (dl__is_url(path)) {
+          r = dl__fail(DL_EUNSUPPORTED, "source tokens:%s: token files are read from local disk only", path);
+          break;
+        }
         int fd = dl__open_regular(path, "source tokens:", &st);
         if (fd < 0) {
           r = fd;

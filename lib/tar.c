@@ -309,6 +309,28 @@ static int add_member(dl__dataset *ds, group *g, uint32_t file, const char *name
   return 0;
 }
 
+/* Why a file whose first block is no tar header is not a shard: a compressed tar (WebDataset reads
+ * .tar.gz as a stream; random access needs the tar itself), or not a tar at all. */
+static const char *not_a_tar(const uint8_t *h, int *code) {
+  static const struct {
+    const char *magic;
+    size_t n;
+    const char *why;
+  } kinds[] = {
+      {"\x1f\x8b", 2, "a gzip-compressed file, not a tar: shards are read uncompressed (gunzip it)"},
+      {"\x28\xb5\x2f\xfd", 4, "a zstd-compressed file, not a tar: shards are read uncompressed (unzstd it)"},
+      {"\xfd" "7zXZ", 5, "an xz-compressed file, not a tar: shards are read uncompressed (unxz it)"},
+      {"BZh", 3, "a bzip2-compressed file, not a tar: shards are read uncompressed (bunzip2 it)"},
+      {"PK\x03\x04", 4, "a zip archive, not a tar"},
+  };
+  *code = DL_EUNSUPPORTED;
+  for (size_t i = 0; i < DL__ARRAY_LEN(kinds); i++)
+    if (!memcmp(h, kinds[i].magic, kinds[i].n))
+      return kinds[i].why;
+  *code = DL_ECORRUPT;
+  return "not a tar archive (its first block is no tar header)";
+}
+
 int dl__tar_scan(dl__dataset *ds, uint32_t file, int fd, uint64_t file_size, int on_error) {
   const char *shard = ds->files[file];
   reader r = {.fd = fd, .size = file_size, .win = malloc(WINDOW)};
@@ -323,7 +345,8 @@ int dl__tar_scan(dl__dataset *ds, uint32_t file, int fd, uint64_t file_size, int
   char pax_path[NAME_MAX_LEN] = "";
   int64_t pax_size = -1;
   uint64_t off = 0;
-  const char *damage = NULL;
+  const char *damage = NULL, *not_tar = NULL;
+  int not_tar_code = 0;
   while (off + BLOCK <= file_size) {
     const uint8_t *h = read_at(&r, off, BLOCK);
     if (!h && r.err)
@@ -336,6 +359,8 @@ int dl__tar_scan(dl__dataset *ds, uint32_t file, int fd, uint64_t file_size, int
       break;
     if (!checksum_ok(h)) {
       damage = "bad header checksum";
+      if (off == 0)
+        not_tar = not_a_tar(h, &not_tar_code);
       break;
     }
     int64_t size = parse_number(h + 124, 12);
@@ -422,7 +447,16 @@ int dl__tar_scan(dl__dataset *ds, uint32_t file, int fd, uint64_t file_size, int
     rc = dl__fail(rc, "out of memory scanning %s", shard);
     goto done;
   }
-  if (damage) {
+  if (not_tar) {
+    if (on_error == DL__ON_ERROR_FAIL) {
+      rc = dl__fail(not_tar_code, "shard %s: %s", shard, not_tar);
+      goto done;
+    }
+    dl__log(DL__LOG_WARN, "shard %s: %s; no samples from it", shard, not_tar);
+    if (!ds->skipped_shard[0])
+      snprintf(ds->skipped_shard, sizeof ds->skipped_shard, "shard %s: %s", shard, not_tar);
+    rc = 1;
+  } else if (damage) {
     if (on_error == DL__ON_ERROR_FAIL) {
       rc = dl__fail(DL_ECORRUPT, "shard %s: %s at offset %llu (truncated or corrupt tar)", shard,
                     damage, (unsigned long long)off);

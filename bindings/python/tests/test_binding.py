@@ -149,6 +149,32 @@ def test_a_folder_of_shards_says_to_give_them_by_a_glob(tmp_path):
     assert len(ringfeed.Loader(str(tmp_path / "*.tar"), batch_size=4, image_size=16, workers=1)) > 0
 
 
+@needs_testdata
+def test_a_compressed_or_foreign_shard_says_what_it_is(tmp_path):
+    import gzip
+    import zipfile
+    with open(WDS, "rb") as f:
+        tar = f.read()
+    (tmp_path / "a.tar.gz").write_bytes(gzip.compress(tar))
+    with zipfile.ZipFile(tmp_path / "a.zip", "w") as z:
+        z.writestr("x.jpg", b"0" * 600)
+    (tmp_path / "a.bin").write_bytes(bytes(range(256)) * 8)
+    for name, what in (("a.tar.gz", "a gzip-compressed file, not a tar"), ("a.zip", "a zip archive, not a tar"),
+                       ("a.bin", "not a tar archive")):
+        with pytest.raises(ringfeed.Error) as e:  # the shard's warning is in the error, whatever the log level
+            ringfeed.Loader(str(tmp_path / name))
+        assert e.value.name == "DL_ENOSAMPLES" and f"shard {tmp_path / name}: {what}" in e.value.message
+        with pytest.raises(ringfeed.Error) as e:
+            ringfeed.Loader(str(tmp_path / name), on_error="fail")
+        assert e.value.name == ("DL_ECORRUPT" if name == "a.bin" else "DL_EUNSUPPORTED") and what in e.value.message
+    # One such shard among good ones is skipped with its warning, as a damaged shard is.
+    mixed = ringfeed.Loader(f"{WDS}::{tmp_path / 'a.tar.gz'}", batch_size=4, image_size=16, workers=1)
+    assert len(mixed) == len(ringfeed.Loader(WDS, batch_size=4, image_size=16, workers=1))
+    with pytest.raises(ringfeed.Error) as e:
+        ringfeed.Loader("tokens:https://127.0.0.1:9/a.bin", dtype="uint16", seq_len=8)
+    assert e.value.name == "DL_EUNSUPPORTED" and "local disk only" in e.value.message
+
+
 def test_dataloader_keywords_name_what_to_write_instead(tmp_path):
     for keyword, hint in (("num_workers", "workers=N"), ("pin_memory", "always in pinned memory"),
                           ("prefetch_factor", "prefetch=N"), ("collate_fn", "come collated")):
