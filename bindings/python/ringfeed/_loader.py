@@ -63,6 +63,8 @@ def _format(key, value):
     if isinstance(value, bool):
         return "1" if value else "0"
     if key == "image_size" and isinstance(value, (tuple, list)):
+        if len(value) != 2:
+            raise ValueError(f"ringfeed: image_size={tuple(value)!r}: give one size or (height, width)")
         return f"{value[0]}x{value[1]}"
     if isinstance(value, (tuple, list)):
         return ",".join(str(v) for v in value)

@@ -137,6 +137,9 @@ def test_errors_are_exceptions_with_code_names(tmp_path):
     assert e.value.name == "DL_EOPTION" and "crop=sideways" in str(e.value)
     with pytest.raises(ValueError):
         ringfeed.Loader(str(tmp_path), seed="1 2")
+    for size in ((224,), (10, 20, 30), []):  # not an IndexError, nor a third number dropped
+        with pytest.raises(ValueError, match="one size or \\(height, width\\)"):
+            ringfeed.Loader(str(tmp_path), image_size=size)
 
 
 @needs_testdata
