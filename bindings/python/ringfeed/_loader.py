@@ -373,13 +373,17 @@ class Loader:
         return ctypes.c_void_p(torch.cuda.current_stream(desc.device.device_id).cuda_stream)
 
     def _export(self, b, field):
+        """Field FIELD of batch B: a view of its slot, but the labels a copy (B integers: a loop
+        that keeps them for its metrics, as DataLoader allows, then holds no slot)."""
         managed = ctypes.POINTER(DLManagedTensor)()
         _check(lib.dl_batch_export(b, field, ctypes.byref(managed)))
         tensor = _dlpack.DLPackTensor(managed)
         if self._framework == "torch":
-            return self._torch.utils.dlpack.from_dlpack(tensor.__dlpack__())
+            view = self._torch.utils.dlpack.from_dlpack(tensor.__dlpack__())
+            return view.clone() if field == b"label" else view
         if self._framework == "numpy":
-            return self._numpy.from_dlpack(tensor)
+            view = self._numpy.from_dlpack(tensor)
+            return view.copy() if field == b"label" else view
         return tensor
 
     # -- state, stats, lifetime --------------------------------------------------------------

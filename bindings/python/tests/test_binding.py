@@ -362,6 +362,22 @@ def test_tensors_outlive_the_loader_and_holding_every_slot_is_an_error():
     del held
 
 
+def test_labels_kept_for_metrics_hold_no_slot():
+    # As with DataLoader: an evaluation loop keeps every batch's labels; they are copies, so the
+    # loader goes on. The images stay views of the slots (the test above holds them).
+    with ringfeed.Loader(WDS, batch_size=4, image_size=16, prefetch=2, epochs=1, workers=2, shuffle=False,
+                         framework="numpy") as loader:
+        kept, keys = [], []
+        for batch in loader:
+            kept.append(batch["label"])
+            keys += batch["key"]
+        assert len(kept) == len(loader) > 2
+    with ringfeed.Loader(WDS, batch_size=4, image_size=16, workers=1, shuffle=False, framework="numpy") as again:
+        labels = np.concatenate([b["label"] for b in again])
+    assert np.array_equal(np.concatenate(kept), labels) and len(keys) == len(labels)
+    assert kept[0].flags.owndata and kept[0].flags.writeable
+
+
 def _rss_mb():
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * resource.getpagesize() / 2**20
