@@ -293,9 +293,14 @@ int dl__fields_schema(dl_loader *l) {
         int64_t early = read_ahead && i >= a.first && i < a.first + a.n ? a.got[i - a.first] : -1;
         bool parsed = early >= 0 && !dl__npy_parse(a.buf + (i - a.first) * AHEAD_BYTES, (size_t)early, ref->len,
                                                    &npy, &e);
-        if (!parsed && (payload_prefix(ds, &l->o, s, ref, &raw, &pre, &n, &total, &e) ||
+        int unread = 0;
+        if (!parsed && ((unread = payload_prefix(ds, &l->o, s, ref, &raw, &pre, &n, &total, &e)) ||
                         dl__npy_parse(pre.p, n, total, &npy, &e))) {
-          if (!found && l->o.on_error == DL__ON_ERROR_FAIL)
+          /* A server that fails (not the sample's bytes) would fail every next header too, each
+           * after its retries: the open fails now, with the server's reason. */
+          if (unread && ds->remote && e.code != DL_ECORRUPT)
+            rc = dl__fail(e.code, "field %s: reading its .npy header: %s", fd->name, e.msg);
+          else if (!found && l->o.on_error == DL__ON_ERROR_FAIL)
             rc = dl__fail(e.code, "shard %s sample %s field %s: %s", ds->files[s->file], ds->pool + s->key,
                           fd->name, e.msg);
           continue; /* the worker reports this sample; the schema comes from a good one */

@@ -225,6 +225,22 @@ def test_pad_reads_the_headers_of_remote_samples_together(own_server, tmp_path):
     assert remote["samples"] == 400 and sent < 100, sent
 
 
+@pytest.mark.parametrize("pad", ["0", "1"])
+def test_a_server_failing_while_the_schema_is_read_fails_the_open_at_once(own_server, tmp_path, pad):
+    # A failing server is not a bad sample: the open does not try the next sample's header, and
+    # the next, each with its retries (a million samples would take days).
+    root, server = own_server
+    tensor_tar(root / "t.tar", 0, 200)
+    proxy = FaultProxy(server.port, p503=1.0, after=2)  # the probe and the index's download pass
+    try:
+        out = bench(f"{proxy.url}/t.tar", "--option", "retries=1", "--option", f"pad={pad}",
+                    env={"XDG_CACHE_HOME": str(tmp_path / "cache")}, ok=False)
+    finally:
+        proxy.stop()
+    assert out.returncode == 1 and f"{proxy.url}/t.tar: HTTP 503 (after retries)" in out.stderr, out.stderr
+    assert proxy.counts["503"] <= 2 * 64, proxy.counts  # a window of headers at most, each tried twice
+
+
 def test_a_shard_replaced_on_the_server_is_refused_not_mixed(own_server, tmp_path):
     # The index (and the labels in it) is of the version opened; reading the new version at its
     # offsets would pair old labels with new tensors. Each read carries If-Match: 412 instead.
