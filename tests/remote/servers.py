@@ -110,15 +110,17 @@ class FaultProxy:
     """A reverse proxy to an HTTP upstream that misbehaves on purpose. Per request, in order:
     stall (hold the request STALL_S seconds before answering), a 503 with probability P503, a
     reset after half the body with probability PRESET, a body cut short with probability PSHORT,
-    and LATENCY_S added before each answer. Counts what it did in .counts."""
+    and LATENCY_S added before each answer. REWRITE (request bytes -> request bytes) changes what
+    goes upstream. Counts what it did in .counts."""
 
     def __init__(self, upstream_port, seed=0, latency_s=0.0, p503=0.0, preset=0.0, pshort=0.0, stall_s=0.0,
-                 after=0, check=None):
+                 after=0, check=None, rewrite=None):
         self.upstream = upstream_port
         self.rng = random.Random(seed)
         self.latency_s, self.p503, self.preset, self.pshort = latency_s, p503, preset, pshort
         self.stall_s, self.after = stall_s, after  # the first AFTER requests are served well
         self.check = check  # request bytes -> None (forward it) or the answer to send instead
+        self.rewrite = rewrite
         self.counts = {"requests": 0, "503": 0, "reset": 0, "short": 0, "stall": 0}
         self.lock = threading.Lock()
         proxy = self
@@ -200,7 +202,7 @@ class FaultProxy:
                     self.counts["503"] += 1
                 conn.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n")
                 continue
-            answer = self._upstream(request)
+            answer = self._upstream(self.rewrite(request) if self.rewrite else request)
             head, _, body = answer.partition(b"\r\n\r\n")
             head = b"\r\n".join(ln for ln in head.split(b"\r\n") if not ln.lower().startswith(b"connection:"))
             if rreset < self.preset and len(body) > 1:
@@ -233,8 +235,12 @@ class S3rver:
             raise RuntimeError("s3rver is not installed (scripts/install-deps.sh test)")
         os.makedirs(work, exist_ok=True)
         self.port = free_port()
+        # s3rver makes its continuation tokens with DES, which OpenSSL 3 (Node 17 on) keeps in its
+        # legacy provider: without it every truncated listing is an InternalError.
+        node = shutil.which("node")
+        legacy = subprocess.run([node, "--openssl-legacy-provider", "-e", "0"], capture_output=True).returncode == 0
         # Buckets answer as BUCKET.s3.localhost too (virtual-hosted addressing; *.localhost is loopback).
-        self.proc = subprocess.Popen([self.binary, "-d", work, "-a", "127.0.0.1", "-p", str(self.port), "--silent",
+        self.proc = subprocess.Popen([node, *(["--openssl-legacy-provider"] if legacy else []), self.binary, "-d", work, "-a", "127.0.0.1", "-p", str(self.port), "--silent",
                                       "--service-endpoint", "localhost", "--configure-bucket", bucket],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         wait_listening(self.port)

@@ -43,7 +43,7 @@ def s3(tmp_path_factory):
     env = {"AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_REGION": REGION,
            "AWS_ENDPOINT_URL": proxy.url, "XDG_CACHE_HOME": str(work / "cache"), "AWS_PROFILE": "",
            "AWS_SHARED_CREDENTIALS_FILE": str(work / "none"), "AWS_CONFIG_FILE": str(work / "none")}
-    yield {"env": env, "seen": seen, "work": work}
+    yield {"env": env, "seen": seen, "work": work, "port": server.port}
     proxy.stop()
     server.stop()
 
@@ -139,6 +139,39 @@ def test_a_glob_lists_the_bucket(s3):
     assert listed["batch_digests"] == braced["batch_digests"]
     out = bench("s3://shards/rfs/nothing-*.rfs", s3["env"], ok=False)
     assert out.returncode == 1 and "no object matches" in out.stderr
+
+
+def test_a_glob_follows_every_page_of_the_listing(s3, tmp_path):
+    # Listings come 1,000 keys a page; a proxy asks s3rver for pages of 2, so that a glob over 10
+    # keys follows four continuation tokens. Unsigned (a public bucket): the proxy changes the query.
+    import botocore.session
+    env = s3["env"]
+    client = botocore.session.get_session().create_client(
+        "s3", endpoint_url=env["AWS_ENDPOINT_URL"], aws_access_key_id=KEY, aws_secret_access_key=SECRET,
+        region_name=REGION)
+    with open(os.path.join(SHARDS, "format-tar-gnu.tar"), "rb") as f:
+        data = f.read()
+    keys = [f"pages/{p}-{i}.tar" for p in "ab" for i in range(4)] + ["pages/x&y.tar", "pages/z.txt"]
+    for key in keys:  # "&" comes back as "&amp;" in the listing's XML
+        client.put_object(Bucket="shards", Key=key, Body=data)
+    lists = []
+
+    def small_pages(request):
+        line, _, rest = request.partition(b"\r\n")
+        if b"list-type=2" in line:
+            lists.append(line)
+            line = line.replace(b"list-type=2", b"list-type=2&max-keys=2")
+        return line + b"\r\n" + rest
+    proxy = FaultProxy(s3["port"], rewrite=small_pages)
+    public = {k: v for k, v in env.items() if k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    public["AWS_ENDPOINT_URL"] = proxy.url
+    try:
+        listed = bench("s3://shards/pages/*.tar", public)
+    finally:
+        proxy.stop()
+    one = bench("s3://shards/pages/a-0.tar", env)
+    assert len(lists) == 5 and b"continuation-token=" in lists[-1]
+    assert listed["samples"] == 9 * one["samples"] and listed["errors"] == 9 * one["errors"]
 
 
 def test_credentials_and_region_from_profile_files(s3):
