@@ -37,8 +37,8 @@ static int cmp_entry(const void *a, const void *b) {
 
 static int image_codec(const char *name) { return strrchr(name, '.') ? dl__codec_of_ext(name) : DL__CODEC_NONE; }
 
-/* The folders from the class folder down to the one being listed: a symlink back to one of them
- * would list the same images again and again. */
+/* The folders from the root down to the one being listed: a symlink back to one of them would
+ * list the same images again and again (under another class, for a link to the root). */
 typedef struct chain {
   dev_t dev;
   ino_t ino;
@@ -251,11 +251,15 @@ int dl__folder_load(dl__dataset *ds, const char *root) {
   }
   if (!rc)
     qsort(classes, nclasses, sizeof *classes, cmp_str);
+  struct stat top_st;
+  if (!rc && stat(root, &top_st))
+    rc = dl__fail(-errno, "source %s: %s", root, strerror(errno));
+  chain top = {rc ? 0 : top_st.st_dev, rc ? 0 : top_st.st_ino, NULL};
   for (size_t c = 0; c < nclasses && !rc; c++) {
     char cdir[PATH_MAX];
     snprintf(cdir, sizeof cdir, "%s/%s", root, classes[c]);
     entries es = {0};
-    rc = walk(cdir, "", &es, &skipped, NULL);
+    rc = walk(cdir, "", &es, &skipped, &top);
     if (!rc)
       qsort(es.v, es.n, sizeof *es.v, cmp_entry);
     for (size_t i = 0; i < es.n && !rc; i++) {

@@ -261,7 +261,8 @@ static void repeated_members(void) {
   printf("a repeated member starts a sample of its own\n");
 }
 
-/* An ImageFolder with a link back to its class folder; a brace range of 10^8 paths; a zstd field
+/* An ImageFolder with a link back to its class folder, and one in another class back to the root
+ * (which would list cls's image again, labelled as the other class); a brace range of 10^8 paths; a zstd field
  * that does not say its size. */
 static void expansions(void) {
   char path[600], link[600];
@@ -275,6 +276,10 @@ static void expansions(void) {
   free(jpg);
   snprintf(link, sizeof link, "%s/loop/cls/again", dir);
   ASSERT_EQ(symlink(".", link), 0);
+  snprintf(path, sizeof path, "%s/loop/other", dir);
+  ASSERT_EQ(mkdir(path, 0755), 0);
+  snprintf(link, sizeof link, "%s/loop/other/root", dir);
+  ASSERT_EQ(symlink("..", link), 0);
   snprintf(path, sizeof path, "%s/loop", dir);
   int errors;
   char last[1024] = "";
