@@ -51,6 +51,8 @@ typedef struct left_out {
   char ext[6][16];
   size_t count[6];
   int kinds;
+  size_t unreadable;    /* entries stat() fails on (a link to nothing, a mount gone) */
+  char first_unreadable[PATH_MAX + 64];
 } left_out;
 
 static void leave_out(left_out *lo, const char *name) {
@@ -95,8 +97,11 @@ static int walk(const char *base, const char *rel, entries *out, left_out *skipp
     snprintf(full, sizeof full, "%s/%s", path, de->d_name);
     snprintf(sub, sizeof sub, "%s%s%s", rel, *rel ? "/" : "", de->d_name);
     struct stat st;
-    if (stat(full, &st))
+    if (stat(full, &st)) {
+      if (!skipped->unreadable++)
+        snprintf(skipped->first_unreadable, sizeof skipped->first_unreadable, "%s: %s", full, strerror(errno));
       continue;
+    }
     if (S_ISDIR(st.st_mode)) {
       rc = walk(base, sub, out, skipped, &me);
     } else if (S_ISREG(st.st_mode)) {
@@ -294,5 +299,9 @@ int dl__folder_load(dl__dataset *ds, const char *root) {
     dl__log(DL__LOG_WARN, "source %s: %zu files that are not .jpg/.jpeg/.png/.webp were left out (%s%s)", root,
             skipped.n, kinds, skipped.kinds == (int)DL__ARRAY_LEN(skipped.ext) ? ", ..." : "");
   }
+  if (!rc && skipped.unreadable)
+    dl__log(DL__LOG_WARN, "source %s: %zu entr%s could not be read and %s left out (%s%s)", root,
+            skipped.unreadable, skipped.unreadable == 1 ? "y" : "ies", skipped.unreadable == 1 ? "was" : "were",
+            skipped.first_unreadable, skipped.unreadable > 1 ? ", ..." : "");
   return rc;
 }

@@ -178,6 +178,21 @@ def test_a_compressed_or_foreign_shard_says_what_it_is(tmp_path):
     assert e.value.name == "DL_EUNSUPPORTED" and "local disk only" in e.value.message
 
 
+@needs_testdata
+def test_an_image_folder_names_the_entries_it_cannot_read(tmp_path, capfd):
+    # A link to nothing (a dataset of links into a mount that is gone) was left out in silence.
+    jpg = os.path.join(TESTDATA, "libjpeg-turbo", "testimages", "testorig.jpg")
+    for cls in ("cat", "dog"):
+        os.makedirs(tmp_path / cls)
+        os.symlink(jpg, tmp_path / cls / "a.jpg")
+    os.symlink(tmp_path / "gone" / "b.jpg", tmp_path / "dog" / "b.jpg")
+    loader = ringfeed.Loader(str(tmp_path), batch_size=4, image_size=16, workers=1, shuffle=False, log="warn")
+    assert next(loader)["key"] == ["cat/a", "dog/a"]
+    loader.close()
+    err = capfd.readouterr().err
+    assert f"1 entry could not be read and was left out ({tmp_path / 'dog' / 'b.jpg'}: No such file" in err
+
+
 def test_dataloader_keywords_name_what_to_write_instead(tmp_path):
     for keyword, hint in (("num_workers", "workers=N"), ("pin_memory", "always in pinned memory"),
                           ("prefetch_factor", "prefetch=N"), ("collate_fn", "come collated")):
