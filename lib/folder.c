@@ -265,7 +265,7 @@ int dl__folder_load(dl__dataset *ds, const char *root) {
     snprintf(cdir, sizeof cdir, "%s/%s", root, classes[c]);
     entries es = {0};
     rc = walk(cdir, "", &es, &skipped, &top);
-    if (!rc)
+    if (!rc && es.n) /* an empty class folder has no array to sort */
       qsort(es.v, es.n, sizeof *es.v, cmp_entry);
     for (size_t i = 0; i < es.n && !rc; i++) {
       char path[PATH_MAX], name[PATH_MAX];
