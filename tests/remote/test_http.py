@@ -161,6 +161,22 @@ def test_what_still_fails_after_retries_is_a_counted_error(servers, tmp_path):
     assert failed.returncode == 1 and "HTTP 503 (after retries)" in failed.stderr
 
 
+def test_a_server_that_goes_down_stops_the_run(servers, tmp_path):
+    # Seven shards open (their probes and indexes pass), then every request gets 503. Each sample
+    # alone would be a counted error, but a run of zeros is no training: once 32 requests in a row
+    # have failed after their retries the run stops with the server's reason (it used to go on,
+    # 130 s at the default retries, and end with exit 0).
+    proxy = FaultProxy(servers["http"].port, p503=1.0, after=20)
+    try:
+        out = bench(f"{proxy.url}/{RFS}", "--workers", "2", "--option", "retries=1",
+                    env={"XDG_CACHE_HOME": str(tmp_path / "cache")}, ok=False)
+    finally:
+        proxy.stop()
+    assert out.returncode == 1 and "HTTP 503 (after retries)" in out.stderr, out.stderr[-2000:]
+    assert "requests in a row failed after their retries: the server is down" in out.stderr
+    assert proxy.counts["503"] < 400, proxy.counts
+
+
 def test_close_does_not_wait_for_a_stalled_server(servers, tmp_path):
     lib = os.environ.get("RINGFEED_LIBRARY")
     if not lib:
