@@ -102,6 +102,25 @@ static double clock_s(clockid_t c) {
 
 static double now(void) { return clock_s(CLOCK_MONOTONIC); }
 
+/* TEXT as a number, all of it ("10abc" is none). */
+static bool strict_number(const char *text, double *out) {
+  char *end;
+  errno = 0;
+  *out = strtod(text, &end);
+  return end != text && !*end && !errno;
+}
+
+/* The whole number TEXT of the flag FLAG, at least MIN; false (said) otherwise. */
+static bool whole_number(const char *flag, const char *text, long min, long *out) {
+  double v;
+  if (!strict_number(text, &v) || v < (double)min || v > 1e15 || v != (double)(long)v) {
+    fprintf(stderr, "dlbench: %s %s: expected a whole number of at least %ld\n", flag, text, min);
+    return false;
+  }
+  *out = (long)v;
+  return true;
+}
+
 static void usage(FILE *f) {
   fprintf(f,
           "usage: dlbench [SOURCE...] [options]\n"
@@ -159,7 +178,8 @@ int main(int argc, char **argv) {
   int json = 0, digest = 0, keys = 0, make_only = 0;
   long synthetic = 10000, stop_after = -1;
   double step_ms = 0, step_kernel_ms = 1;
-  bool kernel_given = false;
+  bool kernel_given = false, synthetic_given = false;
+  long v;
   const char *device = "cpu";
   synthetic_coding coding = SYNTHETIC_DEFAULT;
   int c;
@@ -182,25 +202,38 @@ int main(int argc, char **argv) {
     case O_OPTION: ADD(" %s", optarg); break;
     case O_FLIP: ADD(" flip=1"); break;
     case O_STEP:
-      step_ms = atof(optarg);
-      if (!(step_ms > 0)) {
+      if (!strict_number(optarg, &step_ms) || !(step_ms > 0)) {
         fprintf(stderr, "dlbench: --step-ms %s: a length in ms above 0\n", optarg);
         return 2;
       }
       break;
     case O_STEP_KERNEL:
-      step_kernel_ms = atof(optarg);
       kernel_given = true;
-      if (!(step_kernel_ms > 0)) {
+      if (!strict_number(optarg, &step_kernel_ms) || !(step_kernel_ms > 0)) {
         fprintf(stderr, "dlbench: --step-kernel-ms %s: a length in ms above 0\n", optarg);
         return 2;
       }
       break;
-    case O_STOP: stop_after = atol(optarg); break;
-    case O_SYNTH: synthetic = atol(optarg); break;
+    case O_STOP:
+      if (!whole_number("--stop-after", optarg, 0, &stop_after))
+        return 2;
+      break;
+    case O_SYNTH:
+      if (!whole_number("--synthetic", optarg, 1, &synthetic))
+        return 2;
+      synthetic_given = true;
+      break;
     case O_DECODE: ADD(" decode=%s", optarg); break;
-    case O_QUALITY: coding.quality = atoi(optarg); break;
-    case O_SUBSAMPLING: coding.subsampling = atoi(optarg); break;
+    case O_QUALITY:
+      if (!whole_number("--quality", optarg, 1, &v))
+        return 2;
+      coding.quality = (int)v, synthetic_given = true;
+      break;
+    case O_SUBSAMPLING:
+      if (!whole_number("--subsampling", optarg, 0, &v))
+        return 2;
+      coding.subsampling = (int)v, synthetic_given = true;
+      break;
     case O_JSON: json = 1; break;
     case O_DIGEST: digest = 1; break;
     case O_KEYS: keys = 1; break;
@@ -220,6 +253,11 @@ int main(int argc, char **argv) {
   }
   if (step_ms > 0 && strncmp(device, "cuda", 4) != 0) { /* its consumer is a GPU's: on the CPU it would run no step */
     fprintf(stderr, "dlbench: --step-ms runs a GPU consumer: it needs --device cuda:N (not %s)\n", device);
+    return 2;
+  }
+  if (synthetic_given && optind < argc) { /* they shape the built-in set, which a SOURCE replaces */
+    fprintf(stderr, "dlbench: --synthetic, --quality and --subsampling make the built-in set: "
+                    "give them without a SOURCE\n");
     return 2;
   }
   /* Several sources (the shell's expansion of a glob) are one list. */

@@ -76,7 +76,7 @@ def test_version_and_help():
 
 @needs_tools
 def test_step_kernel_length_must_be_a_positive_number():
-    for bad in ("0", "-1", "abc"):
+    for bad in ("0", "-1", "abc", "2ms"):
         out = run(DLBENCH, WDS, *SMALL, "--step-kernel-ms", bad, ok=False)
         assert out.returncode == 2 and f"--step-kernel-ms {bad}: a length in ms above 0" in out.stderr, out.stderr
     # A valid length without the consumer it shapes is refused too, not ignored.
@@ -85,8 +85,19 @@ def test_step_kernel_length_must_be_a_positive_number():
 
 
 @needs_tools
+def test_counts_are_whole_numbers_and_the_synthetic_set_takes_no_source():
+    for flag, bad, least in (("--stop-after", "-3", 0), ("--stop-after", "1.5", 0), ("--synthetic", "10abc", 1),
+                             ("--synthetic", "0", 1), ("--quality", "9x", 1)):
+        out = run(DLBENCH, *((WDS,) if flag == "--stop-after" else ()), flag, bad, "--make-synthetic", ok=False)
+        assert out.returncode == 2 and f"{flag} {bad}: expected a whole number of at least {least}" in out.stderr
+    for flags in (("--synthetic", "20"), ("--quality", "96"), ("--subsampling", "444")):
+        out = run(DLBENCH, WDS, *SMALL, *flags, ok=False)  # they would be ignored: refused instead
+        assert out.returncode == 2 and "give them without a SOURCE" in out.stderr, out.stderr
+
+
+@needs_tools
 def test_step_needs_a_positive_length_and_a_gpu():
-    for bad in ("0", "-5", "abc"):
+    for bad in ("0", "-5", "abc", "5x"):
         out = run(DLBENCH, WDS, *SMALL, "--step-ms", bad, ok=False)
         assert out.returncode == 2 and f"--step-ms {bad}: a length in ms above 0" in out.stderr, out.stderr
     # The consumer is a GPU's: on the CPU it would silently run no step at all.
