@@ -5,6 +5,7 @@
  * holds nothing but one JSON object, the digests and keys inside it.
  */
 #include "ringfeed.h"
+#include "cli_number.h"
 #include "synthetic.h"
 
 #include <errno.h>
@@ -102,25 +103,6 @@ static double clock_s(clockid_t c) {
 
 static double now(void) { return clock_s(CLOCK_MONOTONIC); }
 
-/* TEXT as a number, all of it ("10abc" is none). */
-static bool strict_number(const char *text, double *out) {
-  char *end;
-  errno = 0;
-  *out = strtod(text, &end);
-  return end != text && !*end && !errno;
-}
-
-/* The whole number TEXT of the flag FLAG, at least MIN; false (said) otherwise. */
-static bool whole_number(const char *flag, const char *text, long min, long *out) {
-  double v;
-  if (!strict_number(text, &v) || v < (double)min || v > 1e15 || v != (double)(long)v) {
-    fprintf(stderr, "dlbench: %s %s: expected a whole number of at least %ld\n", flag, text, min);
-    return false;
-  }
-  *out = (long)v;
-  return true;
-}
-
 static void usage(FILE *f) {
   fprintf(f,
           "usage: dlbench [SOURCE...] [options]\n"
@@ -202,35 +184,35 @@ int main(int argc, char **argv) {
     case O_OPTION: ADD(" %s", optarg); break;
     case O_FLIP: ADD(" flip=1"); break;
     case O_STEP:
-      if (!strict_number(optarg, &step_ms) || !(step_ms > 0)) {
+      if (!cli_number(optarg, &step_ms) || !(step_ms > 0)) {
         fprintf(stderr, "dlbench: --step-ms %s: a length in ms above 0\n", optarg);
         return 2;
       }
       break;
     case O_STEP_KERNEL:
       kernel_given = true;
-      if (!strict_number(optarg, &step_kernel_ms) || !(step_kernel_ms > 0)) {
+      if (!cli_number(optarg, &step_kernel_ms) || !(step_kernel_ms > 0)) {
         fprintf(stderr, "dlbench: --step-kernel-ms %s: a length in ms above 0\n", optarg);
         return 2;
       }
       break;
     case O_STOP:
-      if (!whole_number("--stop-after", optarg, 0, &stop_after))
+      if (!cli_whole_number("dlbench", "--stop-after", optarg, 0, &stop_after))
         return 2;
       break;
     case O_SYNTH:
-      if (!whole_number("--synthetic", optarg, 1, &synthetic))
+      if (!cli_whole_number("dlbench", "--synthetic", optarg, 1, &synthetic))
         return 2;
       synthetic_given = true;
       break;
     case O_DECODE: ADD(" decode=%s", optarg); break;
     case O_QUALITY:
-      if (!whole_number("--quality", optarg, 1, &v))
+      if (!cli_whole_number("dlbench", "--quality", optarg, 1, &v))
         return 2;
       coding.quality = (int)v, synthetic_given = true;
       break;
     case O_SUBSAMPLING:
-      if (!whole_number("--subsampling", optarg, 0, &v))
+      if (!cli_whole_number("dlbench", "--subsampling", optarg, 0, &v))
         return 2;
       coding.subsampling = (int)v, synthetic_given = true;
       break;

@@ -3,6 +3,7 @@
  * (sample order kept), build tar indexes ahead of time, verify shards, and list them.
  */
 #include "internal.h"
+#include "cli_number.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -334,16 +335,30 @@ static int cmd_create(int argc, char **argv) {
   static const struct option opts[] = {{"samples-per-shard", 1, 0, 'n'}, {"shard-size", 1, 0, 's'},
                                        {"codec", 1, 0, 'c'}, {"align", 1, 0, 'a'},
                                        {"threads", 1, 0, 't'}, {0, 0, 0, 0}};
-  int64_t per_shard = 0, shard_bytes = 0, align = 4096;
-  long threads = sysconf(_SC_NPROCESSORS_ONLN);
+  int64_t shard_bytes = 0;
+  long per_shard = 0, align = 4096, threads = sysconf(_SC_NPROCESSORS_ONLN);
   int c;
   optind = 1;
   while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
     switch (c) {
-    case 'n': per_shard = atoll(optarg); break;
-    case 's': shard_bytes = parse_size(optarg); break;
-    case 'a': align = atoll(optarg); break;
-    case 't': threads = atol(optarg); break;
+    case 'n':
+      if (!cli_whole_number("dlshard", "--samples-per-shard", optarg, 1, &per_shard))
+        return 2;
+      break;
+    case 's':
+      if ((shard_bytes = parse_size(optarg)) <= 0) {
+        fprintf(stderr, "dlshard: --shard-size %s: expected a size above 0 (bytes, or with K, M or G)\n", optarg);
+        return 2;
+      }
+      break;
+    case 'a':
+      if (!cli_whole_number("dlshard", "--align", optarg, 1, &align))
+        return 2;
+      break;
+    case 't':
+      if (!cli_whole_number("dlshard", "--threads", optarg, 1, &threads))
+        return 2;
+      break;
     case 'c':
       /* Images are kept as they are (JPEG/PNG); labels live in the index. */
       for (char *tok = strtok(optarg, ","); tok; tok = strtok(NULL, ",")) {
@@ -356,7 +371,11 @@ static int cmd_create(int argc, char **argv) {
     default: usage(stderr); return 2;
     }
   }
-  if (argc - optind < 2 || (per_shard && shard_bytes) || per_shard < 0 || shard_bytes < 0 || threads < 1) {
+  if (per_shard && shard_bytes) {
+    fprintf(stderr, "dlshard: give --samples-per-shard or --shard-size, not both\n");
+    return 2;
+  }
+  if (argc - optind < 2) {
     usage(stderr);
     return 2;
   }

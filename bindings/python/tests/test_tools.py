@@ -96,6 +96,20 @@ def test_counts_are_whole_numbers_and_the_synthetic_set_takes_no_source():
 
 
 @needs_tools
+def test_dlshard_flags_say_what_they_take(tmp_path):
+    for flag, bad, said in (("--samples-per-shard", "10abc", "expected a whole number of at least 1"),
+                            ("--samples-per-shard", "0", "expected a whole number of at least 1"),
+                            ("--threads", "2x", "expected a whole number of at least 1"),
+                            ("--align", "4096x", "expected a whole number of at least 1"),
+                            ("--shard-size", "1Q", "expected a size above 0")):
+        out = run(DLSHARD, "create", str(tmp_path / "o"), WDS, flag, bad, ok=False)
+        assert out.returncode == 2 and f"dlshard: {flag} {bad}: {said}" in out.stderr, out.stderr
+    out = run(DLSHARD, "create", str(tmp_path / "o"), WDS, "--shard-size", "1M", "--samples-per-shard", "5", ok=False)
+    assert out.returncode == 2 and "not both" in out.stderr
+    assert not list(tmp_path.iterdir())  # nothing written
+
+
+@needs_tools
 def test_step_needs_a_positive_length_and_a_gpu():
     for bad in ("0", "-5", "abc", "5x"):
         out = run(DLBENCH, WDS, *SMALL, "--step-ms", bad, ok=False)

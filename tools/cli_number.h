@@ -1,0 +1,30 @@
+/* Numbers on the tools' command lines, read whole: "10abc" is no 10, and a flag that gets one
+ * says so by name. */
+#ifndef RINGFEED_CLI_NUMBER_H
+#define RINGFEED_CLI_NUMBER_H
+
+#include <errno.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+/* TEXT as a number, all of it. */
+static inline bool cli_number(const char *text, double *out) {
+  char *end;
+  errno = 0;
+  *out = strtod(text, &end);
+  return end != text && !*end && !errno;
+}
+
+/* The whole number TEXT of flag FLAG of tool TOOL, at least MIN; false (said on stderr) otherwise. */
+static inline bool cli_whole_number(const char *tool, const char *flag, const char *text, long min, long *out) {
+  double v;
+  if (!cli_number(text, &v) || v < (double)min || v > 1e15 || v != (double)(long)v) {
+    fprintf(stderr, "%s: %s %s: expected a whole number of at least %ld\n", tool, flag, text, min);
+    return false;
+  }
+  *out = (long)v;
+  return true;
+}
+
+#endif
