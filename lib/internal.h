@@ -134,7 +134,7 @@ typedef struct dl__sample {
 
 /* A remote shard: where it is requested, its size, and its version (a hash of URL, size and
  * ETag) that names its copy in the shard cache. */
-#define DL__SERVER_DOWN 32
+#define DL__STORAGE_DOWN 32
 
 typedef struct dl__remote_file {
   char *url;
@@ -680,10 +680,11 @@ struct dl_loader {
   char io_reason[160];
   char workers_reason[256], prefetch_reason[200]; /* how workers= and prefetch= were chosen */
   bool remote; /* every file is a URL: read through dl__io_http_ops */
-  /* Requests that failed in a row after every retry, for the server's sake (5xx, 429, timeouts,
-   * resets; not 404s nor a changed object): at DL__SERVER_DOWN the server is down, and a sample
-   * it fails is the run's error whatever on_error says (remote/io_http.c, ring.c). */
-  _Atomic int server_failures;
+  /* Reads that failed in a row for the storage's sake: local reads with an I/O error (worker.c),
+   * requests that failed after every retry (5xx, 429, timeouts, resets; not 404s nor a changed
+   * object: remote/io_http.c). At DL__STORAGE_DOWN the storage or server is down, and a sample it
+   * fails is the run's error whatever on_error says (ring.c). */
+  _Atomic int read_failures;
   struct dl__cache *cache; /* cache_dir=: whole remote shards on local disk (remote/cache.c) */
   pthread_mutex_t mu;
   pthread_cond_t work_cv;  /* workers wait for a free slot */

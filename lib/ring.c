@@ -95,15 +95,19 @@ int dl__ring_claim(dl_loader *l, dl__claim *c, bool block, int worker) {
 void dl__ring_done(dl_loader *l, const dl__claim *c, const dl__err *e) {
   dl_batch *b = c->slot;
   pthread_mutex_lock(&l->mu);
-  /* A server that is down fails the run even with on_error=skip: batches of zeros are no training. */
-  int failures = e && e->code == DL_EREMOTE ? atomic_load_explicit(&l->server_failures, memory_order_relaxed) : 0;
-  bool down = failures >= DL__SERVER_DOWN && l->o.on_error != DL__ON_ERROR_FAIL;
+  /* Storage that is down fails the run even with on_error=skip: batches of zeros are no training.
+   * A read's failure is an errno or a remote one; a sample's own (corrupt, unsupported) is not. */
+  bool read_error = e && (e->code == DL_EREMOTE || (e->code < 0 && e->code > -1000));
+  int failures = read_error ? atomic_load_explicit(&l->read_failures, memory_order_relaxed) : 0;
+  bool down = failures >= DL__STORAGE_DOWN && l->o.on_error != DL__ON_ERROR_FAIL;
   if (e && e->code && c->i < b->err_i && (l->o.on_error == DL__ON_ERROR_FAIL || down)) {
     b->err = e->code;
     b->err_i = c->i;
     if (down)
-      snprintf(b->errmsg, sizeof b->errmsg, "%.700s; %d requests in a row failed after their retries: the server is "
-               "down, and on_error=skip covers bad samples, not a server that answers none", e->msg, failures);
+      snprintf(b->errmsg, sizeof b->errmsg, "%.700s; %d %s in a row failed%s: the %s is down, and on_error=skip "
+               "covers bad samples, not %s that serves none", e->msg, failures, l->remote ? "requests" : "reads",
+               l->remote ? " after their retries" : "", l->remote ? "server" : "storage",
+               l->remote ? "a server" : "storage");
     else
       memcpy(b->errmsg, e->msg, sizeof b->errmsg);
   }

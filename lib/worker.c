@@ -176,6 +176,12 @@ static void process(struct dl__worker *w, inflight *f, int64_t res, dl__err *err
       res = read_whole(w, f);
     atomic_fetch_add_explicit(as_assumed ? &w->l->st.placed : &w->l->st.placed_again, 1, memory_order_relaxed);
   }
+  /* Local reads in a row with an I/O error: the storage is down (ring.c; remote reads are counted
+   * where they are retried, remote/io_http.c). */
+  if (!w->l->remote && res < 0)
+    atomic_fetch_add_explicit(&w->l->read_failures, 1, memory_order_relaxed);
+  else if (!w->l->remote && atomic_load_explicit(&w->l->read_failures, memory_order_relaxed))
+    atomic_store_explicit(&w->l->read_failures, 0, memory_order_relaxed);
   if (res >= 0)
     res = res > (int64_t)f->skip ? res - (int64_t)f->skip : 0;
   if (res < 0 && w->io.why[0]) /* the backend's own account (a URL and an HTTP status) */

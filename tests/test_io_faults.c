@@ -7,6 +7,8 @@
  *   - interrupted (eintr, eagain) and short reads are continued: the same pixels, no error;
  *   - eio and early ends (zero) fail dl_open naming the file, or become per-sample errors that
  *     the stats count; every other sample has exactly its pixels. No crash, hang or silent loss.
+ *   - every read failing (a disk or a mount gone) stops the run once 32 reads in a row failed,
+ *     whatever on_error says, instead of handing out batches of zeros.
  */
 #include "ringfeed.h"
 #include "synthetic.h"
@@ -70,8 +72,10 @@ static int child(const char *source, const char *io) {
     }
     dl_batch_release(b, NULL);
   }
-  if (r != DL_EOF)
-    return 3;
+  if (r != DL_EOF) {
+    printf("run %s %s\n", dl_errname(r), dl_last_error());
+    return 0;
+  }
   char stats[4096];
   if (dl_stats_json(l, stats, sizeof stats) <= 0)
     return 4;
@@ -253,6 +257,15 @@ int main(int argc, char **argv) {
         }
       }
     }
+  }
+  for (int m = 0; m < 2; m++) { /* pread, io_uring; an ImageFolder opens without a read */
+    run(self, "eio:1", folder, ios[m], &got);
+    if (got.lines == 1 && m == 1 && strncmp(got.text[0], "open ", 5) == 0)
+      continue; /* no io_uring here */
+    const char *last = got.text[got.lines - 1];
+    if (strncmp(last, "run EIO ", 8) || !strstr(last, " reads in a row failed: the storage is down"))
+      FAIL_AT("every read failing, io=%s: the run went on or ended otherwise: %s", ios[m], last);
+    printf("every read failing, io=%s: %d samples counted, then \"%s\"\n", ios[m], got.lines - 1, last + 4);
   }
   printf("%d runs under injected read faults: interrupted and short reads changed nothing; errors and early "
          "ends failed %d opens naming the file and cost %d samples, each counted, every other one exact\n",

@@ -318,13 +318,13 @@ static void ended(dl__io *io, req *r, CURLcode c, int64_t *next_retry) {
     return;
   }
   if (!out.code) {
-    atomic_store_explicit(&l->server_failures, 0, memory_order_relaxed);
+    atomic_store_explicit(&l->read_failures, 0, memory_order_relaxed);
     finish(s, r, 0);
     return;
   }
   if (!again || r->attempt >= l->o.retries) {
     if (again) /* retried to the end: the server's failure, not the sample's */
-      atomic_fetch_add_explicit(&l->server_failures, 1, memory_order_relaxed);
+      atomic_fetch_add_explicit(&l->read_failures, 1, memory_order_relaxed);
     snprintf(r->msg, sizeof r->msg, "%s%s", out.msg, r->attempt ? " (after retries)" : "");
     finish(s, r, out.code);
     return;
