@@ -254,8 +254,8 @@ class S3rver:
 def sigv4_checker(key_id, secret, region, seen):
     """A check for FaultProxy: every request must carry a SigV4 signature that AWS's own signer
     (botocore) computes the same for KEY_ID and SECRET; otherwise S3's 403 SignatureDoesNotMatch.
-    SEEN counts the requests checked, those refused and those that ask for a version (If-Match,
-    signed like the rest)."""
+    SEEN counts the requests checked, those refused, and those that ask for a version (If-Match,
+    signed like the rest) or do not."""
     from botocore.auth import S3SigV4Auth
     from botocore.awsrequest import AWSRequest
     from botocore.credentials import Credentials
@@ -297,8 +297,8 @@ def sigv4_checker(key_id, secret, region, seen):
             return refuse("XAmzContentSHA256Mismatch")
         if method == "PUT":
             seen["uploads"] = seen.get("uploads", 0) + 1
-        if "if-match" in signed:
-            seen["if_match"] = seen.get("if_match", 0) + 1
+        ask = "if_match" if "if-match" in signed else "no_if_match"
+        seen[ask] = seen.get(ask, 0) + 1
         return None
 
     return check
