@@ -103,13 +103,14 @@ void dl__ring_done(dl_loader *l, const dl__claim *c, const dl__err *e) {
   if (e && e->code && c->i < b->err_i && (l->o.on_error == DL__ON_ERROR_FAIL || down)) {
     b->err = e->code;
     b->err_i = c->i;
-    if (down)
-      snprintf(b->errmsg, sizeof b->errmsg, "%.700s; %d %s in a row failed%s: the %s is down, and on_error=skip "
-               "covers bad samples, not %s that serves none", e->msg, failures, l->remote ? "requests" : "reads",
-               l->remote ? " after their retries" : "", l->remote ? "server" : "storage",
-               l->remote ? "a server" : "storage");
-    else
+    if (down) {
+      const char *what = l->remote ? "requests in a row failed after their retries: the server"
+                                   : "reads in a row failed: the storage";
+      snprintf(b->errmsg, sizeof b->errmsg, "%.700s; %d %s is down, and on_error=skip covers bad samples, not "
+               "storage that serves none", e->msg, failures, what);
+    } else {
       memcpy(b->errmsg, e->msg, sizeof b->errmsg);
+    }
   }
   if (++b->done == b->len) {
     b->state = DL__SLOT_COMPLETE;

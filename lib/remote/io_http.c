@@ -252,7 +252,8 @@ static int send_pending(dl__io *io) {
     if (!r)
       return -EBUSY; /* cannot be: there are as many requests as reads */
     op *o = &s->ops[order[k]];
-    *r = (req){.s = s, .h = r->h, .busy = true, .t = {ds->files[o->file], ds->remote[o->file].url, ds->s3, ds->remote[o->file].headers},
+    const dl__remote_file *rf = &ds->remote[o->file];
+    *r = (req){.s = s, .h = r->h, .busy = true, .t = {ds->files[o->file], rf->url, ds->s3, rf->headers},
                .first = order[k], .off = o->off, .end = o->off + o->len};
     op *last = o;
     o->state = SENT;
