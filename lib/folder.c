@@ -73,6 +73,19 @@ static void leave_out(left_out *lo, const char *name) {
   }
 }
 
+/* An entry of PATH that stat() failed on (errno), counted for one warning. */
+static void unreadable(left_out *lo, const char *path) {
+  if (!lo->unreadable++)
+    snprintf(lo->first_unreadable, sizeof lo->first_unreadable, "%s: %s", path, strerror(errno));
+}
+
+static void warn_unreadable(const char *root, const left_out *lo) {
+  if (lo->unreadable)
+    dl__log(DL__LOG_WARN, "source %s: %zu entr%s could not be read and %s left out (%s%s)", root, lo->unreadable,
+            lo->unreadable == 1 ? "y" : "ies", lo->unreadable == 1 ? "was" : "were", lo->first_unreadable,
+            lo->unreadable > 1 ? ", ..." : "");
+}
+
 static int walk(const char *base, const char *rel, entries *out, left_out *skipped, const chain *up) {
   char path[PATH_MAX];
   snprintf(path, sizeof path, "%s%s%s", base, *rel ? "/" : "", rel);
@@ -98,8 +111,7 @@ static int walk(const char *base, const char *rel, entries *out, left_out *skipp
     snprintf(sub, sizeof sub, "%s%s%s", rel, *rel ? "/" : "", de->d_name);
     struct stat st;
     if (stat(full, &st)) {
-      if (!skipped->unreadable++)
-        snprintf(skipped->first_unreadable, sizeof skipped->first_unreadable, "%s: %s", full, strerror(errno));
+      unreadable(skipped, full);
       continue;
     }
     if (S_ISDIR(st.st_mode)) {
@@ -143,11 +155,16 @@ static int walk(const char *base, const char *rel, entries *out, left_out *skipp
  */
 static int flat_load(dl__dataset *ds, const char *root, char **files, size_t n) {
   int rc = 0;
+  left_out skipped = {0};
   for (size_t i = 0; i < n && !rc; i++) {
     char path[PATH_MAX];
     struct stat st;
     snprintf(path, sizeof path, "%s/%s", root, files[i]);
-    if (stat(path, &st) || !S_ISREG(st.st_mode))
+    if (stat(path, &st)) {
+      unreadable(&skipped, path);
+      continue;
+    }
+    if (!S_ISREG(st.st_mode))
       continue;
     const char *dot = strchr(files[i], '.');
     if (!dot)
@@ -178,6 +195,8 @@ static int flat_load(dl__dataset *ds, const char *root, char **files, size_t n) 
                 dl__dataset_push(ds, &s)))
       rc = dl__fail(-ENOMEM, "out of memory listing %s", root);
   }
+  if (!rc)
+    warn_unreadable(root, &skipped);
   return rc;
 }
 
@@ -299,9 +318,7 @@ int dl__folder_load(dl__dataset *ds, const char *root) {
     dl__log(DL__LOG_WARN, "source %s: %zu files that are not .jpg/.jpeg/.png/.webp were left out (%s%s)", root,
             skipped.n, kinds, skipped.kinds == (int)DL__ARRAY_LEN(skipped.ext) ? ", ..." : "");
   }
-  if (!rc && skipped.unreadable)
-    dl__log(DL__LOG_WARN, "source %s: %zu entr%s could not be read and %s left out (%s%s)", root,
-            skipped.unreadable, skipped.unreadable == 1 ? "y" : "ies", skipped.unreadable == 1 ? "was" : "were",
-            skipped.first_unreadable, skipped.unreadable > 1 ? ", ..." : "");
+  if (!rc)
+    warn_unreadable(root, &skipped);
   return rc;
 }

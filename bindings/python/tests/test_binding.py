@@ -191,6 +191,13 @@ def test_an_image_folder_names_the_entries_it_cannot_read(tmp_path, capfd):
     loader.close()
     err = capfd.readouterr().err
     assert f"1 entry could not be read and was left out ({tmp_path / 'dog' / 'b.jpg'}: No such file" in err
+    flat = tmp_path / "flat"  # a folder of files without class folders: the same
+    os.makedirs(flat)
+    os.symlink(jpg, flat / "a.jpg")
+    os.symlink(tmp_path / "gone" / "b.jpg", flat / "b.jpg")
+    with ringfeed.Loader(str(flat), batch_size=4, image_size=16, workers=1, log="warn") as loader:
+        assert next(loader)["key"] == ["a"]
+    assert f"1 entry could not be read and was left out ({flat / 'b.jpg'}: No such file" in capfd.readouterr().err
 
 
 def test_dataloader_keywords_name_what_to_write_instead(tmp_path):
