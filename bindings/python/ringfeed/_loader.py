@@ -197,9 +197,10 @@ class Loader:
             self._guard = threading.Condition()
             self._users = 0
         self._framework = _framework(framework)
+        # A path as str, bytes or os.PathLike (pathlib), or a list of them.
         if isinstance(source, (list, tuple)):
-            source = "::".join(str(s) for s in source)
-        source = os.fspath(source)
+            source = "::".join(os.fsdecode(s) for s in source)
+        source = os.fsdecode(source)
         if "rank" not in options and "RANK" in os.environ:
             options["rank"] = int(os.environ["RANK"])
         if "world_size" not in options and "WORLD_SIZE" in os.environ:

@@ -143,6 +143,17 @@ def test_errors_are_exceptions_with_code_names(tmp_path):
 
 
 @needs_testdata
+def test_a_source_is_any_kind_of_path_or_a_list_of_them():
+    import pathlib
+    one = len(ringfeed.Loader(WDS, batch_size=1, image_size=16, workers=1))  # samples
+    for source in (pathlib.Path(WDS), os.fsencode(WDS), [pathlib.Path(WDS), os.fsencode(WDS)], (WDS,)):
+        n = 2 if isinstance(source, list) else 1
+        assert len(ringfeed.Loader(source, batch_size=1, image_size=16, workers=1)) == n * one, source
+    with pytest.raises(TypeError):
+        ringfeed.Loader(7)
+
+
+@needs_testdata
 def test_a_folder_of_shards_says_to_give_them_by_a_glob(tmp_path):
     import shutil
     shutil.copy(WDS, tmp_path / "shard-0.tar")
