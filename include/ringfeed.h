@@ -258,7 +258,8 @@ DL_EXTERN int dl_writer_end(dl_writer *w);
 /* Writes the index and trailer, renames PATH.part to PATH and frees W (also on failure). */
 DL_EXTERN int dl_writer_close(dl_writer *w);
 
-/* Abandons the shard: removes PATH.part and frees W. NULL is a no-op. */
+/* Abandons the shard: removes PATH.part and frees W. NULL is a no-op (and for the calls above,
+ * -EINVAL). */
 DL_EXTERN void dl_writer_abort(dl_writer *w);
 
 #ifdef __cplusplus

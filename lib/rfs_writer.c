@@ -123,6 +123,8 @@ int dl_writer_open(dl_writer **out, const char *path, const char *options) {
 }
 
 int dl_writer_begin(dl_writer *w, const char *key, int64_t label) {
+  if (!w)
+    return dl__fail(-EINVAL, "dl_writer_begin: the writer is NULL (closed already?)");
   if (w->open_record)
     return dl__fail(-EINVAL, "%s: dl_writer_begin inside a record", w->path);
   if (!key)
@@ -191,6 +193,8 @@ static int add_field(dl_writer *w, const char *name, const char *codec, const vo
 }
 
 int dl_writer_field(dl_writer *w, const char *name, const char *codec, const void *data, size_t size) {
+  if (!w)
+    return dl__fail(-EINVAL, "dl_writer_field: the writer is NULL (closed already?)");
   if (!w->open_record)
     return dl__fail(-EINVAL, "%s: dl_writer_field outside a record", w->path);
   int r = !name || !codec || (!data && size)
@@ -204,6 +208,8 @@ int dl_writer_field(dl_writer *w, const char *name, const char *codec, const voi
 }
 
 int dl_writer_end(dl_writer *w) {
+  if (!w)
+    return dl__fail(-EINVAL, "dl_writer_end: the writer is NULL (closed already?)");
   if (!w->open_record)
     return dl__fail(-EINVAL, "%s: dl_writer_end outside a record", w->path);
   w->open_record = false;
@@ -249,6 +255,8 @@ void dl_writer_abort(dl_writer *w) {
 }
 
 int dl_writer_close(dl_writer *w) {
+  if (!w)
+    return dl__fail(-EINVAL, "dl_writer_close: the writer is NULL (closed already?)");
   if (w->open_record) {
     int r = dl__fail(-EINVAL, "%s: closed inside a record", w->path);
     dl_writer_abort(w);

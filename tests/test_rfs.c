@@ -109,6 +109,12 @@ static void writer_round_trip(void) {
   ASSERT_EQ(dl_writer_field(w, NULL, "raw", raw, 1), -EINVAL);
   ASSERT_EQ(dl_writer_field(w, "x", "raw", raw, 1), -EINVAL); /* outside a record now */
   ASSERT_EQ(dl_writer_open(NULL, path, ""), -EINVAL);
+  /* A NULL writer (one closed and set to NULL, as the Python binding does) is refused, not a crash. */
+  ASSERT_EQ(dl_writer_begin(NULL, "k", 0), -EINVAL);
+  ASSERT_EQ(dl_writer_field(NULL, "x", "raw", raw, 1), -EINVAL);
+  ASSERT_EQ(dl_writer_end(NULL), -EINVAL);
+  ASSERT_EQ(dl_writer_close(NULL), -EINVAL);
+  ASSERT_CONTAINS(dl_last_error(), "the writer is NULL");
   ASSERT_EQ(dl_writer_close(w), 0);
   int fd = open(path, O_RDONLY);
   struct stat st;

@@ -111,18 +111,31 @@ class Writer:
         import io
         import numpy
         buf = io.BytesIO()
-        numpy.save(buf, numpy.ascontiguousarray(value))
+        # No pickles: an array of Python objects would be stored as one, which no reader takes.
+        numpy.save(buf, numpy.ascontiguousarray(value), allow_pickle=False)
         return buf.getvalue()
+
+    @staticmethod
+    def _text(what, value):
+        text = str(value).encode()
+        if b"\0" in text:
+            raise ValueError(f"ringfeed: {what} {value!r} holds a NUL character")
+        return text
 
     def add(self, key, label=-1, fields=None):
         """Appends one record. FIELDS maps a name to (codec, bytes or array), or to bytes or an
         array alone (stored raw)."""
+        if not self._handle:
+            raise Error(-9, "the writer is closed")
+        if fields is not None and not isinstance(fields, dict):
+            raise TypeError(f"ringfeed: fields maps field names to values, not {type(fields).__name__}")
         parts = []  # every payload made before the record starts: a bad value leaves nothing open
         for name, value in (fields or {}).items():
             codec, data = value if isinstance(value, tuple) else ("raw", value)
-            parts.append((name.encode(), codec.encode(), self._payload(data)))
+            parts.append((self._text("field name", name), codec.encode(), self._payload(data)))
+        key = self._text("key", key)
         # A field the library refuses drops the record, so the next add() starts afresh.
-        _check(lib.dl_writer_begin(self._handle, str(key).encode(), int(label)))
+        _check(lib.dl_writer_begin(self._handle, key, int(label)))
         for name, codec, data in parts:
             _check(lib.dl_writer_field(self._handle, name, codec, data, len(data)))
         _check(lib.dl_writer_end(self._handle))

@@ -106,6 +106,24 @@ def test_a_refused_record_is_dropped_and_the_writer_goes_on(tmp_path):
     assert np.concatenate([b["meta"] for b in got]).tolist() == [[0], [1]]
 
 
+def test_writer_misuse_is_an_error_not_a_crash(tmp_path):
+    path = tmp_path / "m.rfs"
+    w = ringfeed.Writer(str(path))
+    w.add("rec0", label=0, fields={"meta": np.array([0])})
+    with pytest.raises(ValueError, match="pickle"):  # object arrays would be stored as pickles
+        w.add("objects", fields={"meta": np.array([object()])})
+    with pytest.raises(ValueError, match="NUL"):  # a C string would have cut it short, to "a"
+        w.add("a\0b", label=1)
+    with pytest.raises(TypeError, match="fields maps field names"):
+        w.add("listed", fields=[1, 2])
+    w.close()
+    with pytest.raises(ringfeed.Error, match="the writer is closed"):  # was a segmentation fault
+        w.add("late", label=2)
+    w.close()  # a second close does nothing
+    got = next(ringfeed.Loader(str(path), batch_size=4, framework="numpy", workers=1))
+    assert got["key"] == ["rec0"] and got["meta"].tolist() == [[0]]
+
+
 def test_token_windows_match_a_numpy_reference(tmp_path):
     tokens = (np.arange(1000, dtype=np.uint32) * 7919 % 50257).astype(np.uint16)
     path = tmp_path / "t.bin"
