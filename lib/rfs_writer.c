@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <zstd.h>
@@ -98,6 +99,14 @@ int dl_writer_open(dl_writer **out, const char *path, const char *options) {
       return dl__fail(DL_EOPTION, "unknown writer option '%.*s'", (int)strcspn(p, " "), p);
     }
     p += used;
+  }
+  /* Refused now rather than when the finished shard cannot be renamed over it. */
+  struct stat st;
+  int refused = strlen(path) >= sizeof w->path ? -ENAMETOOLONG : !stat(path, &st) && S_ISDIR(st.st_mode) ? -EISDIR : 0;
+  if (refused) {
+    free(w);
+    return dl__fail(refused, "cannot write a shard to %.200s: %s", path,
+                    refused == -EISDIR ? "it is a folder" : "the path is too long");
   }
   snprintf(w->path, sizeof w->path, "%s", path);
   snprintf(w->part, sizeof w->part, "%s.part", path);

@@ -109,6 +109,10 @@ static void writer_round_trip(void) {
   ASSERT_EQ(dl_writer_field(w, NULL, "raw", raw, 1), -EINVAL);
   ASSERT_EQ(dl_writer_field(w, "x", "raw", raw, 1), -EINVAL); /* outside a record now */
   ASSERT_EQ(dl_writer_open(NULL, path, ""), -EINVAL);
+  dl_writer *none = NULL;
+  ASSERT_EQ(dl_writer_open(&none, dir, ""), -EISDIR); /* a folder: refused before a byte is written */
+  ASSERT_CONTAINS(dl_last_error(), "it is a folder");
+  ASSERT(none == NULL);
   /* A NULL writer (one closed and set to NULL, as the Python binding does) is refused, not a crash. */
   ASSERT_EQ(dl_writer_begin(NULL, "k", 0), -EINVAL);
   ASSERT_EQ(dl_writer_field(NULL, "x", "raw", raw, 1), -EINVAL);
