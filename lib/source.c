@@ -146,8 +146,19 @@ static int is_rfs(const char *path) {
   return n == 8 && !memcmp(magic, "RFSHARD1", 8);
 }
 
+/* Whether PATH begins as a URL does (scheme://) or as WebDataset's command sources (pipe:). */
+static bool foreign_scheme(const char *path) {
+  size_t n = strspn(path, "abcdefghijklmnopqrstuvwxyz0123456789+.-");
+  return n && (!strncmp(path + n, "://", 3) || !strncmp(path, "pipe:", 5));
+}
+
 static int load_path(dl__dataset *ds, const char *path, const dl__options *o) {
   struct stat st;
+  if (stat(path, &st) && foreign_scheme(path)) /* not a local file: say what is read instead */
+    return dl__fail(DL_EUNSUPPORTED, "source %s: %s", path,
+                    !strncmp(path, "pipe:", 5)
+                        ? "a command source (WebDataset's pipe:) is not run: give the URL or path it reads"
+                        : "only http://, https:// and s3:// URLs are read (and local paths)");
   if (stat(path, &st))
     return dl__fail(-errno, "source %s: %s", path, strerror(errno));
   if (S_ISDIR(st.st_mode))
@@ -165,6 +176,8 @@ static int load_part(dl__dataset *ds, const char *part, const dl__options *o) {
   if (r)
     return r;
   for (size_t i = 0; i < n && !r; i++) {
+    if (!strncmp(paths[i], "file://", 7)) /* a local path written as a URL (fsspec, Streaming) */
+      memmove(paths[i], paths[i] + 7, strlen(paths[i] + 7) + 1);
     if (dl__is_url(paths[i]) && !strncmp(paths[i], "s3://", 5) && strpbrk(paths[i], "*?[")) {
       char **keys = NULL;
       size_t nkeys = 0;

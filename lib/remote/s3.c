@@ -199,6 +199,9 @@ int dl__s3_url(const dl__s3 *s, const char *s3url, char *out, size_t cap) {
   char bucket[256], enc[4096];
   const char *key;
   int r = split(s3url, bucket, sizeof bucket, &key);
+  if (!r && (!*key || key[strlen(key) - 1] == '/')) /* a bucket or a "folder": its listing is no shard */
+    r = dl__fail(DL_EOPTION, "source %s: names no object: give s3://bucket/key, or a pattern such as "
+                 "s3://bucket/prefix/*.tar", s3url);
   if (!r)
     r = bucket_url(s, bucket, out, cap);
   if (r)

@@ -151,6 +151,21 @@ def test_a_source_is_any_kind_of_path_or_a_list_of_them():
         assert len(ringfeed.Loader(source, batch_size=1, image_size=16, workers=1)) == n * one, source
     with pytest.raises(TypeError):
         ringfeed.Loader(7)
+    # A local path written as a URL (fsspec, Streaming) is the path.
+    assert len(ringfeed.Loader("file://" + os.path.abspath(WDS), batch_size=1, image_size=16, workers=1)) == one
+
+
+def test_sources_ringfeed_does_not_read_say_what_it_does(monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing is asked of it
+    for source, name, said in (
+            ("pipe:curl -s https://host/shard-{000..009}.tar", "DL_EUNSUPPORTED", "give the URL or path it reads"),
+            ("gs://bucket/shard.tar", "DL_EUNSUPPORTED", "only http://, https:// and s3:// URLs are read"),
+            ("ftp://host/shard.tar", "DL_EUNSUPPORTED", "only http://, https:// and s3:// URLs are read"),
+            ("s3://bucket", "DL_EOPTION", "names no object: give s3://bucket/key, or a pattern"),
+            ("s3://bucket/train/", "DL_EOPTION", "s3://bucket/prefix/*.tar")):
+        with pytest.raises(ringfeed.Error) as e:
+            ringfeed.Loader(source, retries=0)
+        assert e.value.name == name and said in e.value.message, (source, e.value)
 
 
 @needs_testdata
