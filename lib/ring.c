@@ -96,8 +96,9 @@ void dl__ring_done(dl_loader *l, const dl__claim *c, const dl__err *e) {
   dl_batch *b = c->slot;
   pthread_mutex_lock(&l->mu);
   /* Storage that is down fails the run even with on_error=skip: batches of zeros are no training.
-   * A read's failure is an errno or a remote one; a sample's own (corrupt, unsupported) is not. */
-  bool read_error = e && (e->code == DL_EREMOTE || (e->code < 0 && e->code > -1000));
+   * A read's failure is an errno (above the DL_E codes, which start at DL_ECORRUPT) or a remote
+   * one; a sample's own (corrupt, unsupported, over a limit) is not. */
+  bool read_error = e && (e->code == DL_EREMOTE || (e->code < 0 && e->code > DL_ECORRUPT));
   int failures = read_error ? atomic_load_explicit(&l->read_failures, memory_order_relaxed) : 0;
   bool down = failures >= DL__STORAGE_DOWN && l->o.on_error != DL__ON_ERROR_FAIL;
   if (e && e->code && c->i < b->err_i && (l->o.on_error == DL__ON_ERROR_FAIL || down)) {

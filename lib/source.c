@@ -154,13 +154,15 @@ static bool foreign_scheme(const char *path) {
 
 static int load_path(dl__dataset *ds, const char *path, const dl__options *o) {
   struct stat st;
-  if (stat(path, &st) && foreign_scheme(path)) /* not a local file: say what is read instead */
-    return dl__fail(DL_EUNSUPPORTED, "source %s: %s", path,
-                    !strncmp(path, "pipe:", 5)
-                        ? "a command source (WebDataset's pipe:) is not run: give the URL or path it reads"
-                        : "only http://, https:// and s3:// URLs are read (and local paths)");
-  if (stat(path, &st))
-    return dl__fail(-errno, "source %s: %s", path, strerror(errno));
+  if (stat(path, &st)) {
+    int e = errno;
+    if (foreign_scheme(path)) /* not a local file: say what is read instead */
+      return dl__fail(DL_EUNSUPPORTED, "source %s: %s", path,
+                      !strncmp(path, "pipe:", 5)
+                          ? "a command source (WebDataset's pipe:) is not run: give the URL or path it reads"
+                          : "only http://, https:// and s3:// URLs are read (and local paths)");
+    return dl__fail(-e, "source %s: %s", path, strerror(e));
+  }
   if (S_ISDIR(st.st_mode))
     return dl__folder_load(ds, path);
   int rfs = is_rfs(path);
