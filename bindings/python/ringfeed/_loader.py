@@ -102,7 +102,7 @@ class Writer:
     def __init__(self, path, align=4096, zstd_level=3):
         self._handle = ctypes.c_void_p()
         opts = f"align={int(align)} zstd_level={int(zstd_level)}".encode()
-        _check(lib.dl_writer_open(ctypes.byref(self._handle), os.fspath(path).encode(), opts))
+        _check(lib.dl_writer_open(ctypes.byref(self._handle), os.fsencode(path), opts))
 
     @staticmethod
     def _payload(value):

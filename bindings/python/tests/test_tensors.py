@@ -122,6 +122,10 @@ def test_writer_misuse_is_an_error_not_a_crash(tmp_path):
     w.close()  # a second close does nothing
     got = next(ringfeed.Loader(str(path), batch_size=4, framework="numpy", workers=1))
     assert got["key"] == ["rec0"] and got["meta"].tolist() == [[0]]
+    for where in (tmp_path / "p.rfs", os.fsencode(tmp_path / "b.rfs")):  # any kind of path, as the Loader
+        with ringfeed.Writer(where) as w:
+            w.add("k", label=3)
+        assert next(ringfeed.Loader(where, batch_size=1, framework="numpy", workers=1))["label"].tolist() == [3]
 
 
 def test_token_windows_match_a_numpy_reference(tmp_path):
