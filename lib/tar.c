@@ -154,6 +154,7 @@ typedef struct group {
   uint64_t ext_hash[32]; /* the extensions it has, to catch a member that repeats one */
   int next;
   bool warned_fields; /* said once per shard that fields past DL__MAX_FIELDS are left out */
+  uint64_t hidden;    /* members left out because their base name starts with a dot */
 } group;
 
 static void widen(group *g, uint64_t off, uint64_t size) {
@@ -223,6 +224,13 @@ static int add_member(dl__dataset *ds, group *g, uint32_t file, const char *name
   const char *dot = strchr(base, '.');
   if (!dot || base[0] == 0)
     return 0; /* no extension: not a field of any sample */
+  if (base[0] == '.') {
+    /* A hidden file: macOS tar stores "._000.jpg" (the metadata of 000.jpg) before each member and
+     * ".DS_Store" beside them. As WebDataset does, it belongs to no sample; taken as one it split
+     * each sample from its label and added one of junk. */
+    g->hidden++;
+    return 0;
+  }
   size_t key_len = (size_t)(dot - name);
   const char *ext = dot + 1;
   uint64_t eh = dl__rfs_checksum(ext, strlen(ext));
@@ -447,6 +455,9 @@ int dl__tar_scan(dl__dataset *ds, uint32_t file, int fd, uint64_t file_size, int
     rc = dl__fail(rc, "out of memory scanning %s", shard);
     goto done;
   }
+  if (g->hidden)
+    dl__log(DL__LOG_INFO, "shard %s: %llu hidden members (such as macOS's ._NAME and .DS_Store) belong to no "
+            "sample; left out", shard, (unsigned long long)g->hidden);
   if (not_tar) {
     if (on_error == DL__ON_ERROR_FAIL) {
       rc = dl__fail(not_tar_code, "shard %s: %s", shard, not_tar);

@@ -91,3 +91,32 @@ def test_real_webdataset_members():
     maps = batch["instance_attribute_maps.json"]
     assert len(maps) == 3 and all(isinstance(m, list) and m[0]["name"] == "World" for m in maps)
     assert batch["depth"].shape[0] == 3
+
+
+def test_hidden_members_of_a_macos_tar_belong_to_no_sample(tmp_path):
+    """macOS tar stores "._NAME" (the file's metadata, AppleDouble) before each member and
+    ".DS_Store" beside them. Taken as samples they split each image from its label: 40 samples,
+    30 of them errors, labels -1."""
+    path = tmp_path / "mac.tar"
+    apple = b"\x00\x05\x16\x07" + bytes(200)
+    with tarfile.open(path, "w") as t:
+        def add(name, data):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            t.addfile(info, io.BytesIO(data))
+        add("./.DS_Store", b"\0\0\0\1Bud1" + bytes(100))
+        for i in range(10):
+            buf = io.BytesIO()
+            Image.fromarray(np.full((16, 16, 3), i * 20, np.uint8)).save(buf, format="PNG")
+            for ext, data in (("png", buf.getvalue()), ("cls", str(i).encode())):
+                add(f"./._{i:03d}.{ext}", apple)
+                add(f"./{i:03d}.{ext}", data)
+        add("photos/.hidden.png", apple)
+    with ringfeed.Loader(str(path), batch_size=5, image_size=16, shuffle=False, framework="numpy") as loader:
+        labels, keys = [], []
+        for batch in loader:
+            labels += batch["label"].tolist()
+            keys += batch["key"]
+            assert all(abs(int(img.mean()) - int(k) * 20) <= 1 for img, k in zip(batch["image"], batch["key"]))
+        assert loader.stats()["errors"] == 0
+    assert keys == [f"{i:03d}" for i in range(10)] and labels == list(range(10))
