@@ -382,8 +382,13 @@ int dl__tar_scan(dl__dataset *ds, uint32_t file, int fd, uint64_t file_size, int
     uint64_t next = data + (((uint64_t)size + BLOCK - 1) / BLOCK) * BLOCK;
     char type = (char)h[156];
     if (type == 'L' || type == 'x') {
-      if ((uint64_t)size > NAME_MAX_LEN * 4 || data + (uint64_t)size > file_size) {
+      if (data + (uint64_t)size > file_size) {
         damage = "extended header runs past the end";
+        break;
+      }
+      if ((uint64_t)size > WINDOW) {
+        /* pax records of extended attributes (GNU tar --xattrs, macOS tar) run to some KiB. */
+        damage = "extended header over 256 KiB";
         break;
       }
       const uint8_t *p = read_at(&r, data, (size_t)size);

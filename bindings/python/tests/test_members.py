@@ -120,3 +120,22 @@ def test_hidden_members_of_a_macos_tar_belong_to_no_sample(tmp_path):
             assert all(abs(int(img.mean()) - int(k) * 20) <= 1 for img, k in zip(batch["image"], batch["key"]))
         assert loader.stats()["errors"] == 0
     assert keys == [f"{i:03d}" for i in range(10)] and labels == list(range(10))
+
+
+def test_large_pax_headers_of_extended_attributes_are_read(tmp_path):
+    """GNU tar --xattrs and macOS tar keep extended attributes as pax records of some KiB; a header
+    over 16 KiB was taken for damage, and every sample after it was dropped."""
+    path = tmp_path / "xattrs.tar"
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as t:
+        for i in range(6):
+            buf = io.BytesIO()
+            Image.fromarray(np.full((16, 16, 3), i * 20, np.uint8)).save(buf, format="PNG")
+            for ext, data in (("png", buf.getvalue()), ("cls", str(i).encode())):
+                info = tarfile.TarInfo(f"{i:03d}.{ext}")
+                info.size = len(data)
+                if i == 2:
+                    info.pax_headers = {"SCHILY.xattr.user.provenance": "x" * 40000}
+                t.addfile(info, io.BytesIO(data))
+    with ringfeed.Loader(str(path), batch_size=2, image_size=16, shuffle=False, framework="numpy") as loader:
+        labels = [label for batch in loader for label in batch["label"].tolist()]
+    assert labels == list(range(6))
