@@ -73,14 +73,20 @@ def make_ca(work):
 
 
 class Nginx:
-    """nginx serving ROOT on a free port, over HTTP, or HTTPS with CERT and KEY."""
+    """nginx serving ROOT on a free port, over HTTP, or HTTPS with CERT and KEY; with REDIRECT =
+    (CODE, TARGET) it serves nothing and answers every request with CODE and a Location on TARGET
+    (on itself when TARGET is None), as Hugging Face's resolve URLs and presigned links do."""
 
-    def __init__(self, root, work, cert=None, key=None):
+    def __init__(self, root, work, cert=None, key=None, redirect=None):
         if not shutil.which("nginx") and not os.path.exists("/usr/sbin/nginx"):
             raise RuntimeError("nginx is not installed")
         self.port = free_port()
         os.makedirs(work, exist_ok=True)
         tls = f"ssl http2; ssl_certificate {cert}; ssl_certificate_key {key};" if cert else ";"
+        self.url = f"{'https' if cert else 'http'}://127.0.0.1:{self.port}"
+        serve = f"root {root};"
+        if redirect:
+            serve = f"location / {{ return {redirect[0]} {redirect[1] or self.url}$request_uri; }}"
         conf = os.path.join(work, "nginx.conf")
         with open(conf, "w") as f:
             f.write(f"""daemon off; worker_processes 1; pid {work}/nginx.pid; error_log {work}/error.log;
@@ -91,14 +97,13 @@ http {{
   client_body_temp_path {work}/body; proxy_temp_path {work}/proxy; fastcgi_temp_path {work}/fcgi;
   uwsgi_temp_path {work}/uwsgi; scgi_temp_path {work}/scgi;
   keepalive_requests 100000;
-  server {{ listen 127.0.0.1:{self.port} {tls} root {root}; }}
+  server {{ listen 127.0.0.1:{self.port} {tls} {serve} }}
 }}
 """)
         binary = shutil.which("nginx") or "/usr/sbin/nginx"
         self.proc = subprocess.Popen([binary, "-c", conf, "-e", f"{work}/error.log"], stdout=subprocess.DEVNULL,
                                      stderr=subprocess.PIPE)
         wait_listening(self.port)
-        self.url = f"{'https' if cert else 'http'}://127.0.0.1:{self.port}"
         self.access_log = os.path.join(work, "access.log")
 
     def stop(self):

@@ -117,6 +117,23 @@ def test_clear_errors(servers, tmp_path):
     assert out.returncode == 1 and "s3cret-pw" not in out.stderr and "alice" not in out.stderr
 
 
+@pytest.mark.parametrize("code", [302, 307])
+def test_a_shard_behind_a_redirect_reads_as_the_shard(servers, code, tmp_path):
+    local = bench(os.path.join(SHARDS, TAR), "--workers", "2")
+    hop = Nginx(None, str(tmp_path / "hop"), redirect=(code, servers["http"].url))
+    loop = Nginx(None, str(tmp_path / "loop"), redirect=(302, None))
+    try:
+        remote = bench(f"{hop.url}/{TAR}", "--workers", "2", env={"XDG_CACHE_HOME": str(tmp_path)})
+        out = bench(f"{loop.url}/{TAR}", "--option", "retries=0", ok=False)
+        redirected = requests_for(hop.access_log, TAR)
+    finally:
+        hop.stop()
+        loop.stop()
+    assert remote["batch_digests"] == local["batch_digests"] and remote["errors"] == local["errors"]
+    assert len(redirected) >= remote["loader"]["requests"] > 0 and all(f" {code} " in r for r in redirected)
+    assert out.returncode == 1 and f"{loop.url}/{TAR}" in out.stderr and "redirect" in out.stderr.lower(), out.stderr
+
+
 def test_faults_are_retried_to_the_same_stream(servers):
     shard = "rfs/packed-{000000..000001}.rfs"  # a few hundred requests: enough of each fault
     local = bench(os.path.join(SHARDS, shard), "--workers", "4")
