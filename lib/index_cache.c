@@ -185,8 +185,9 @@ int dl__index_cache_read(dl__dataset *ds, uint32_t file, const char *path, const
 }
 
 static int write_all(const char *target, const uint8_t *p, size_t len) {
+  /* Named by process and thread: two loaders of one process may index one shard at once. */
   char tmp[PATH_MAX + 96];
-  snprintf(tmp, sizeof tmp, "%s.tmp.%ld", target, (long)getpid());
+  snprintf(tmp, sizeof tmp, "%s.tmp.%ld.%ld", target, (long)getpid(), (long)gettid());
   int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0)
     return -errno;
