@@ -171,6 +171,12 @@ static int load_path(dl__dataset *ds, const char *path, const dl__options *o) {
   return rfs ? dl__rfs_load(ds, path, o->direct) : dl__tar_load(ds, path, o->on_error);
 }
 
+/* A local path written as a URL (fsspec, Streaming) is the path. */
+static void strip_file_scheme(char *path) {
+  if (!strncmp(path, "file://", 7))
+    memmove(path, path + 7, strlen(path + 7) + 1);
+}
+
 static int load_part(dl__dataset *ds, const char *part, const dl__options *o) {
   char **paths = NULL;
   size_t n = 0;
@@ -178,8 +184,7 @@ static int load_part(dl__dataset *ds, const char *part, const dl__options *o) {
   if (r)
     return r;
   for (size_t i = 0; i < n && !r; i++) {
-    if (!strncmp(paths[i], "file://", 7)) /* a local path written as a URL (fsspec, Streaming) */
-      memmove(paths[i], paths[i] + 7, strlen(paths[i] + 7) + 1);
+    strip_file_scheme(paths[i]);
     if (dl__is_url(paths[i]) && !strncmp(paths[i], "s3://", 5) && strpbrk(paths[i], "*?[")) {
       char **keys = NULL;
       size_t nkeys = 0;
@@ -265,6 +270,7 @@ int dl__tokens_load(dl__dataset *ds, const char *paths, int token_bytes, int seq
     r = dl__expand_braces(part, &list, &n);
     free(part);
     for (size_t i = 0; i < n; i++) {
+      strip_file_scheme(list[i]);
       glob_t g;
       bool globbed = !r && strpbrk(list[i], "*?[") && glob(list[i], 0, NULL, &g) == 0;
       size_t count = globbed ? g.gl_pathc : 1;

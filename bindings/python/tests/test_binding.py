@@ -202,6 +202,10 @@ def test_a_compressed_or_foreign_shard_says_what_it_is(tmp_path):
     with pytest.raises(ringfeed.Error) as e:
         ringfeed.Loader("tokens:https://127.0.0.1:9/a.bin", dtype="uint16", seq_len=8)
     assert e.value.name == "DL_EUNSUPPORTED" and "local disk only" in e.value.message
+    # Token files written as file:// URLs are the files, as shards are.
+    windows = {"dtype": "uint16", "seq_len": 8, "batch_size": 1}
+    plain = len(ringfeed.Loader(f"tokens:{tmp_path}/a.bin", **windows))
+    assert len(ringfeed.Loader(f"tokens:file://{tmp_path}/a.b*::file://{tmp_path}/a.bin", **windows)) == 2 * plain > 0
 
 
 @needs_testdata
