@@ -26,7 +26,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
-#define MAGIC "RFTIDX06" /* 06: hidden members (._NAME, .DS_Store) are left out of samples */
+#define MAGIC "RFTIDX07" /* 07: hidden members are left out, labels apart from their samples joined */
 #define HEADER_BYTES 72
 #define RECORD_BYTES 44
 #define REF_BYTES 16

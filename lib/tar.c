@@ -317,6 +317,67 @@ static int add_member(dl__dataset *ds, group *g, uint32_t file, const char *name
   return 0;
 }
 
+static bool label_only(const dl__sample *s) { return s->codec == DL__CODEC_NONE && s->nrefs == 0 && s->label != -1; }
+
+/*
+ * A shard written as "tar cf x.tar *.jpg *.cls" keeps each label far from its image, so the members
+ * of one key make two samples. A label is read while indexing, so a sample that holds only a label
+ * is folded into the other sample of its key and dropped. Anything else apart from its key's first
+ * members cannot be joined to them (the sample's bytes would span the shard between): named once.
+ * Samples FIRST.. of the dataset are this shard's.
+ */
+static int regroup(dl__dataset *ds, size_t first, const char *shard) {
+  size_t n = ds->n - first, cap = 16;
+  while (cap < 2 * n)
+    cap *= 2;
+  uint32_t *slot = malloc(cap * sizeof *slot); /* index + 1 of the first sample of each key; 0: empty */
+  if (!slot)
+    return -ENOMEM;
+  memset(slot, 0, cap * sizeof *slot);
+  dl__sample *sm = ds->samples + first;
+  size_t kept = 0, folded = 0, apart = 0;
+  const char *example = NULL;
+  for (size_t i = 0; i < n; i++) {
+    const char *key = ds->pool + sm[i].key;
+    size_t h = (size_t)dl__rfs_checksum(key, strlen(key)) & (cap - 1);
+    while (slot[h] && strcmp(ds->pool + sm[slot[h] - 1].key, key))
+      h = (h + 1) & (cap - 1);
+    if (!slot[h]) {
+      sm[kept] = sm[i];
+      slot[h] = (uint32_t)++kept;
+      continue;
+    }
+    dl__sample *at = &sm[slot[h] - 1];
+    if (label_only(&sm[i]) && at->label == -1) {
+      at->label = sm[i].label;
+      folded++;
+      continue;
+    }
+    if (label_only(at) && sm[i].label == -1) {
+      int64_t label = at->label;
+      *at = sm[i];
+      at->label = label;
+      folded++;
+      continue;
+    }
+    if (slot[h] != kept) { /* not the sample just before: a repeated member is named where it is read */
+      apart++;
+      example = example ? example : key;
+    }
+    sm[kept++] = sm[i];
+  }
+  free(slot);
+  ds->n = first + kept;
+  if (folded)
+    dl__log(DL__LOG_INFO, "shard %s: %zu labels stood apart from the rest of their samples' members; joined to them",
+            shard, folded);
+  if (apart)
+    dl__log(DL__LOG_WARN, "shard %s: the members of %zu samples are not next to each other (sample %s): each run of "
+            "them is a sample of its own; write each sample's members together (tar --sort=name, or ringfeed's "
+            "Writer)", shard, apart, example);
+  return 0;
+}
+
 /* Why a file whose first block is no tar header is not a shard: a compressed tar (WebDataset reads
  * .tar.gz as a stream; random access needs the tar itself), or not a tar at all. */
 static const char *not_a_tar(const uint8_t *h, int *code) {
@@ -341,6 +402,7 @@ static const char *not_a_tar(const uint8_t *h, int *code) {
 
 int dl__tar_scan(dl__dataset *ds, uint32_t file, int fd, uint64_t file_size, int on_error) {
   const char *shard = ds->files[file];
+  size_t first = ds->n;
   reader r = {.fd = fd, .size = file_size, .win = malloc(WINDOW)};
   group *g = calloc(1, sizeof *g);
   char *long_name = malloc(NAME_MAX_LEN), *name = malloc(NAME_MAX_LEN);
@@ -456,6 +518,8 @@ int dl__tar_scan(dl__dataset *ds, uint32_t file, int fd, uint64_t file_size, int
   if (!damage && off + BLOCK > file_size && off < file_size)
     damage = "trailing partial block";
   rc = flush(ds, g);
+  if (!rc)
+    rc = regroup(ds, first, shard);
   if (rc) {
     rc = dl__fail(rc, "out of memory scanning %s", shard);
     goto done;

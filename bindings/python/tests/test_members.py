@@ -139,3 +139,32 @@ def test_large_pax_headers_of_extended_attributes_are_read(tmp_path):
     with ringfeed.Loader(str(path), batch_size=2, image_size=16, shuffle=False, framework="numpy") as loader:
         labels = [label for batch in loader for label in batch["label"].tolist()]
     assert labels == list(range(6))
+
+
+def test_members_written_apart_from_their_sample(tmp_path, capfd):
+    """`tar cf shard.tar *.png *.cls` writes every image, then every label: each key made two
+    samples, an image labelled -1 and a label with no image (an error). A label is joined to its
+    sample, either way round; other members apart from their sample are named."""
+    def shard(name, order):
+        with tarfile.open(tmp_path / name, "w") as t:
+            for ext in order:
+                for i in range(6):
+                    buf = io.BytesIO()
+                    Image.fromarray(np.full((16, 16, 3), i * 20, np.uint8)).save(buf, format="PNG")
+                    data = {"png": buf.getvalue(), "cls": str(i).encode(), "txt": f"image {i}".encode()}[ext]
+                    info = tarfile.TarInfo(f"{i:03d}.{ext}")
+                    info.size = len(data)
+                    t.addfile(info, io.BytesIO(data))
+        return str(tmp_path / name)
+
+    for order in (("png", "cls"), ("cls", "png")):
+        with ringfeed.Loader(shard("-".join(order) + ".tar", order), batch_size=3, image_size=16, shuffle=False,
+                             framework="numpy") as loader:
+            got = [(k, int(label), int(img.mean())) for b in loader for k, label, img in
+                   zip(b["key"], b["label"], b["image"])]
+            assert loader.stats()["errors"] == 0
+        assert got == [(f"{i:03d}", i, i * 20) for i in range(6)], order
+    with ringfeed.Loader(shard("captions.tar", ("png", "txt")), batch_size=3, image_size=16, shuffle=False,
+                         framework="numpy", log="warn") as loader:
+        assert len(loader) == 4  # 12 samples: no caption is joined to its image's sample
+    assert "the members of 6 samples are not next to each other (sample 000)" in capfd.readouterr().err
