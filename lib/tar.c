@@ -323,10 +323,10 @@ static bool label_only(const dl__sample *s) { return s->codec == DL__CODEC_NONE 
  * A shard written as "tar cf x.tar *.jpg *.cls" keeps each label far from its image, so the members
  * of one key make two samples. A label is read while indexing, so a sample that holds only a label
  * is folded into the other sample of its key and dropped. Anything else apart from its key's first
- * members cannot be joined to them (the sample's bytes would span the shard between): named once.
- * Samples FIRST.. of the dataset are this shard's.
+ * members cannot be joined to them (the sample's bytes would span the shard between): named, and
+ * NAMED set. Samples FIRST.. of the dataset are this shard's.
  */
-static int regroup(dl__dataset *ds, size_t first, const char *shard) {
+static int regroup(dl__dataset *ds, size_t first, const char *shard, bool *named) {
   size_t n = ds->n - first, cap = 16;
   while (cap < 2 * n)
     cap *= 2;
@@ -368,6 +368,7 @@ static int regroup(dl__dataset *ds, size_t first, const char *shard) {
   }
   free(slot);
   ds->n = first + kept;
+  *named = apart > 0;
   if (folded)
     dl__log(DL__LOG_INFO, "shard %s: %zu labels stood apart from the rest of their samples' members; joined to them",
             shard, folded);
@@ -403,6 +404,8 @@ static const char *not_a_tar(const uint8_t *h, int *code) {
 int dl__tar_scan(dl__dataset *ds, uint32_t file, int fd, uint64_t file_size, int on_error) {
   const char *shard = ds->files[file];
   size_t first = ds->n;
+  uint64_t links = 0;
+  char link_example[320] = "";
   reader r = {.fd = fd, .size = file_size, .win = malloc(WINDOW)};
   group *g = calloc(1, sizeof *g);
   char *long_name = malloc(NAME_MAX_LEN), *name = malloc(NAME_MAX_LEN);
@@ -500,6 +503,9 @@ int dl__tar_scan(dl__dataset *ds, uint32_t file, int fd, uint64_t file_size, int
         damage = "member data runs past the end of the file";
         break;
       }
+    } else if ((type == '1' || type == '2') && !links++) {
+      /* A hard or symbolic link holds no bytes: its sample lacks that member. */
+      snprintf(link_example, sizeof link_example, "%.200s -> %.100s", name, (const char *)h + 157);
     }
     off = next;
   }
@@ -517,13 +523,18 @@ int dl__tar_scan(dl__dataset *ds, uint32_t file, int fd, uint64_t file_size, int
   }
   if (!damage && off + BLOCK > file_size && off < file_size)
     damage = "trailing partial block";
+  bool apart = false;
   rc = flush(ds, g);
   if (!rc)
-    rc = regroup(ds, first, shard);
+    rc = regroup(ds, first, shard, &apart);
   if (rc) {
     rc = dl__fail(rc, "out of memory scanning %s", shard);
     goto done;
   }
+  if (links)
+    dl__log(DL__LOG_WARN, "shard %s: %llu members are links, not files (%s): links are not followed, so their "
+            "samples lack them; make the shard with tar --dereference --hard-dereference", shard,
+            (unsigned long long)links, link_example);
   if (g->hidden)
     dl__log(DL__LOG_INFO, "shard %s: %llu hidden members (such as macOS's ._NAME and .DS_Store) belong to no "
             "sample; left out", shard, (unsigned long long)g->hidden);
@@ -545,6 +556,8 @@ int dl__tar_scan(dl__dataset *ds, uint32_t file, int fd, uint64_t file_size, int
     dl__log(DL__LOG_WARN, "shard %s: %s at offset %llu; keeping the members before it", shard,
             damage, (unsigned long long)off);
     rc = 1; /* usable, but not worth caching */
+  } else if (links || apart) {
+    rc = 1; /* not cached, so that every open says what is wrong with it */
   }
 done:
   free(r.win);
