@@ -264,7 +264,8 @@ int dl__s3_list(const dl__options *o, const dl__s3 *s, const char *pattern, char
   size_t plen = strcspn(key_pattern, "*?[");
   snprintf(prefix, sizeof prefix, "%.*s", (int)plen, key_pattern);
   percent_encode(prefix, "", esc_prefix, sizeof esc_prefix);
-  size_t cap = 1 << 20, n = 0, vcap = 0;
+  /* A page holds up to 1,000 keys of up to 1,024 bytes each, XML-escaped, with their details. */
+  size_t cap = 8u << 20, n = 0, vcap = 0;
   uint8_t *page = malloc(cap);
   char **v = NULL;
   if (!page)
