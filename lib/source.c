@@ -171,6 +171,26 @@ static int load_path(dl__dataset *ds, const char *path, const dl__options *o) {
   return rfs ? dl__rfs_load(ds, path, o->direct) : dl__tar_load(ds, path, o->on_error);
 }
 
+/* The next "::" that separates sources, or NULL; one inside brackets is an IPv6 address's
+ * (http://[::1]:8080/shard.tar). */
+static const char *next_separator(const char *p) {
+  bool bracket = false;
+  for (; *p; p++) {
+    if (*p == '[' || *p == ']')
+      bracket = *p == '[';
+    else if (!bracket && p[0] == ':' && p[1] == ':')
+      return p;
+  }
+  return NULL;
+}
+
+/* What follows the host of URL: brackets before it hold an IPv6 address, not a pattern. */
+static const char *url_path(const char *url) {
+  const char *host = strstr(url, "://");
+  const char *slash = host ? strchr(host + 3, '/') : NULL;
+  return slash ? slash : "";
+}
+
 /* A local path written as a URL (fsspec, Streaming) is the path. */
 static void strip_file_scheme(char *path) {
   if (!strncmp(path, "file://", 7))
@@ -196,7 +216,7 @@ static int load_part(dl__dataset *ds, const char *part, const dl__options *o) {
       }
       free(keys);
     } else if (dl__is_url(paths[i])) {
-      r = !strpbrk(paths[i], "*[")
+      r = !strpbrk(url_path(paths[i]), "*[")
               ? dl__remote_load(ds, paths[i], o)
               : dl__fail(DL_EOPTION, "source %s: an HTTP server cannot be listed: give shards by name or brace range",
                          paths[i]);
@@ -231,7 +251,7 @@ int dl__source_load(dl__dataset *ds, const char *source, const dl__options *o) {
   }
   const char *p = source;
   for (;;) {
-    const char *sep = strstr(p, "::");
+    const char *sep = next_separator(p);
     size_t n = sep ? (size_t)(sep - p) : strlen(p);
     char *part = strndup(p, n);
     if (!part)
@@ -262,7 +282,7 @@ int dl__tokens_load(dl__dataset *ds, const char *paths, int token_bytes, int seq
     return dl__fail(-ENOMEM, "out of memory");
   const char *p = paths;
   while (!r && *p) {
-    const char *sep = strstr(p, "::");
+    const char *sep = next_separator(p);
     size_t len = sep ? (size_t)(sep - p) : strlen(p);
     char *part = strndup(p, len);
     if (!part)

@@ -75,9 +75,10 @@ def make_ca(work):
 class Nginx:
     """nginx serving ROOT on a free port, over HTTP, or HTTPS with CERT and KEY; with REDIRECT =
     (CODE, TARGET) it serves nothing and answers every request with CODE and a Location on TARGET
-    (on itself when TARGET is None), as Hugging Face's resolve URLs and presigned links do."""
+    (on itself when TARGET is None), as Hugging Face's resolve URLs and presigned links do; with IPV6
+    it listens on [::1] as well."""
 
-    def __init__(self, root, work, cert=None, key=None, redirect=None):
+    def __init__(self, root, work, cert=None, key=None, redirect=None, ipv6=False):
         if not shutil.which("nginx") and not os.path.exists("/usr/sbin/nginx"):
             raise RuntimeError("nginx is not installed")
         self.port = free_port()
@@ -85,6 +86,7 @@ class Nginx:
         tls = f"ssl http2; ssl_certificate {cert}; ssl_certificate_key {key};" if cert else ";"
         self.url = f"{'https' if cert else 'http'}://127.0.0.1:{self.port}"
         serve = f"root {root};"
+        six = f"listen [::1]:{self.port}{' ssl http2' if cert else ''};" if ipv6 else ""
         if redirect:
             serve = f"location / {{ return {redirect[0]} {redirect[1] or self.url}$request_uri; }}"
         conf = os.path.join(work, "nginx.conf")
@@ -97,7 +99,7 @@ http {{
   client_body_temp_path {work}/body; proxy_temp_path {work}/proxy; fastcgi_temp_path {work}/fcgi;
   uwsgi_temp_path {work}/uwsgi; scgi_temp_path {work}/scgi;
   keepalive_requests 100000;
-  server {{ listen 127.0.0.1:{self.port} {tls} {serve} }}
+  server {{ listen 127.0.0.1:{self.port} {tls} {six} {serve} }}
 }}
 """)
         binary = shutil.which("nginx") or "/usr/sbin/nginx"

@@ -134,6 +134,26 @@ def test_a_shard_behind_a_redirect_reads_as_the_shard(servers, code, tmp_path):
     assert out.returncode == 1 and f"{loop.url}/{TAR}" in out.stderr and "redirect" in out.stderr.lower(), out.stderr
 
 
+def test_ipv6_hosts_lists_and_presigned_queries(tmp_path):
+    """"::" joins sources, and "[" starts a pattern: an IPv6 host (http://[::1]:8080/) was cut in
+    two and refused as a listing. A query string (a presigned link's) stays the server's."""
+    import socket
+    try:
+        socket.socket(socket.AF_INET6).bind(("::1", 0))
+    except OSError:
+        pytest.skip("no IPv6 loopback")
+    server = Nginx(SHARDS, str(tmp_path / "six"), ipv6=True)
+    try:
+        six = server.url.replace("127.0.0.1", "[::1]")
+        parts = "rfs/packed-{000000..000001}.rfs"
+        local = bench(os.path.join(SHARDS, parts) + "::" + os.path.join(SHARDS, TAR))
+        remote = bench(f"{six}/{parts}::{six}/{TAR}?X-Amz-Expires=3600&X-Amz-Signature=ab%2Fc",
+                       env={"XDG_CACHE_HOME": str(tmp_path / "cache")})
+    finally:
+        server.stop()
+    assert remote["batch_digests"] == local["batch_digests"] and remote["errors"] == local["errors"]
+
+
 def test_faults_are_retried_to_the_same_stream(servers):
     shard = "rfs/packed-{000000..000001}.rfs"  # a few hundred requests: enough of each fault
     local = bench(os.path.join(SHARDS, shard), "--workers", "4")
