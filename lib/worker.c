@@ -256,7 +256,7 @@ static bool start(struct dl__worker *w, const dl__claim *c) {
   if (c->slot->jobs)
     c->slot->jobs[c->i].len = 0; /* on the CPU unless the GPU takes it once read */
   if (s->codec == DL__CODEC_NONE && l->has_image) {
-    dl__err_set(&e, DL_ENOFIELD, "sample has no image member (.jpg, .jpeg or .png)");
+    dl__err_set(&e, DL_ENOFIELD, "sample has no image member (.jpg, .jpeg, .png or .webp)");
   } else if ((int64_t)s->size > l->o.max_member_bytes) {
     dl__err_set(&e, DL_ELIMIT, "member is %llu bytes, above max_member_bytes=%lld",
                 (unsigned long long)s->size, (long long)l->o.max_member_bytes);
