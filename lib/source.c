@@ -191,6 +191,13 @@ static const char *url_path(const char *url) {
   return slash ? slash : "";
 }
 
+/* A local name with glob characters that exists as written ("data[1]/") is that name, not a
+ * pattern. */
+static bool is_pattern(const char *path) {
+  struct stat st;
+  return strpbrk(path, "*?[") && stat(path, &st) != 0;
+}
+
 /* A local path written as a URL (fsspec, Streaming) is the path. */
 static void strip_file_scheme(char *path) {
   if (!strncmp(path, "file://", 7))
@@ -220,7 +227,7 @@ static int load_part(dl__dataset *ds, const char *part, const dl__options *o) {
               ? dl__remote_load(ds, paths[i], o)
               : dl__fail(DL_EOPTION, "source %s: an HTTP server cannot be listed: give shards by name or brace range",
                          paths[i]);
-    } else if (strpbrk(paths[i], "*?[")) {
+    } else if (is_pattern(paths[i])) {
       glob_t g;
       int gr = glob(paths[i], 0, NULL, &g);
       if (gr == GLOB_NOMATCH)
@@ -292,7 +299,7 @@ int dl__tokens_load(dl__dataset *ds, const char *paths, int token_bytes, int seq
     for (size_t i = 0; i < n; i++) {
       strip_file_scheme(list[i]);
       glob_t g;
-      bool globbed = !r && strpbrk(list[i], "*?[") && glob(list[i], 0, NULL, &g) == 0;
+      bool globbed = !r && is_pattern(list[i]) && glob(list[i], 0, NULL, &g) == 0;
       size_t count = globbed ? g.gl_pathc : 1;
       for (size_t j = 0; !r && j < count; j++) {
         const char *path = globbed ? g.gl_pathv[j] : list[i];

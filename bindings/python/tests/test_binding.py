@@ -155,6 +155,17 @@ def test_a_source_is_any_kind_of_path_or_a_list_of_them():
     assert len(ringfeed.Loader("file://" + os.path.abspath(WDS), batch_size=1, image_size=16, workers=1)) == one
 
 
+@needs_testdata
+def test_a_name_with_glob_characters_that_exists_is_that_name(tmp_path):
+    import shutil
+    one = len(ringfeed.Loader(WDS, batch_size=1, image_size=16, workers=1))
+    for name in ("data[1]", "what?", "all*"):  # "no file matches" before
+        os.makedirs(tmp_path / name)
+        shutil.copy(WDS, tmp_path / name / "shard[0].tar")
+        assert len(ringfeed.Loader(str(tmp_path / name / "shard[0].tar"), batch_size=1, image_size=16)) == one
+    assert len(ringfeed.Loader(str(tmp_path / "what?" / "*.tar"), batch_size=1, image_size=16)) == one
+
+
 def test_sources_ringfeed_does_not_read_say_what_it_does(monkeypatch):
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing is asked of it
     for source, name, said in (
