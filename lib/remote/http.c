@@ -95,7 +95,7 @@ static bool retryable_transport(CURLcode c) {
 }
 
 bool dl__http_outcome_of(CURL *h, CURLcode c, const dl__target *t, int64_t expect, int64_t got, const uint8_t *body,
-                         dl__http_outcome *out) {
+                         int64_t asked_from, int64_t answered_from, dl__http_outcome *out) {
   char where[1024];
   redact(t->name, where, sizeof where);
   out->curl = c;
@@ -109,6 +109,13 @@ bool dl__http_outcome_of(CURL *h, CURLcode c, const dl__target *t, int64_t expec
     return retryable_transport(c);
   }
   long s = out->status;
+  if (s == 206 && asked_from >= 0 && answered_from >= 0 && answered_from != asked_from) {
+    /* A cache or proxy that answers another range: its bytes would be taken for the ones asked. */
+    out->code = DL_EREMOTE;
+    snprintf(out->msg, sizeof out->msg, "%s: HTTP 206 with the bytes from %lld when those from %lld were asked for",
+             where, (long long)answered_from, (long long)asked_from);
+    return true;
+  }
   if (s == 200 || s == 206) {
     if (expect >= 0 && got != expect) {
       out->code = DL_EREMOTE;
@@ -128,6 +135,13 @@ bool dl__http_outcome_of(CURL *h, CURLcode c, const dl__target *t, int64_t expec
   const char *why = code[0] && s != 412 ? code : plain;
   snprintf(out->msg, sizeof out->msg, "%s: HTTP %ld%s%s%s", where, s, why[0] ? " (" : "", why, why[0] ? ")" : "");
   return s == 429 || s == 500 || s == 502 || s == 503 || s == 504;
+}
+
+int64_t dl__http_range_from(const char *line, size_t len) {
+  char text[128];
+  snprintf(text, sizeof text, "%.*s", (int)(len < sizeof text - 1 ? len : sizeof text - 1), line);
+  long long from;
+  return sscanf(text, "%*[Cc]ontent-%*[Rr]ange: bytes %lld-", &from) == 1 && from >= 0 ? (int64_t)from : -1;
 }
 
 long dl__http_backoff_ms(int attempt, uint64_t *rng) {
@@ -154,7 +168,7 @@ typedef struct sink {
   uint64_t got;
   int err; /* -errno of a failed write */
   /* From the headers: the object's total size (Content-Range) and its ETag. */
-  int64_t total;
+  int64_t total, range_from;
   char etag[128];
   const _Atomic int *cancel; /* a transfer stops when it turns nonzero (may be NULL) */
 } sink;
@@ -217,8 +231,10 @@ static size_t on_header(char *p, size_t size, size_t n, void *arg) {
   line[strcspn(line, "\r\n")] = 0;
   if (!strncasecmp(line, "HTTP/", 5)) { /* a new response (after a redirect): forget the last one's */
     s->total = -1;
+    s->range_from = -1;
     s->etag[0] = 0;
   } else if (!strncasecmp(line, "Content-Range:", 14)) {
+    s->range_from = dl__http_range_from(line, strlen(line));
     const char *slash = strchr(line, '/');
     if (slash && slash[1] != '*')
       s->total = strtoll(slash + 1, NULL, 10);
@@ -254,6 +270,7 @@ static int get(const dl__options *o, const dl__target *t, const char *range, boo
     s->got = start;
     s->err = 0;
     s->total = -1;
+    s->range_from = -1;
     CURLcode c = perform(h, s->cancel);
     if (s->err) {
       r = dl__fail(s->err, "writing what %s sent: %s", t->name, strerror(-s->err));
@@ -264,7 +281,8 @@ static int get(const dl__options *o, const dl__target *t, const char *range, boo
       break;
     }
     bool again = dl__http_outcome_of(h, c == CURLE_WRITE_ERROR ? CURLE_OK : c, t, expect, (int64_t)(s->got - start),
-                                     s->buf ? s->buf + start : NULL, out);
+                                     s->buf ? s->buf + start : NULL, range ? strtoll(range, NULL, 10) : -1,
+                                     s->range_from, out);
     if (!out->code && range && out->status == 200 && !whole_ok) {
       r = dl__fail(DL_EREMOTE, "%s: the server does not serve byte ranges (HTTP 200 to a Range request)", t->name);
       break;
@@ -396,7 +414,7 @@ int dl__http_put(const dl__options *o, const dl__target *t, int fd, uint64_t siz
       break;
     }
     dl__http_outcome out;
-    bool again = dl__http_outcome_of(h, c, t, -1, (int64_t)s.got, answer, &out);
+    bool again = dl__http_outcome_of(h, c, t, -1, (int64_t)s.got, answer, -1, -1, &out);
     if (!out.code && out.status != 200 && out.status != 201 && out.status != 204) {
       r = dl__fail(DL_EREMOTE, "%s: upload answered with HTTP %ld", t->name, out.status);
       break;

@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 #define MAX_GAP (64u << 10)     /* bytes between two reads that one request still spans */
@@ -44,6 +45,7 @@ typedef struct req {
   unsigned first;
   uint64_t off, end; /* the byte range asked for */
   uint64_t got;      /* bytes of the body so far */
+  int64_t range_from; /* where the answer's Content-Range starts, or -1 */
   int attempt;
   int64_t retry_at_ms;
   uint8_t err[512];  /* the start of an error answer (S3 says why in it) */
@@ -153,6 +155,16 @@ static size_t on_body(char *p, size_t size, size_t n, void *arg) {
   return more ? 0 : len;
 }
 
+static size_t on_header(char *p, size_t size, size_t n, void *arg) {
+  req *r = arg;
+  size_t len = size * n;
+  if (len >= 5 && !strncasecmp(p, "HTTP/", 5)) /* a new response (after a redirect) */
+    r->range_from = -1;
+  else if (len >= 14 && !strncasecmp(p, "Content-Range:", 14))
+    r->range_from = dl__http_range_from(p, len);
+  return len;
+}
+
 static int queue(dl__io *io, req *r) {
   http_state *s = io->state;
   char range[64];
@@ -161,8 +173,11 @@ static int queue(dl__io *io, req *r) {
   curl_easy_setopt(r->h, CURLOPT_RANGE, range); /* copied */
   curl_easy_setopt(r->h, CURLOPT_WRITEFUNCTION, on_body);
   curl_easy_setopt(r->h, CURLOPT_WRITEDATA, r);
+  curl_easy_setopt(r->h, CURLOPT_HEADERFUNCTION, on_header);
+  curl_easy_setopt(r->h, CURLOPT_HEADERDATA, r);
   curl_easy_setopt(r->h, CURLOPT_PRIVATE, r);
   r->got = 0;
+  r->range_from = -1;
   if (curl_multi_add_handle(s->m, r->h) != CURLM_OK)
     return -ENOMEM;
   r->queued = true;
@@ -312,7 +327,7 @@ static void ended(dl__io *io, req *r, CURLcode c, int64_t *next_retry) {
   dl__http_outcome out;
   int64_t expect = (int64_t)(r->end - r->off);
   bool again = dl__http_outcome_of(r->h, c == CURLE_WRITE_ERROR ? CURLE_OK : c, &r->t, expect, (int64_t)r->got,
-                                   r->err, &out);
+                                   r->err, (int64_t)r->off, r->range_from, &out);
   if (!out.code && out.status != 206 && !(out.status == 200 && r->off == 0)) {
     snprintf(r->msg, sizeof r->msg, "%s: the server does not serve byte ranges (HTTP %ld)", r->t.name, out.status);
     finish(s, r, DL_EREMOTE);

@@ -55,10 +55,13 @@ int dl__http_global_init(void);
 /* H ready for a request to T with the loader's TLS and timeout options (and S3's signing). */
 void dl__http_configure(CURL *h, const dl__options *o, const dl__target *t);
 /* Reads a finished request's result into OUT; true when it failed in a way worth retrying
- * (timeouts, resets, 429 and 5xx, short bodies). EXPECT: the body length it should have had (or
- * -1), GOT: what came. */
+ * (timeouts, resets, 429 and 5xx, short bodies, another range than asked). EXPECT: the body length
+ * it should have had (or -1), GOT: what came; ASKED_FROM: the first byte a ranged request asked
+ * for, ANSWERED_FROM: the first its Content-Range gave (each -1 when there is none). */
 bool dl__http_outcome_of(CURL *h, CURLcode c, const dl__target *t, int64_t expect, int64_t got, const uint8_t *body,
-                         dl__http_outcome *out);
+                         int64_t asked_from, int64_t answered_from, dl__http_outcome *out);
+/* The first byte of a "Content-Range: bytes A-B/T" header LINE (LEN bytes), or -1 for any other. */
+int64_t dl__http_range_from(const char *line, size_t len);
 /* The wait before retry ATTEMPT (1, 2, ...): exponential with jitter, capped. */
 long dl__http_backoff_ms(int attempt, uint64_t *rng);
 

@@ -154,6 +154,27 @@ def test_ipv6_hosts_lists_and_presigned_queries(tmp_path):
     assert remote["batch_digests"] == local["batch_digests"] and remote["errors"] == local["errors"]
 
 
+def test_a_proxy_answering_another_range_is_refused(servers, tmp_path):
+    """A cache or proxy that answers 206 with other bytes than asked (here 512 further on) gave
+    them as the asked ones: for a tar shard, images that failed to decode, or wrong pixels."""
+    import re
+
+    def shifted(request):
+        def later(m):
+            first, last = int(m.group(1)), int(m.group(2))
+            return b"bytes=%d-%d" % (first + 512, last + 512) if first > 0 else m.group(0)
+        return re.sub(rb"bytes=(\d+)-(\d+)", later, request)
+
+    env = {"XDG_CACHE_HOME": str(tmp_path)}
+    bench(f"{servers['http'].url}/{TAR}", env=env)  # the index, cached: what follows reads samples only
+    proxy = FaultProxy(servers["http"].port, rewrite=shifted)
+    try:
+        out = bench(f"{proxy.url}/{TAR}", "--option", "retries=0", env=env, ok=False)
+    finally:
+        proxy.stop()
+    assert out.returncode == 1 and f"{proxy.url}/{TAR}: HTTP 206 with the bytes from" in out.stderr, out.stderr[-600:]
+
+
 def test_faults_are_retried_to_the_same_stream(servers):
     shard = "rfs/packed-{000000..000001}.rfs"  # a few hundred requests: enough of each fault
     local = bench(os.path.join(SHARDS, shard), "--workers", "4")
