@@ -30,7 +30,7 @@ static int payload_prefix(const dl__dataset *ds, const dl__options *opt, const d
                           dl__err *e) {
   /* A remote shard's bytes come by a ranged request; a local one's through the loader's own
    * descriptor where it keeps one (buffered), else the file opened for this read. */
-  bool remote = ds->remote && ds->remote[s->file].url;
+  bool remote = s->file < ds->nremote && ds->remote[s->file].url;
   bool own = !remote && (ds->fds[s->file] < 0 || ds->direct[s->file]);
   int fd = remote ? -1 : own ? dl__open_regular(ds->files[s->file], "file", NULL) : ds->fds[s->file];
   if (!remote && fd < 0)

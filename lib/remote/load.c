@@ -179,12 +179,13 @@ int dl__remote_list(dl__dataset *ds, const char *pattern, const dl__options *o, 
 }
 
 void dl__remote_free(dl__dataset *ds) {
-  for (uint32_t i = 0; ds->remote && i < ds->nfiles; i++) {
+  for (uint32_t i = 0; ds->remote && i < ds->nremote; i++) {
     free(ds->remote[i].url);
     curl_slist_free_all(ds->remote[i].headers);
   }
   free(ds->remote);
   ds->remote = NULL;
+  ds->nremote = 0;
   dl__s3_free(ds->s3);
   ds->s3 = NULL;
 }
@@ -223,9 +224,10 @@ static int set_remote(dl__dataset *ds, uint32_t file, const char *url, uint64_t 
   dl__remote_file *grown = realloc(ds->remote, (size_t)(file + 1) * sizeof *grown);
   if (!grown)
     return dl__fail(-ENOMEM, "out of memory");
-  for (uint32_t i = ds->remote ? file : 0; i < file; i++)
-    grown[i] = (dl__remote_file){0}; /* files added before without a URL (none: remote and local do not mix) */
+  for (uint32_t i = ds->nremote; i < file; i++)
+    grown[i] = (dl__remote_file){0}; /* local files since the last remote one (an error once all are listed) */
   ds->remote = grown;
+  ds->nremote = file + 1;
   dl__remote_file *rf = &ds->remote[file];
   *rf = (dl__remote_file){.url = strdup(url), .size = size, .version = version};
   struct curl_slist *headers;

@@ -112,6 +112,12 @@ def test_clear_errors(servers, tmp_path):
     assert "DL_EREMOTE" in out.stderr and f"127.0.0.1:{port}/x.tar" in out.stderr and "connect" in out.stderr.lower()
     out = bench(f"{servers['https'].url}/{TAR}", "--option", "retries=0", ok=False)  # a CA this host does not know
     assert "DL_EREMOTE" in out.stderr and "certificate" in out.stderr.lower()
+    # Remote and local shards in one source: refused, whatever the order (a remote shard first, then
+    # a local one, freed memory it never had: an abort).
+    local, remote = os.path.join(SHARDS, "format-tar-gnu.tar"), f"{url}/format-tar-pax.tar"
+    for source in (f"{local}::{remote}", f"{remote}::{local}", f"{local}::{remote}::{local}::{remote}"):
+        out = bench(source, ok=False, env=servers["env"])
+        assert out.returncode == 1 and "remote and local shards in one loader" in out.stderr, out.stderr[-600:]
     secret = url.replace("http://", "http://alice:s3cret-pw@")
     out = bench(f"{secret}/no-such-shard.tar", ok=False)
     assert out.returncode == 1 and "s3cret-pw" not in out.stderr and "alice" not in out.stderr
