@@ -79,7 +79,7 @@ FUZZ_SECONDS ?= 60
 TESTDATA ?= $(CURDIR)/../shared/testdata
 FUZZ_TARGETS = options token npy fields braces rfidx rfs tar decode
 fuzz_seeds_rfs = $(wildcard build/tests/shards/rfs)
-fuzz_seeds_tar = $(TESTDATA)/webdataset
+fuzz_seeds_tar = tests/fuzz/corpus/tar $(TESTDATA)/webdataset
 fuzz_seeds_decode = tests/fuzz/corpus/decode $(TESTDATA)/jpeg-decoder $(TESTDATA)/pngsuite $(TESTDATA)/libspng-crashers
 fuzz_seeds_fields = tests/fuzz/corpus/fields $(TESTDATA)/zstd $(TESTDATA)/mds
 fuzz: test-deps

@@ -328,6 +328,9 @@ static bool label_only(const dl__sample *s) { return s->codec == DL__CODEC_NONE 
  */
 static int regroup(dl__dataset *ds, size_t first, const char *shard, bool *named) {
   size_t n = ds->n - first, cap = 16;
+  *named = false;
+  if (n == 0)
+    return 0;
   while (cap < 2 * n)
     cap *= 2;
   uint32_t *slot = malloc(cap * sizeof *slot); /* index + 1 of the first sample of each key; 0: empty */
