@@ -669,13 +669,26 @@ static int cmd_index(int argc, char **argv) {
 }
 
 static int cmd_ls(int argc, char **argv) {
-  bool verbose = argc > 2 && !strcmp(argv[2], "-v");
-  if (argc < 2) {
+  /* -v before or after the shard, as "ls -v" is typed; one shard. */
+  bool verbose = false;
+  const char *shard = NULL;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "-v") && !verbose) {
+      verbose = true;
+    } else if (!shard && argv[i][0] != '-') {
+      shard = argv[i];
+    } else {
+      fprintf(stderr, "dlshard ls: unexpected %s\n", argv[i]);
+      shard = NULL;
+      break;
+    }
+  }
+  if (!shard) {
     usage(stderr);
     return 2;
   }
   uint64_t size;
-  int fd = open_shard(argv[1], false, &size, stderr);
+  int fd = open_shard(shard, false, &size, stderr);
   if (fd < 0)
     return 1;
   dl__rfs r;
@@ -686,14 +699,14 @@ static int cmd_ls(int argc, char **argv) {
     dl__options o;
     dl__options_parse(&o, "on_error=skip");
     close(fd);
-    if (dl__is_url(argv[1]) ? dl__remote_load(&ds, argv[1], &o) : dl__tar_load(&ds, argv[1], DL__ON_ERROR_SKIP)) {
-      fprintf(stderr, "dlshard: %s: %s\n", argv[1], dl__is_url(argv[1]) ? dl_last_error() : why);
+    if (dl__is_url(shard) ? dl__remote_load(&ds, shard, &o) : dl__tar_load(&ds, shard, DL__ON_ERROR_SKIP)) {
+      fprintf(stderr, "dlshard: %s: %s\n", shard, dl__is_url(shard) ? dl_last_error() : why);
       return 1;
     }
     uint64_t bytes = 0;
     for (size_t i = 0; i < ds.n; i++)
       bytes += ds.samples[i].size;
-    printf("%s: tar, %zu samples, %llu image bytes\n", argv[1], ds.n, (unsigned long long)bytes);
+    printf("%s: tar, %zu samples, %llu image bytes\n", shard, ds.n, (unsigned long long)bytes);
     for (size_t i = 0; verbose && i < ds.n; i++)
       printf("  %s label %lld offset %llu size %llu\n", ds.pool + ds.samples[i].name,
              (long long)ds.samples[i].label, (unsigned long long)ds.samples[i].offset,
@@ -701,7 +714,7 @@ static int cmd_ls(int argc, char **argv) {
     dl__dataset_free(&ds);
     return 0;
   }
-  printf("%s: ringfeed shard v1, %llu records, alignment %u, %llu bytes\n", argv[1],
+  printf("%s: ringfeed shard v1, %llu records, alignment %u, %llu bytes\n", shard,
          (unsigned long long)r.nrecords, r.align, (unsigned long long)size);
   for (uint32_t n = 0; n < r.nnames; n++) {
     uint64_t count = 0, stored = 0, raw = 0;

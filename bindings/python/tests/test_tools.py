@@ -110,6 +110,16 @@ def test_dlshard_flags_say_what_they_take(tmp_path):
 
 
 @needs_tools
+def test_dlshard_ls_takes_its_flag_on_either_side():
+    long = run(DLSHARD, "ls", WDS, "-v").stdout
+    assert run(DLSHARD, "ls", "-v", WDS).stdout == long and len(long.splitlines()) > 1  # "-v: No such file"
+    assert len(run(DLSHARD, "ls", WDS).stdout.splitlines()) < len(long.splitlines())
+    for extra in (["-x", WDS], [WDS, "other.tar"], ["-v"]):  # a second shard was dropped in silence
+        out = run(DLSHARD, "ls", *extra, ok=False)
+        assert out.returncode == 2 and "usage" in out.stderr, extra
+
+
+@needs_tools
 def test_step_needs_a_positive_length_and_a_gpu():
     for bad in ("0", "-5", "abc", "5x"):
         out = run(DLBENCH, WDS, *SMALL, "--step-ms", bad, ok=False)
