@@ -171,14 +171,16 @@ static int load_path(dl__dataset *ds, const char *path, const dl__options *o) {
   return rfs ? dl__rfs_load(ds, path, o->direct) : dl__tar_load(ds, path, o->on_error);
 }
 
-/* The next "::" that separates sources, or NULL; one inside brackets is an IPv6 address's
- * (http://[::1]:8080/shard.tar). */
-static const char *next_separator(const char *p) {
-  bool bracket = false;
-  for (; *p; p++) {
-    if (*p == '[' || *p == ']')
-      bracket = *p == '[';
-    else if (!bracket && p[0] == ':' && p[1] == ':')
+/* The next "::" that separates sources, or NULL; one inside the brackets of a URL's host is an
+ * IPv6 address's (http://[::1]:8080/shard.tar, http://user@[::1]/). */
+static const char *next_separator(const char *s) {
+  bool host = false;
+  for (const char *p = s; *p; p++) {
+    if (*p == '[' && ((p - s >= 3 && !strncmp(p - 3, "://", 3)) || (p > s && p[-1] == '@')))
+      host = true;
+    else if (*p == ']')
+      host = false;
+    else if (!host && p[0] == ':' && p[1] == ':')
       return p;
   }
   return NULL;

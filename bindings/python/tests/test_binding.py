@@ -164,6 +164,10 @@ def test_a_name_with_glob_characters_that_exists_is_that_name(tmp_path):
         shutil.copy(WDS, tmp_path / name / "shard[0].tar")
         assert len(ringfeed.Loader(str(tmp_path / name / "shard[0].tar"), batch_size=1, image_size=16)) == one
     assert len(ringfeed.Loader(str(tmp_path / "what?" / "*.tar"), batch_size=1, image_size=16)) == one
+    # A bracket left open does not hide the "::" after it (only a URL's [IPv6] host does).
+    with pytest.raises(ringfeed.Error) as e:
+        ringfeed.Loader(f"{tmp_path}/x[1.tar::{WDS}")
+    assert e.value.name == "ENOENT" and f"source {tmp_path}/x[1.tar: no file matches" in e.value.message
 
 
 def test_sources_ringfeed_does_not_read_say_what_it_does(monkeypatch):
