@@ -108,7 +108,8 @@ DL_EXTERN const char *dl_last_error(void);
  * "::", globs and brace ranges ("train-{000000..000146}.tar"), or an ImageFolder directory
  * (root/<class>/<image>); shards may be http:// or https:// URLs (lists and brace ranges, not
  * globs) or s3://bucket/key (globs too), all of a loader's or none.
- * OPTIONS are "key=value" words separated by spaces (NULL or "" for defaults):
+ * OPTIONS are "key=value" words separated by spaces (NULL or "" for defaults); a value with spaces
+ * is written in double quotes (cache_dir="/mnt/My Drive/cache"):
  *   batch_size workers prefetch image_size(N or HxW) crop(random_resized|center|resize|none)
  *   flip channels(1|3) layout(NHWC|NCHW) seed shuffle shuffle_block(K shards) epochs(0 = forever)
  *   start_epoch drop_last rank

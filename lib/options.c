@@ -351,15 +351,23 @@ int dl__options_parse(dl__options *o, const char *text) {
       p++;
     if (!*p)
       break;
+    /* A word runs to the next space; a value in double quotes (a path with spaces) to its quote. */
     const char *start = p;
-    while (*p && !isspace((unsigned char)*p))
-      p++;
-    size_t n = (size_t)(p - start);
     char word[512];
-    if (n >= sizeof word)
-      return dl__fail(DL_EOPTION, "option '%.40s...' is too long", start);
-    memcpy(word, start, n);
+    size_t n = 0;
+    bool quoted = false;
+    for (; *p && (quoted || !isspace((unsigned char)*p)); p++) {
+      if (*p == '"' && (quoted || (p > start && p[-1] == '=' && !memchr(start, '=', (size_t)(p - 1 - start))))) {
+        quoted = !quoted;
+        continue;
+      }
+      if (n + 1 >= sizeof word)
+        return dl__fail(DL_EOPTION, "option '%.40s...' is too long", start);
+      word[n++] = *p;
+    }
     word[n] = 0;
+    if (quoted)
+      return dl__fail(DL_EOPTION, "option '%.*s': a quote left open", (int)(p - start), start);
     char *eq = strchr(word, '=');
     if (!eq || eq == word)
       return dl__fail(DL_EOPTION, "option '%s' is not key=value", word);

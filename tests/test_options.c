@@ -31,6 +31,12 @@ int main(void) {
   ASSERT_EQ(o.shuffle_block, 8);
   ASSERT_EQ(o.cache_limit, 50ll << 30);
   ASSERT(!strcmp(o.cache_dir, "/var/cache/x"));
+  /* A path with spaces, in double quotes; a quote anywhere else is the value's. */
+  ASSERT_EQ(dl__options_parse(&o, "cache_dir=\"/mnt/My Drive/cache\"  ca_file=\"/a b/c\"d.pem batch_size=\"8\""), 0);
+  ASSERT(!strcmp(o.cache_dir, "/mnt/My Drive/cache") && !strcmp(o.ca_file, "/a b/cd.pem") && o.batch_size == 8);
+  ASSERT_EQ(dl__options_parse(&o, "ca_file=/x/a\"b"), 0);
+  ASSERT(!strcmp(o.ca_file, "/x/a\"b"));
+  expect_bad("cache_dir=\"/mnt/My Drive batch_size=8", "a quote left open");
   const char *sizes[][2] = {{"512M", "536870912"}, {"1KiB", "1024"}, {"3kb", "3072"}, {"1000", "1000"},
                             {"2T", "2199023255552"}};
   for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {

@@ -60,7 +60,7 @@ def nginx(tmp_path_factory):
 def test_cold_and_warm_cache_give_the_local_stream(nginx, tmp_path, shard, block):
     env = {"XDG_CACHE_HOME": str(tmp_path / "index")}
     opts = ["--workers", "4", "--option", f"shuffle_block={block}"]
-    cache = ["--option", f"cache_dir={tmp_path / 'cache'}"]
+    cache = ["--option", f'cache_dir="{tmp_path / "my cache"}"']  # a path with a space, quoted
     local = bench(os.path.join(SHARDS, shard), *opts)
     cold = bench(f"{nginx.url}/{shard}", *opts, *cache, env=env)
     warm = bench(f"{nginx.url}/{shard}", *opts, *cache, env=env)
@@ -71,8 +71,8 @@ def test_cold_and_warm_cache_give_the_local_stream(nginx, tmp_path, shard, block
     assert warm["loader"]["requests"] == 0  # not even for a shard coming back into the look-ahead
     assert warm["loader"]["cache_fetches"] == 0
     assert warm["loader"]["cache_hits"] >= warm["samples"] - 4  # all but members of no bytes
-    names = entries(tmp_path / "cache")
-    assert len(names) == files and all(same_bytes(tmp_path / "cache" / n, original_of(n)) for n in names)
+    names = entries(tmp_path / "my cache")
+    assert len(names) == files and all(same_bytes(tmp_path / "my cache" / n, original_of(n)) for n in names)
 
 
 def test_the_cache_stays_within_its_limit(nginx, tmp_path):

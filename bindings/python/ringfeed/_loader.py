@@ -68,10 +68,10 @@ def _format(key, value):
         return f"{value[0]}x{value[1]}"
     if isinstance(value, (tuple, list)):
         return ",".join(str(v) for v in value)
-    text = str(value)
-    if not text or any(c.isspace() for c in text):
-        raise ValueError(f"ringfeed: option {key}={text!r} may not be empty or contain spaces")
-    return text
+    text = os.fsdecode(value) if isinstance(value, (bytes, os.PathLike)) else str(value)
+    if not text or (any(c.isspace() for c in text) and '"' in text):
+        raise ValueError(f"ringfeed: option {key}={text!r} may not be empty, nor hold both spaces and quotes")
+    return f'"{text}"' if any(c.isspace() for c in text) else text  # a path with spaces, quoted
 
 
 def _framework(name):

@@ -155,6 +155,14 @@ def test_a_source_is_any_kind_of_path_or_a_list_of_them():
     assert len(ringfeed.Loader("file://" + os.path.abspath(WDS), batch_size=1, image_size=16, workers=1)) == one
 
 
+def test_option_values_with_spaces_are_quoted(tmp_path):
+    from ringfeed._loader import _format
+    assert _format("cache_dir", str(tmp_path / "My Drive")) == f'"{tmp_path}/My Drive"'
+    assert _format("cache_dir", tmp_path / "x") == str(tmp_path / "x")  # pathlib, as it is
+    with pytest.raises(ValueError, match="spaces and quotes"):
+        _format("ca_file", 'a "b" c')
+
+
 @needs_testdata
 def test_a_name_with_glob_characters_that_exists_is_that_name(tmp_path):
     import shutil
