@@ -199,7 +199,7 @@ static int64_t parse_label(const uint8_t *p, size_t n, bool *ok) {
   while (i < n && isspace(p[i]))
     i++;
   bool neg = i < n && p[i] == '-';
-  if (neg)
+  if (i < n && (p[i] == '-' || p[i] == '+')) /* as Python's int() reads them */
     i++;
   int64_t v = 0;
   size_t digits = 0;

@@ -195,3 +195,18 @@ def test_link_members_are_named(tmp_path, capfd):
                              log="warn") as loader:
             assert sum(len(batch["key"]) for batch in loader) == 4 and loader.stats()["errors"] == 2
         assert "2 members are links, not files (002.png -> 000.png)" in capfd.readouterr().err
+
+
+def test_labels_are_read_as_pythons_int_reads_them(tmp_path):
+    path = tmp_path / "labels.tar"
+    texts = ["+3", " 4\n", "-2", "0007", "\t12 \r\n"]
+    with tarfile.open(path, "w") as t:
+        for i, text in enumerate(texts):
+            buf = io.BytesIO()
+            Image.fromarray(np.full((8, 8, 3), 9, np.uint8)).save(buf, format="PNG")
+            for ext, data in (("png", buf.getvalue()), ("cls", text.encode())):
+                info = tarfile.TarInfo(f"{i:03d}.{ext}")
+                info.size = len(data)
+                t.addfile(info, io.BytesIO(data))
+    with ringfeed.Loader(str(path), batch_size=5, image_size=8, shuffle=False, framework="numpy") as loader:
+        assert next(loader)["label"].tolist() == [int(text) for text in texts]  # "+3" was -1, with a warning
