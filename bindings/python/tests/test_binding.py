@@ -135,8 +135,9 @@ def test_errors_are_exceptions_with_code_names(tmp_path):
     with pytest.raises(ringfeed.Error) as e:
         ringfeed.Loader(str(tmp_path), crop="sideways")
     assert e.value.name == "DL_EOPTION" and "crop=sideways" in str(e.value)
-    with pytest.raises(ValueError):
+    with pytest.raises(ringfeed.Error) as e:  # quoted whole, not split into "seed=1" and "2"
         ringfeed.Loader(str(tmp_path), seed="1 2")
+    assert e.value.name == "DL_EOPTION" and "seed=1 2: expected a non-negative integer" in e.value.message
     for size in ((224,), (10, 20, 30), []):  # not an IndexError, nor a third number dropped
         with pytest.raises(ValueError, match="one size or \\(height, width\\)"):
             ringfeed.Loader(str(tmp_path), image_size=size)
