@@ -13,6 +13,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 typedef struct entry {
   char *dir;  /* relative to the class folder, "" at its top */
@@ -148,14 +149,39 @@ static int walk(const char *base, const char *rel, entries *out, left_out *skipp
   return rc;
 }
 
+/* The label in the .cls file of KEY (KLEN bytes) among FILES[I..N), the files of ROOT in name order
+ * (those of one key are next to each other), or -1. */
+static int64_t label_of(const char *root, char **files, size_t i, size_t n, const char *key, size_t klen) {
+  for (; i < n && !strncmp(files[i], key, klen) && files[i][klen] == '.'; i++) {
+    if (strcasecmp(files[i] + klen, ".cls"))
+      continue;
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/%s", root, files[i]);
+    uint8_t text[64];
+    int fd = dl__open_regular(path, "source", NULL);
+    int64_t got = fd < 0 ? -1 : dl__pread_full(fd, text, sizeof text, 0);
+    if (fd >= 0)
+      close(fd);
+    bool ok = false;
+    int64_t label = got > 0 && (size_t)got < sizeof text ? dl__parse_label(text, (size_t)got, &ok) : -1;
+    if (!ok)
+      dl__log(DL__LOG_WARN, "source %s: %s holds no integer label; using -1", root, files[i]);
+    return ok ? label : -1;
+  }
+  return -1;
+}
+
 /*
  * A folder with no class folders: every file is a sample named by its stem, a JPEG/PNG image or a
  * .npy (.npy.zst) tensor field named as in WebDataset ("k.depth.npy" is field "depth", "k.npy"
- * field "npy"). Files are taken in name order.
+ * field "npy"), labelled by the .cls file of its key where there is one (a WebDataset shard
+ * unpacked into a folder). Files are taken in name order.
  */
 static int flat_load(dl__dataset *ds, const char *root, char **files, size_t n) {
   int rc = 0;
-  left_out skipped = {0};
+  left_out skipped = {0}, other = {0};
+  size_t run = 0, run_len = 0; /* the files of the current key: from RUN, its key RUN_LEN bytes */
+  int64_t run_label = -1;
   for (size_t i = 0; i < n && !rc; i++) {
     char path[PATH_MAX];
     struct stat st;
@@ -169,15 +195,24 @@ static int flat_load(dl__dataset *ds, const char *root, char **files, size_t n) 
     const char *dot = strchr(files[i], '.');
     if (!dot)
       continue;
+    size_t klen = (size_t)(dot - files[i]);
+    if (i == 0 || klen != run_len || strncmp(files[i], files[run], klen)) {
+      run = i;
+      run_len = klen;
+      run_label = label_of(root, files, i, n, files[i], klen);
+    }
     const char *ext = dot + 1;
     size_t elen = strlen(ext);
     bool zst = elen > 4 && !strcasecmp(ext + elen - 4, ".zst");
     size_t stem = zst ? elen - 4 : elen;
     bool npy = stem >= 3 && !strncasecmp(ext + stem - 3, "npy", 3) && (stem == 3 || ext[stem - 4] == '.');
     int codec = image_codec(files[i]);
-    if (!npy && codec == DL__CODEC_NONE)
+    if (!npy && codec == DL__CODEC_NONE) {
+      if (strcasecmp(ext, "cls"))
+        leave_out(&other, files[i]);
       continue;
-    dl__sample s = {.size = (uint64_t)st.st_size, .label = -1, .codec = (uint8_t)codec,
+    }
+    dl__sample s = {.size = (uint64_t)st.st_size, .label = run_label, .codec = (uint8_t)codec,
                     .image_len = codec ? (uint32_t)(st.st_size < UINT32_MAX ? st.st_size : UINT32_MAX) : 0};
     if ((rc = dl__dataset_add_file(ds, path, &s.file)))
       break;
@@ -194,6 +229,14 @@ static int flat_load(dl__dataset *ds, const char *root, char **files, size_t n) 
                 (s.key = dl__dataset_intern(ds, files[i], (size_t)(dot - files[i]))) == UINT32_MAX ||
                 dl__dataset_push(ds, &s)))
       rc = dl__fail(-ENOMEM, "out of memory listing %s", root);
+  }
+  if (!rc && other.n && ds->n) {
+    char kinds[256] = "";
+    for (int k = 0; k < other.kinds; k++)
+      snprintf(kinds + strlen(kinds), sizeof kinds - strlen(kinds), "%s%zu %s", k ? ", " : "", other.count[k],
+               other.ext[k]);
+    dl__log(DL__LOG_WARN, "source %s: %zu files that are no image, .npy or .cls were left out (%s%s)", root, other.n,
+            kinds, other.kinds == (int)DL__ARRAY_LEN(other.ext) ? ", ..." : "");
   }
   if (!rc)
     warn_unreadable(root, &skipped);

@@ -208,6 +208,8 @@ static inline const char *dl__sample_name(const dl__dataset *ds, const dl__sampl
 int dl__tar_load(dl__dataset *ds, const char *path, int on_error);
 /* Scans a tar shard into DS (no cache); used by dl__tar_load and by tools. */
 int dl__tar_scan(dl__dataset *ds, uint32_t file, int fd, uint64_t file_size, int on_error);
+/* The integer label of a .cls member's N bytes (spaces around it allowed), *OK false when it is none. */
+int64_t dl__parse_label(const uint8_t *p, size_t n, bool *ok);
 int dl__folder_load(dl__dataset *ds, const char *root);
 /* Reads a ringfeed shard's index into DS; DIRECT asks for O_DIRECT reads where the shard allows. */
 int dl__rfs_load(dl__dataset *ds, const char *path, int direct);

@@ -194,7 +194,7 @@ static int flush(dl__dataset *ds, group *g) {
   return dl__dataset_push(ds, &g->s);
 }
 
-static int64_t parse_label(const uint8_t *p, size_t n, bool *ok) {
+int64_t dl__parse_label(const uint8_t *p, size_t n, bool *ok) {
   size_t i = 0;
   while (i < n && isspace(p[i]))
     i++;
@@ -293,7 +293,7 @@ static int add_member(dl__dataset *ds, group *g, uint32_t file, const char *name
       return r->err;
     bool ok = false;
     if (p)
-      g->s.label = parse_label(p, (size_t)size, &ok);
+      g->s.label = dl__parse_label(p, (size_t)size, &ok);
     if (!ok) {
       g->s.label = -1;
       dl__log(DL__LOG_WARN, "shard %s member %s: label is not an integer; using -1",

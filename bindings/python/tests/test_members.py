@@ -210,3 +210,21 @@ def test_labels_are_read_as_pythons_int_reads_them(tmp_path):
                 t.addfile(info, io.BytesIO(data))
     with ringfeed.Loader(str(path), batch_size=5, image_size=8, shuffle=False, framework="numpy") as loader:
         assert next(loader)["label"].tolist() == [int(text) for text in texts]  # "+3" was -1, with a warning
+
+
+def test_a_shard_unpacked_into_a_folder_keeps_its_labels(tmp_path, capfd):
+    """`tar xf shard.tar -C folder` gives 000.jpg, 000.cls, ...: the folder's samples had label -1
+    and the .cls files were dropped without a word."""
+    for i in range(4):
+        Image.fromarray(np.full((8, 8, 3), i * 30, np.uint8)).save(tmp_path / f"{i:03d}.png")
+        if i != 2:
+            (tmp_path / f"{i:03d}.cls").write_text("x" if i == 3 else f"{i + 10}\n")
+    (tmp_path / "notes.txt").write_text("a caption with no image")
+    np.save(tmp_path / "001.depth.npy", np.zeros((2, 2), np.float32))  # a field of its own sample, labelled too
+    with ringfeed.Loader(str(tmp_path), batch_size=1, image_size=8, shuffle=False, framework="numpy",
+                         log="warn") as loader:
+        got = [(b["key"][0], int(b["label"][0])) for b in loader]
+    assert got == [("000", 10), ("001", 11), ("001", 11), ("002", -1), ("003", -1)], got
+    err = capfd.readouterr().err
+    assert "003.cls holds no integer label" in err
+    assert "1 files that are no image, .npy or .cls were left out (1 .txt)" in err
