@@ -134,7 +134,10 @@ class FaultProxy:
 
         class Handler(socketserver.BaseRequestHandler):
             def handle(self):
-                proxy._serve(self.request)
+                try:
+                    proxy._serve(self.request)
+                except (ConnectionResetError, BrokenPipeError):
+                    pass  # a loader that closes mid-request (stopping, or done): nothing to serve
 
         class Server(socketserver.ThreadingTCPServer):
             daemon_threads = True
