@@ -87,6 +87,20 @@ static void warn_unreadable(const char *root, const left_out *lo) {
             lo->unreadable > 1 ? ", ..." : "");
 }
 
+/* The warnings of what ROOT's listing left out: files that are not WHAT, by kind, and the entries
+ * it could not read. */
+static void warn_left_out(const char *root, const left_out *lo, const char *what) {
+  if (lo->n) {
+    char kinds[256] = "";
+    for (int k = 0; k < lo->kinds; k++)
+      snprintf(kinds + strlen(kinds), sizeof kinds - strlen(kinds), "%s%zu %s", k ? ", " : "", lo->count[k],
+               lo->ext[k]);
+    dl__log(DL__LOG_WARN, "source %s: %zu files that are not %s were left out (%s%s)", root, lo->n, what, kinds,
+            lo->kinds == (int)DL__ARRAY_LEN(lo->ext) ? ", ..." : "");
+  }
+  warn_unreadable(root, lo);
+}
+
 static int walk(const char *base, const char *rel, entries *out, left_out *skipped, const chain *up) {
   char path[PATH_MAX];
   snprintf(path, sizeof path, "%s%s%s", base, *rel ? "/" : "", rel);
@@ -179,7 +193,7 @@ static int64_t label_of(const char *root, char **files, size_t i, size_t n, cons
  */
 static int flat_load(dl__dataset *ds, const char *root, char **files, size_t n) {
   int rc = 0;
-  left_out skipped = {0}, other = {0};
+  left_out skipped = {0};
   size_t run = 0, run_len = 0; /* the files of the current key: from RUN, its key RUN_LEN bytes */
   int64_t run_label = -1;
   for (size_t i = 0; i < n && !rc; i++) {
@@ -209,7 +223,7 @@ static int flat_load(dl__dataset *ds, const char *root, char **files, size_t n) 
     int codec = image_codec(files[i]);
     if (!npy && codec == DL__CODEC_NONE) {
       if (strcasecmp(ext, "cls"))
-        leave_out(&other, files[i]);
+        leave_out(&skipped, files[i]);
       continue;
     }
     dl__sample s = {.size = (uint64_t)st.st_size, .label = run_label, .codec = (uint8_t)codec,
@@ -230,16 +244,10 @@ static int flat_load(dl__dataset *ds, const char *root, char **files, size_t n) 
                 dl__dataset_push(ds, &s)))
       rc = dl__fail(-ENOMEM, "out of memory listing %s", root);
   }
-  if (!rc && other.n && ds->n) {
-    char kinds[256] = "";
-    for (int k = 0; k < other.kinds; k++)
-      snprintf(kinds + strlen(kinds), sizeof kinds - strlen(kinds), "%s%zu %s", k ? ", " : "", other.count[k],
-               other.ext[k]);
-    dl__log(DL__LOG_WARN, "source %s: %zu files that are no image, .npy or .cls were left out (%s%s)", root, other.n,
-            kinds, other.kinds == (int)DL__ARRAY_LEN(other.ext) ? ", ..." : "");
-  }
+  if (!ds->n)
+    skipped.n = 0; /* a folder of nothing to load: the error that follows says so */
   if (!rc)
-    warn_unreadable(root, &skipped);
+    warn_left_out(root, &skipped, "images, .npy or .cls");
   return rc;
 }
 
@@ -353,15 +361,7 @@ int dl__folder_load(dl__dataset *ds, const char *root) {
   for (size_t c = 0; c < nclasses; c++)
     free(classes[c]);
   free(classes);
-  if (!rc && skipped.n) {
-    char kinds[256] = "";
-    for (int k = 0; k < skipped.kinds; k++)
-      snprintf(kinds + strlen(kinds), sizeof kinds - strlen(kinds), "%s%zu %s", k ? ", " : "", skipped.count[k],
-               skipped.ext[k]);
-    dl__log(DL__LOG_WARN, "source %s: %zu files that are not .jpg/.jpeg/.png/.webp were left out (%s%s)", root,
-            skipped.n, kinds, skipped.kinds == (int)DL__ARRAY_LEN(skipped.ext) ? ", ..." : "");
-  }
   if (!rc)
-    warn_unreadable(root, &skipped);
+    warn_left_out(root, &skipped, ".jpg/.jpeg/.png/.webp");
   return rc;
 }
