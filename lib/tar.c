@@ -333,10 +333,9 @@ static int regroup(dl__dataset *ds, size_t first, const char *shard, bool *named
     return 0;
   while (cap < 2 * n)
     cap *= 2;
-  uint32_t *slot = malloc(cap * sizeof *slot); /* index + 1 of the first sample of each key; 0: empty */
+  uint32_t *slot = calloc(cap, sizeof *slot); /* index + 1 of the first sample of each key; 0: empty */
   if (!slot)
     return -ENOMEM;
-  memset(slot, 0, cap * sizeof *slot);
   dl__sample *sm = ds->samples + first;
   size_t kept = 0, folded = 0, apart = 0;
   const char *example = NULL;
