@@ -352,15 +352,17 @@ int dl__options_parse(dl__options *o, const char *text) {
     if (!*p)
       break;
     /* A word runs to the next space; a value in double quotes (a path with spaces) to its quote. */
-    const char *start = p;
+    const char *start = p, *value = NULL; /* VALUE: just after the word's first '=' */
     char word[512];
     size_t n = 0;
     bool quoted = false;
     for (; *p && (quoted || !isspace((unsigned char)*p)); p++) {
-      if (*p == '"' && (quoted || (p > start && p[-1] == '=' && !memchr(start, '=', (size_t)(p - 1 - start))))) {
+      if (*p == '"' && (quoted || p == value)) {
         quoted = !quoted;
         continue;
       }
+      if (*p == '=' && !value)
+        value = p + 1;
       if (n + 1 >= sizeof word)
         return dl__fail(DL_EOPTION, "option '%.40s...' is too long", start);
       word[n++] = *p;
