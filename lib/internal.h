@@ -477,6 +477,7 @@ typedef struct dl__jpeg_info {
   bool rgb, cmyk;       /* the colour space libjpeg assumes is not YCbCr or grey */
   bool restarts;
   bool between_scans;   /* marker segments after the first scan (progressive, multi-scan) */
+  bool bogus_progression; /* a progressive scan refines what no scan coded (libjpeg warns) */
   bool ends;            /* with WHOLE: the entropy-coded data runs to an EOI marker */
   int64_t blocks;       /* 8x8 blocks the frame codes (with the MCUs' padding) */
   size_t entropy_bytes; /* with WHOLE: bytes of entropy-coded data in all scans */

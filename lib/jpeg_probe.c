@@ -2,10 +2,11 @@
  * What a JPEG's markers say, read without decoding: the frame (size, precision, components,
  * sampling), whether the tables each scan uses are defined and sound, the colour space libjpeg
  * would assume, and, when the whole file is read, whether its scans are well formed up to an EOI
- * marker (restart markers in sequence, nothing foreign between scans). The decoder uses the first
- * part to decide when a decompressor can be reused; the GPU path uses all of it to pick the JPEGs
- * nvJPEG may take, leaving everything unusual, and every file libjpeg would find fault with in
- * its markers, to the CPU, which then reports exactly what it reports today.
+ * marker (restart markers in sequence, nothing foreign between scans, progressive bands in
+ * order). The decoder uses the first part to decide when a decompressor can be reused; the GPU
+ * path uses all of it to pick the JPEGs nvJPEG may take, leaving everything unusual, and every
+ * file libjpeg would find fault with in its markers, to the CPU, which then reports exactly what
+ * it reports today.
  */
 #include "internal.h"
 
@@ -77,10 +78,32 @@ typedef struct state {
   int transform;
   uint8_t ids[4];
   int restart_interval;
+  int8_t coef_al[4][64]; /* progressive: each coefficient's last approximation bit, -1 uncoded */
 } state;
 
+/* A progressive scan's bands against what earlier scans coded, as libjpeg checks them (it warns
+ * and decodes on: refinements of coefficients never coded, AC bands before their DC). */
+static void follow_progression(const uint8_t *seg, int ns, int ss, int se, int ah, int al, dl__jpeg_info *j,
+                               state *st) {
+  for (int c = 0; c < ns; c++) {
+    int f = 0;
+    while (f < j->components && f < 4 && st->ids[f] != seg[1 + 2 * c])
+      f++;
+    if (f == j->components || f == 4)
+      continue;
+    int8_t *coef = st->coef_al[f];
+    if (ss > 0 && coef[0] < 0)
+      j->bogus_progression = true;
+    for (int k = ss; k <= se; k++) {
+      if (ah != (coef[k] < 0 ? 0 : coef[k]))
+        j->bogus_progression = true;
+      coef[k] = (int8_t)al;
+    }
+  }
+}
+
 /* An SOS segment: its parameters make sense for the frame and its tables are there. */
-static bool read_sos(const uint8_t *seg, size_t sl, const dl__jpeg_info *j, const state *st) {
+static bool read_sos(const uint8_t *seg, size_t sl, dl__jpeg_info *j, state *st) {
   int ns = sl >= 1 ? seg[0] : 0;
   if (ns < 1 || ns > 4 || sl != 4 + 2 * (size_t)ns)
     return false;
@@ -106,6 +129,8 @@ static bool read_sos(const uint8_t *seg, size_t sl, const dl__jpeg_info *j, cons
   if (progressive && (ss > se || se > 63 || (ss == 0 && se != 0) || (ss > 0 && ns != 1) || ah > 13 || al > 13 ||
                       (ah != 0 && ah != al + 1)))
     return false;
+  if (progressive)
+    follow_progression(seg, ns, ss, se, ah, al, j, st);
   return (need & ~st->dht) == 0 && (st->need_q & ~st->dqt) == 0;
 }
 
@@ -139,6 +164,7 @@ int dl__jpeg_probe(const uint8_t *p, size_t n, bool whole, dl__jpeg_info *j) {
   if (n < 4 || p[0] != 0xFF || p[1] != 0xD8)
     return -1;
   state st = {.transform = -1};
+  memset(st.coef_al, -1, sizeof st.coef_al);
   size_t i = 2;
   while (i + 2 <= n) {
     if (p[i] != 0xFF)

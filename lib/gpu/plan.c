@@ -157,7 +157,7 @@ bool dl__gpu_plan(const dl_loader *l, dl_batch *b, int i, int64_t index, uint8_t
   /* Whatever libjpeg might complain about stays with libjpeg, which names the problem; so do images
    * smaller than an MCU, whose edges decoders fill in differently. */
   if (dl__jpeg_probe(image, len, true, &j) || !j.ends || !j.tables_complete || j.precision != 8 || j.rgb ||
-      j.cmyk || (j.components != 1 && j.components != 3) || j.width < 16 || j.height < 16 ||
+      j.cmyk || j.bogus_progression || (j.components != 1 && j.components != 3) || j.width < 16 || j.height < 16 ||
       (int64_t)j.width * j.height > l->o.max_pixels)
     return false;
   bool single = j.scans == 1 && !j.between_scans && j.first_scan_components == j.components;
