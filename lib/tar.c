@@ -101,8 +101,16 @@ static int64_t parse_number(const uint8_t *f, int len) {
   return digits ? (int64_t)v : 0;
 }
 
-/* Applies the "path" and "size" records of a pax extended header. */
-static int parse_pax(const uint8_t *p, size_t n, char *path, size_t path_cap, int64_t *size) {
+/* What a pax extended header says of the member after it. */
+typedef struct pax {
+  char path[NAME_MAX_LEN];
+  int64_t size; /* -1: the member's own header says */
+  bool sparse;  /* GNU tar's sparse records: the member's bytes are a map and its data, not the file */
+  bool sparse_name;
+} pax;
+
+/* Applies the "path", "size" and GNU.sparse.* records of a pax extended header. */
+static int parse_pax(const uint8_t *p, size_t n, pax *x) {
   size_t i = 0;
   while (i < n) {
     size_t len = 0, j = i;
@@ -119,11 +127,16 @@ static int parse_pax(const uint8_t *p, size_t n, char *path, size_t path_cap, in
     if (!eq)
       return -1;
     size_t klen = (size_t)(eq - kv), vlen = (size_t)(end - eq - 1);
-    if (klen == 4 && !memcmp(kv, "path", 4)) {
-      if (vlen == 0 || vlen >= path_cap)
+    bool sparse_name = klen == 15 && !memcmp(kv, "GNU.sparse.name", 15);
+    if (klen > 11 && !memcmp(kv, "GNU.sparse.", 11))
+      x->sparse = true;
+    if ((klen == 4 && !memcmp(kv, "path", 4) && !x->sparse_name) || sparse_name) {
+      /* A sparse file's own name; "path" holds a made-up GNUSparseFile.N/NAME. */
+      if (vlen == 0 || vlen >= sizeof x->path)
         return -1;
-      memcpy(path, eq + 1, vlen);
-      path[vlen] = 0;
+      memcpy(x->path, eq + 1, vlen);
+      x->path[vlen] = 0;
+      x->sparse_name |= sparse_name;
     } else if (klen == 4 && !memcmp(kv, "size", 4)) {
       int64_t v = 0;
       for (size_t k = 0; k < vlen; k++) {
@@ -131,7 +144,7 @@ static int parse_pax(const uint8_t *p, size_t n, char *path, size_t path_cap, in
           return -1;
         v = v * 10 + (eq[1 + k] - '0');
       }
-      *size = v;
+      x->size = v;
     }
     i += len;
   }
@@ -406,19 +419,19 @@ static const char *not_a_tar(const uint8_t *h, int *code) {
 int dl__tar_scan(dl__dataset *ds, uint32_t file, int fd, uint64_t file_size, int on_error) {
   const char *shard = ds->files[file];
   size_t first = ds->n;
-  uint64_t links = 0;
-  char link_example[320] = "";
+  uint64_t links = 0, sparse_files = 0;
+  char link_example[320] = "", sparse_example[320] = "";
   reader r = {.fd = fd, .size = file_size, .win = malloc(WINDOW)};
   group *g = calloc(1, sizeof *g);
   char *long_name = malloc(NAME_MAX_LEN), *name = malloc(NAME_MAX_LEN);
+  pax *x = malloc(sizeof *x);
   int rc = 0;
-  if (!r.win || !g || !long_name || !name) {
+  if (!r.win || !g || !long_name || !name || !x) {
     rc = dl__fail(-ENOMEM, "out of memory scanning %s", shard);
     goto done;
   }
   long_name[0] = 0;
-  char pax_path[NAME_MAX_LEN] = "";
-  int64_t pax_size = -1;
+  *x = (pax){.size = -1};
   uint64_t off = 0;
   const char *damage = NULL, *not_tar = NULL;
   int not_tar_code = 0;
@@ -439,8 +452,8 @@ int dl__tar_scan(dl__dataset *ds, uint32_t file, int fd, uint64_t file_size, int
       break;
     }
     int64_t size = parse_number(h + 124, 12);
-    if (pax_size >= 0)
-      size = pax_size;
+    if (x->size >= 0)
+      size = x->size;
     if (size < 0) {
       damage = "bad size field";
       break;
@@ -473,15 +486,15 @@ int dl__tar_scan(dl__dataset *ds, uint32_t file, int fd, uint64_t file_size, int
         }
         memcpy(long_name, p, n);
         long_name[n] = 0;
-      } else if (parse_pax(p, (size_t)size, pax_path, sizeof pax_path, &pax_size)) {
+      } else if (parse_pax(p, (size_t)size, x)) {
         damage = "bad pax header";
         break;
       }
       off = next;
       continue;
     }
-    if (pax_path[0])
-      snprintf(name, NAME_MAX_LEN, "%s", pax_path);
+    if (x->path[0])
+      snprintf(name, NAME_MAX_LEN, "%s", x->path);
     else if (long_name[0])
       snprintf(name, NAME_MAX_LEN, "%s", long_name);
     else if (!memcmp(h + 257, "ustar\0", 6) && h[345])
@@ -489,9 +502,31 @@ int dl__tar_scan(dl__dataset *ds, uint32_t file, int fd, uint64_t file_size, int
     else
       snprintf(name, NAME_MAX_LEN, "%.100s", (const char *)h);
     long_name[0] = 0;
-    pax_path[0] = 0;
-    pax_size = -1;
-    if (type == '0' || type == '\0' || type == '7') {
+    bool sparse = type == 'S' || x->sparse;
+    *x = (pax){.size = -1};
+    if (type == 'S' && h[482]) {
+      /* GNU's old sparse format continues the header's map in further blocks before the data. */
+      bool more = true;
+      while (more && data + BLOCK <= file_size) {
+        const uint8_t *ext = read_at(&r, data, BLOCK);
+        if (!ext)
+          break;
+        more = ext[504] != 0;
+        data += BLOCK;
+      }
+      next = data + (((uint64_t)size + BLOCK - 1) / BLOCK) * BLOCK;
+      if (more) {
+        if (r.err)
+          break;
+        damage = "sparse member's map runs past the end";
+        break;
+      }
+    }
+    if (sparse) {
+      /* Holes are not in the shard's bytes: reading them as the file would give wrong data. */
+      if (!sparse_files++)
+        snprintf(sparse_example, sizeof sparse_example, "%.300s", name);
+    } else if (type == '0' || type == '\0' || type == '7') {
       const char *member = name[0] == '.' && name[1] == '/' ? name + 2 : name;
       rc = add_member(ds, g, file, member, data, (uint64_t)size, &r);
       if (rc && r.err)
@@ -537,6 +572,10 @@ int dl__tar_scan(dl__dataset *ds, uint32_t file, int fd, uint64_t file_size, int
     dl__log(DL__LOG_WARN, "shard %s: %llu members are links, not files (%s): links are not followed, so their "
             "samples lack them; make the shard with tar --dereference --hard-dereference", shard,
             (unsigned long long)links, link_example);
+  if (sparse_files)
+    dl__log(DL__LOG_WARN, "shard %s: %llu %s (%s), whose holes tar leaves out of the shard: not read, so their "
+            "samples lack them; make the shard without tar --sparse (-S)", shard, (unsigned long long)sparse_files,
+            sparse_files == 1 ? "member is a sparse file" : "members are sparse files", sparse_example);
   if (g->hidden)
     dl__log(DL__LOG_INFO, "shard %s: %llu hidden members (such as macOS's ._NAME and .DS_Store) belong to no "
             "sample; left out", shard, (unsigned long long)g->hidden);
@@ -558,7 +597,7 @@ int dl__tar_scan(dl__dataset *ds, uint32_t file, int fd, uint64_t file_size, int
     dl__log(DL__LOG_WARN, "shard %s: %s at offset %llu; keeping the members before it", shard,
             damage, (unsigned long long)off);
     rc = 1; /* usable, but not worth caching */
-  } else if (links || apart) {
+  } else if (links || sparse_files || apart) {
     rc = 1; /* not cached, so that every open says what is wrong with it */
   }
 done:
@@ -566,6 +605,7 @@ done:
   free(g);
   free(long_name);
   free(name);
+  free(x);
   return rc;
 }
 
