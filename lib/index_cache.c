@@ -5,7 +5,7 @@
  * another of the same size and mtime is not). The cache file is untrusted input like the shard:
  * every field is checked, and an XXH64 covers it.
  *
- * Layout (little-endian): "RFTIDX05", u64 shard size, i64 mtime ns, i64 ctime ns, u64 inode,
+ * Layout (little-endian): DL__INDEX_CACHE_MAGIC, u64 shard size, i64 mtime ns, i64 ctime ns, u64 inode,
  * u64 hash of the shard's edges, u64 samples, u64 pool bytes,
  * u64 record bytes, then per sample {u64 offset, u64 size, i64 label, u32 name, u32 key, u8 codec,
  * u8 nrefs, u8 flags (2: the image is zstd-compressed), u8 0, u32 image_at, u32 image_len} followed
@@ -26,7 +26,6 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
-#define MAGIC "RFTIDX07" /* 07: hidden members are left out, labels apart from their samples joined */
 #define HEADER_BYTES 72
 #define RECORD_BYTES 44
 #define REF_BYTES 16
@@ -98,7 +97,7 @@ int dl__index_cache_parse(dl__dataset *ds, uint32_t file, const uint8_t *p, size
   if (len < HEADER_BYTES + 8)
     return -1;
   uint64_t size = id->size;
-  if (memcmp(p, MAGIC, 8) || get64(p + 8) != size || (int64_t)get64(p + 16) != id->mtime_ns ||
+  if (memcmp(p, DL__INDEX_CACHE_MAGIC, 8) || get64(p + 8) != size || (int64_t)get64(p + 16) != id->mtime_ns ||
       (int64_t)get64(p + 24) != id->ctime_ns || get64(p + 32) != id->ino || get64(p + 40) != id->edges)
     return -1;
   uint64_t n = get64(p + 48), pool = get64(p + 56), recs = get64(p + 64);
@@ -223,7 +222,7 @@ void dl__index_cache_write(const dl__dataset *ds, size_t first, const char *path
   uint8_t *p = calloc(1, len);
   if (!p)
     return;
-  memcpy(p, MAGIC, 8);
+  memcpy(p, DL__INDEX_CACHE_MAGIC, 8);
   put64(p + 8, id->size);
   put64(p + 16, (uint64_t)id->mtime_ns);
   put64(p + 24, (uint64_t)id->ctime_ns);

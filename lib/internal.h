@@ -285,7 +285,9 @@ void dl__cache_stop(dl_loader *l);
 int dl__source_load(dl__dataset *ds, const char *source, const dl__options *o);
 int dl__expand_braces(const char *pattern, char ***out, size_t *count);
 
-/* Cached tar index beside the shard or in the cache folder (index_cache.c). */
+/* Cached tar index beside the shard or in the cache folder (index_cache.c). The magic changes
+ * whenever a shard's index would come out otherwise (08: sparse members are left out). */
+#define DL__INDEX_CACHE_MAGIC "RFTIDX08"
 int dl__index_cache_read(dl__dataset *ds, uint32_t file, const char *path, const dl__shard_id *id);
 void dl__index_cache_write(const dl__dataset *ds, size_t first, const char *path, const dl__shard_id *id);
 /* The samples of cache bytes P (LEN of them) into DS as file FILE, when they match ID; -1 when not

@@ -1,6 +1,7 @@
 /* libFuzzer entry point for cached tar indexes (.rfidx): any bytes as a cache file. The target
- * takes the shard identity from the input's own header and writes its checksum, so inputs reach
- * the records instead of stopping at the identity or hash check. A table it accepts must lie
+ * takes the shard identity from the input's own header and writes today's magic and its checksum,
+ * so inputs (and seeds made under an older magic) reach the records instead of stopping at the
+ * magic, identity or hash check. A table it accepts must lie
  * inside the shard it describes. */
 #include "internal.h"
 
@@ -25,6 +26,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (!p)
     return 0;
   memcpy(p, data, size);
+  memcpy(p, DL__INDEX_CACHE_MAGIC, 8);
   uint64_t sum = XXH64(p, size - 8, 0);
   memcpy(p + size - 8, &sum, 8);
   dl__shard_id id = {.size = get64(p + 8), .mtime_ns = (int64_t)get64(p + 16), .ctime_ns = (int64_t)get64(p + 24),
