@@ -161,6 +161,7 @@ typedef struct dl__dataset {
   struct dl__remote_file *remote; /* per file, for remote sources (else NULL) */
   uint32_t nremote;               /* its entries: files after the last remote one have none */
   void *s3;     /* the S3 addressing and credentials of s3:// files (remote/s3.c), or NULL */
+  void *hub;    /* the Hugging Face Hub's endpoint and token (remote/hub.c), or NULL */
   int64_t cache_fetches, cache_fetch_bytes; /* remote tars downloaded into the shard cache to index them */
   char skipped_shard[DL__MSG_MAX]; /* the first shard skipped whole, and why: "no samples" says it */
 } dl__dataset;

@@ -160,7 +160,7 @@ static int load_path(dl__dataset *ds, const char *path, const dl__options *o) {
       return dl__fail(DL_EUNSUPPORTED, "source %s: %s", path,
                       !strncmp(path, "pipe:", 5)
                           ? "a command source (WebDataset's pipe:) is not run: give the URL or path it reads"
-                          : "only http://, https:// and s3:// URLs are read (and local paths)");
+                          : "only http://, https://, s3:// and hf:// URLs are read (and local paths)");
     return dl__fail(-e, "source %s: %s", path, strerror(e));
   }
   if (S_ISDIR(st.st_mode))

@@ -19,7 +19,7 @@
 #define RFS_TRAILER 32
 
 bool dl__is_url(const char *s) {
-  return !strncmp(s, "http://", 7) || !strncmp(s, "https://", 8) || !strncmp(s, "s3://", 5);
+  return !strncmp(s, "http://", 7) || !strncmp(s, "https://", 8) || !strncmp(s, "s3://", 5) || !strncmp(s, "hf://", 5);
 }
 
 /* An unnamed file in $TMPDIR (gone when closed), SIZE bytes long (sparse). */
@@ -188,6 +188,8 @@ void dl__remote_free(dl__dataset *ds) {
   ds->nremote = 0;
   dl__s3_free(ds->s3);
   ds->s3 = NULL;
+  dl__hub_free(ds->hub);
+  ds->hub = NULL;
 }
 
 int64_t dl__remote_read(const dl__dataset *ds, uint32_t file, const dl__options *o, void *buf, size_t len,
@@ -197,29 +199,37 @@ int64_t dl__remote_read(const dl__dataset *ds, uint32_t file, const dl__options 
   return rc ? rc : (int64_t)len;
 }
 
+/* The headers every request of T carries, whatever the version: S3's, or the Hub's token. */
+static const struct curl_slist *own_headers(const dl__target *t) {
+  return t->s3 ? (t->s3->anonymous ? NULL : t->s3->headers) : t->headers;
+}
+
 /* The headers of an object's requests after its probe, into *OUT: If-Match with the ETag the probe
  * saw, so that a shard replaced on the server is refused (HTTP 412) rather than read at the
- * offsets of the version indexed, and S3's own. NULL where there is no strong ETag to match (a
- * weak one, W/"...", never matches): the object's requests then carry S3's headers or none. */
-static int version_headers(const dl__s3 *s3, const char *etag, struct curl_slist **out) {
+ * offsets of the version indexed, and OWN (S3's, the Hub's token). No If-Match where there is no
+ * strong ETag to match (a weak one, W/"...", never matches); NULL when nothing is left. */
+static int version_headers(const struct curl_slist *own, const char *etag, struct curl_slist **out) {
   *out = NULL;
-  if (!etag[0] || !strncmp(etag, "W/", 2))
-    return 0;
-  char line[160];
-  snprintf(line, sizeof line, "If-Match: %s", etag);
-  struct curl_slist *list = curl_slist_append(NULL, line);
-  for (const struct curl_slist *h = s3 && !s3->anonymous ? s3->headers : NULL; h && list; h = h->next) {
+  struct curl_slist *list = NULL;
+  bool failed = false;
+  if (etag[0] && strncmp(etag, "W/", 2)) {
+    char line[160];
+    snprintf(line, sizeof line, "If-Match: %s", etag);
+    failed = !(list = curl_slist_append(NULL, line));
+  }
+  for (const struct curl_slist *h = own; h && !failed; h = h->next) {
     struct curl_slist *grown = curl_slist_append(list, h->data);
     if (!grown)
       curl_slist_free_all(list);
+    failed = !grown;
     list = grown;
   }
   *out = list;
-  return list ? 0 : dl__fail(-ENOMEM, "out of memory");
+  return failed ? dl__fail(-ENOMEM, "out of memory") : 0;
 }
 
 /* Records where FILE is fetched from, its size, version and ETag. */
-static int set_remote(dl__dataset *ds, uint32_t file, const char *url, uint64_t size, uint64_t version,
+static int set_remote(dl__dataset *ds, uint32_t file, const dl__target *t, uint64_t size, uint64_t version,
                       const char *etag) {
   dl__remote_file *grown = realloc(ds->remote, (size_t)(file + 1) * sizeof *grown);
   if (!grown)
@@ -229,25 +239,44 @@ static int set_remote(dl__dataset *ds, uint32_t file, const char *url, uint64_t 
   ds->remote = grown;
   ds->nremote = file + 1;
   dl__remote_file *rf = &ds->remote[file];
-  *rf = (dl__remote_file){.url = strdup(url), .size = size, .version = version};
+  *rf = (dl__remote_file){.url = strdup(t->url), .size = size, .version = version};
   struct curl_slist *headers;
-  if (!rf->url || version_headers(ds->s3, etag, &headers))
+  if (!rf->url || version_headers(own_headers(t), etag, &headers))
     return dl__fail(-ENOMEM, "out of memory");
   rf->headers = headers;
   return 0;
 }
 
-/* Where URL is requested (HTTP into HTTP, CAP bytes), and how (S3's signing, kept in DS). */
+static int hub_of(dl__dataset *ds, dl__hub **out) {
+  if (!ds->hub) {
+    dl__hub *h;
+    int r = dl__hub_open(&h);
+    if (r)
+      return r;
+    ds->hub = h;
+  }
+  *out = ds->hub;
+  return 0;
+}
+
+/* Where URL is requested (HTTP into HTTP, CAP bytes), and how (S3's signing or the Hub's token,
+ * kept in DS). */
 static int target_of(dl__dataset *ds, const char *url, const dl__options *o, char *http, size_t cap,
                      dl__target *t) {
   int rc = dl__http_global_init();
   dl__s3 *s3 = NULL;
+  dl__hub *hub = NULL;
   if (!rc && !strncmp(url, "s3://", 5))
     rc = s3_of(ds, o, &s3) ? -1 : dl__s3_url(s3, url, http, cap);
-  else if (!rc)
-    snprintf(http, cap, "%s", url);
-  *t = (dl__target){url, http, s3, NULL};
+  else if (!rc && !(rc = hub_of(ds, &hub)))
+    rc = !strncmp(url, "hf://", 5) ? dl__hub_url(hub, url, http, cap) : (snprintf(http, cap, "%s", url), 0);
+  *t = (dl__target){url, http, s3, hub && dl__hub_serves(hub, http) ? hub->auth : NULL};
   return rc;
+}
+
+/* RC, said with what the Hub needs where URL is the Hub's and it refused access. */
+static int explained(const dl__dataset *ds, const dl__target *t, int rc) {
+  return rc == -EACCES && ds->hub && dl__hub_serves(ds->hub, t->url) ? dl__hub_explain(rc, ds->hub) : rc;
 }
 
 int dl__remote_copy(const char *url, const dl__options *o, bool whole, int *out, uint64_t *size) {
@@ -259,9 +288,10 @@ int dl__remote_copy(const char *url, const dl__options *o, bool whole, int *out,
   char etag[128] = "";
   int rc = !head ? dl__fail(-ENOMEM, "out of memory") : target_of(&tmp, url, o, http, sizeof http, &t);
   if (!rc)
-    rc = dl__http_probe(o, &t, size, etag, sizeof etag, head, PROBE, &head_len);
-  if (!rc)
-    rc = version_headers(t.s3, etag, &t.headers); /* the copy is of the version probed */
+    rc = explained(&tmp, &t, dl__http_probe(o, &t, size, etag, sizeof etag, head, PROBE, &head_len));
+  struct curl_slist *versioned = NULL; /* the copy is of the version probed */
+  if (!rc && !(rc = version_headers(own_headers(&t), etag, &versioned)))
+    t.headers = versioned;
   int fd = -1;
   if (!rc && !whole && head_len >= 8 && !memcmp(head, "RFSHARD1", 8)) {
     rc = (fd = rfs_index_copy(&t, o, *size, head, head_len)) < 0 ? fd : 0;
@@ -271,7 +301,7 @@ int dl__remote_copy(const char *url, const dl__options *o, bool whole, int *out,
     fd = -1;
   }
   free(head);
-  curl_slist_free_all(t.headers);
+  curl_slist_free_all(versioned);
   dl__remote_free(&tmp);
   *out = fd;
   return rc;
@@ -300,7 +330,7 @@ int dl__remote_load(dl__dataset *ds, const char *url, const dl__options *o) {
   uint64_t size = 0;
   size_t head_len = 0;
   char etag[128] = "";
-  rc = dl__http_probe(o, &t, &size, etag, sizeof etag, head, PROBE, &head_len);
+  rc = explained(ds, &t, dl__http_probe(o, &t, &size, etag, sizeof etag, head, PROBE, &head_len));
   uint32_t file = 0;
   /* A cached index or copy is the object's while its size and ETag are (or, with no ETag, its
    * first bytes). */
@@ -309,7 +339,7 @@ int dl__remote_load(dl__dataset *ds, const char *url, const dl__options *o) {
   if (!rc)
     rc = dl__dataset_add_file(ds, url, &file);
   if (!rc)
-    rc = set_remote(ds, file, http, size, version, etag);
+    rc = set_remote(ds, file, &t, size, version, etag);
   if (!rc) {
     t.headers = ds->remote[file].headers; /* what loading it still reads is of the version probed */
     if (head_len >= 8 && !memcmp(head, "RFSHARD1", 8)) {

@@ -33,6 +33,22 @@ int dl__s3_list(const dl__options *o, const dl__s3 *s, const char *pattern, char
 /* S3's <Code> in an error body, or "". */
 void dl__s3_error_code(const uint8_t *body, size_t n, char *out, size_t cap);
 
+/* The Hugging Face Hub (hub.c): its endpoint and the token its requests carry. */
+typedef struct dl__hub {
+  char endpoint[512];      /* scheme://host[:port], no trailing slash */
+  struct curl_slist *auth; /* "Authorization: Bearer ...", or NULL without a token */
+} dl__hub;
+
+/* The endpoint (HF_ENDPOINT) and the token found as huggingface_hub finds it. */
+int dl__hub_open(dl__hub **out);
+void dl__hub_free(dl__hub *h);
+/* Whether the HTTP(S) URL is on the Hub's endpoint (its requests carry the token). */
+bool dl__hub_serves(const dl__hub *h, const char *url);
+/* The HTTP(S) URL of HF (hf://datasets/ORG/NAME[@REVISION]/PATH) into OUT. */
+int dl__hub_url(const dl__hub *h, const char *hf, char *out, size_t cap);
+/* RC, with what to do added to the last error where the Hub refused access (-EACCES). */
+int dl__hub_explain(int rc, const dl__hub *h);
+
 /* One remote object: NAME in messages (the source as given), URL requested, S3 signing or NULL,
  * and the headers of its requests where they are its own (else S3's, or none). */
 typedef struct dl__target {

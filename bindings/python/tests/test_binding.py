@@ -183,8 +183,8 @@ def test_sources_ringfeed_does_not_read_say_what_it_does(monkeypatch):
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing is asked of it
     for source, name, said in (
             ("pipe:curl -s https://host/shard-{000..009}.tar", "DL_EUNSUPPORTED", "give the URL or path it reads"),
-            ("gs://bucket/shard.tar", "DL_EUNSUPPORTED", "only http://, https:// and s3:// URLs are read"),
-            ("ftp://host/shard.tar", "DL_EUNSUPPORTED", "only http://, https:// and s3:// URLs are read"),
+            ("gs://bucket/shard.tar", "DL_EUNSUPPORTED", "only http://, https://, s3:// and hf:// URLs are read"),
+            ("ftp://host/shard.tar", "DL_EUNSUPPORTED", "only http://, https://, s3:// and hf:// URLs are read"),
             ("s3://bucket", "DL_EOPTION", "names no object: give s3://bucket/key, or a pattern"),
             ("s3://bucket/train/", "DL_EOPTION", "s3://bucket/prefix/*.tar")):
         with pytest.raises(ringfeed.Error) as e:

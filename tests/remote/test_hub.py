@@ -1,0 +1,126 @@
+"""Shards on the Hugging Face Hub: hf:// URLs and the Hub's own resolve URLs, read with the token
+huggingface_hub would use, against a stand-in for the Hub (nginx behind a proxy that answers 401
+without the token) and for its file storage on another host, reached by a redirect."""
+import os
+import shutil
+import sys
+import tempfile
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from servers import DLBENCH, SHARDS, FaultProxy, Nginx, dlbench  # noqa: E402
+
+TAR, RFS = "format-tar-pax.tar", "rfs/packed-{000000..000001}.rfs"
+pytestmark = pytest.mark.skipif(not (os.path.exists(DLBENCH) and os.path.exists(os.path.join(SHARDS, TAR))),
+                                reason="dlbench or the test shards are not built")
+SMALL = ["--batch", "8", "--size", "32", "--crop", "resize", "--workers", "2"]
+TOKEN = "hf_test-token-0123"
+UNAUTHORIZED = b"HTTP/1.1 401 Unauthorized\r\nContent-Length: 0\r\n\r\n"
+
+
+class Seen:
+    """A proxy check: what came with a token, and (with NEED) a 401 for what came without."""
+
+    def __init__(self, need=None):
+        self.need, self.with_token, self.without = need, 0, 0
+
+    def __call__(self, request):
+        auth = [ln for ln in request.split(b"\r\n") if ln.lower().startswith(b"authorization:")]
+        self.with_token += bool(auth)
+        self.without += not auth
+        if self.need and auth != [b"Authorization: Bearer " + self.need.encode()]:
+            return UNAUTHORIZED
+        return None
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    """A folder laid out as the Hub serves a dataset repository, at two revisions (outside pytest's
+    folders, private to their user, which nginx's workers could not read)."""
+    work = tmp_path_factory.mktemp("hub")
+    root = tempfile.mkdtemp(prefix="ringfeed-hub-")
+    os.chmod(root, 0o755)
+    for revision in ("main", "v1.0"):
+        folder = os.path.join(root, "datasets", "org", "name", "resolve", revision)
+        os.makedirs(folder)
+        os.symlink(os.path.join(SHARDS, TAR), os.path.join(folder, TAR))
+        os.symlink(os.path.join(SHARDS, "rfs"), os.path.join(folder, "rfs"))
+    files = Nginx(root, str(work / "files"))
+    local = {shard: dlbench(os.path.join(SHARDS, shard), *SMALL) for shard in (TAR, RFS)}
+    yield {"work": work, "files": files, "local": local}
+    files.stop()
+    shutil.rmtree(root)
+
+
+def run(source, hub_url, work, token=TOKEN, ok=True, **more):
+    env = {"HF_ENDPOINT": hub_url, "HF_TOKEN": token, "HUGGING_FACE_HUB_TOKEN": "", "HF_TOKEN_PATH": "",
+           "HF_HOME": str(work / "no-hf-home"), "XDG_CACHE_HOME": str(work / f"cache-{os.urandom(4).hex()}")}
+    env.update(more)
+    return dlbench(source, *SMALL, env=env, ok=ok)
+
+
+def same(remote, local):
+    assert remote["batch_digests"] == local["batch_digests"] and remote["errors"] == local["errors"]
+
+
+def test_hf_urls_and_resolve_urls_read_with_the_token(hub):
+    seen = Seen(need=TOKEN)
+    proxy = FaultProxy(hub["files"].port, check=seen)
+    work, local = hub["work"], hub["local"]
+    try:
+        same(run(f"hf://datasets/org/name/{TAR}", proxy.url, work), local[TAR])
+        same(run(f"hf://datasets/org/name@v1.0/{RFS}", proxy.url, work), local[RFS])
+        same(run(f"{proxy.url}/datasets/org/name/resolve/main/{TAR}", proxy.url, work), local[TAR])
+        # The token where huggingface-cli login leaves it, or where HF_TOKEN_PATH says.
+        home = work / "hf-home"
+        home.mkdir(exist_ok=True)
+        (home / "token").write_text(TOKEN + "\n")
+        same(run(f"hf://datasets/org/name/{TAR}", proxy.url, work, token="", HF_HOME=str(home)), local[TAR])
+        same(run(f"hf://datasets/org/name/{TAR}", proxy.url, work, token="", HF_TOKEN_PATH=str(home / "token")),
+             local[TAR])
+    finally:
+        proxy.stop()
+    assert seen.with_token > 5 and seen.without == 0
+
+
+def test_the_token_goes_to_the_hub_only(hub):
+    """Not to another server, nor to the Hub's file storage on another host a redirect names."""
+    work = hub["work"]
+    storage_seen, other_seen = Seen(), Seen()
+    storage = FaultProxy(hub["files"].port, check=storage_seen)
+    other = FaultProxy(hub["files"].port, check=other_seen)
+    redirector = Nginx(None, str(work / "redirector"), redirect=(302, f"http://localhost:{storage.port}"))
+    hub_seen = Seen(need=TOKEN)
+    front = FaultProxy(redirector.port, check=hub_seen)
+    try:
+        same(run(f"hf://datasets/org/name/{TAR}", front.url, work), hub["local"][TAR])
+        same(run(f"{other.url}/datasets/org/name/resolve/main/{TAR}", front.url, work), hub["local"][TAR])
+    finally:
+        for server in (front, redirector, storage, other):
+            server.stop()
+    assert hub_seen.with_token > 0 and hub_seen.without == 0
+    assert storage_seen.without > 0 and storage_seen.with_token == 0
+    assert other_seen.without > 0 and other_seen.with_token == 0
+
+
+def test_a_refused_token_or_none_says_what_to_do(hub):
+    proxy = FaultProxy(hub["files"].port, check=Seen(need=TOKEN))
+    work = hub["work"]
+    source = f"hf://datasets/org/name/{TAR}"
+    try:
+        none = run(source, proxy.url, work, token="", ok=False)
+        wrong = run(source, proxy.url, work, token="hf_wrong-secret", ok=False)
+    finally:
+        proxy.stop()
+    assert none.returncode == 1 and f"{source}: HTTP 401" in none.stderr and "set HF_TOKEN" in none.stderr, \
+        none.stderr[-600:]
+    assert wrong.returncode == 1 and "the Hub refused the token" in wrong.stderr, wrong.stderr[-600:]
+    assert "hf_wrong-secret" not in wrong.stderr + wrong.stdout
+
+
+@pytest.mark.parametrize("url", ["hf://datasets/org", "hf://datasets/org/name", "hf://datasets/org/name/",
+                                 "hf:///name/x.tar"])
+def test_a_malformed_hf_url_is_named(hub, url):
+    out = run(url, "http://127.0.0.1:9", hub["work"], ok=False)
+    assert out.returncode == 1 and url in out.stderr and "hf://datasets/ORG/NAME" in out.stderr, out.stderr[-600:]
