@@ -109,6 +109,13 @@ typedef struct pax {
   bool sparse_name;
 } pax;
 
+/* Nothing said of the next member (the path only emptied: clearing all of it per member costs). */
+static void pax_reset(pax *x) {
+  x->path[0] = 0;
+  x->size = -1;
+  x->sparse = x->sparse_name = false;
+}
+
 /* Applies the "path", "size" and GNU.sparse.* records of a pax extended header. */
 static int parse_pax(const uint8_t *p, size_t n, pax *x) {
   size_t i = 0;
@@ -431,7 +438,7 @@ int dl__tar_scan(dl__dataset *ds, uint32_t file, int fd, uint64_t file_size, int
     goto done;
   }
   long_name[0] = 0;
-  *x = (pax){.size = -1};
+  pax_reset(x);
   uint64_t off = 0;
   const char *damage = NULL, *not_tar = NULL;
   int not_tar_code = 0;
@@ -503,7 +510,7 @@ int dl__tar_scan(dl__dataset *ds, uint32_t file, int fd, uint64_t file_size, int
       snprintf(name, NAME_MAX_LEN, "%.100s", (const char *)h);
     long_name[0] = 0;
     bool sparse = type == 'S' || x->sparse;
-    *x = (pax){.size = -1};
+    pax_reset(x);
     if (type == 'S' && h[482]) {
       /* GNU's old sparse format continues the header's map in further blocks before the data. */
       bool more = true;

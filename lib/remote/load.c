@@ -19,7 +19,8 @@
 #define RFS_TRAILER 32
 
 bool dl__is_url(const char *s) {
-  return !strncmp(s, "http://", 7) || !strncmp(s, "https://", 8) || !strncmp(s, "s3://", 5) || !strncmp(s, "hf://", 5);
+  return !strncmp(s, "http://", 7) || !strncmp(s, "https://", 8) || !strncmp(s, "s3://", 5) ||
+         !strncmp(s, "hf://", 5);
 }
 
 /* An unnamed file in $TMPDIR (gone when closed), SIZE bytes long (sparse). */
