@@ -181,6 +181,55 @@ def test_a_proxy_answering_another_range_is_refused(servers, tmp_path):
     assert out.returncode == 1 and f"{proxy.url}/{TAR}: HTTP 206 with the bytes from" in out.stderr, out.stderr[-600:]
 
 
+def test_an_etag_too_long_to_keep_is_not_asked_for(tmp_path):
+    """An ETag longer than the loader keeps went out cut short in If-Match: a server that checks it
+    (as S3 and nginx do) answered 412 to every read, "it changed on the server"."""
+    import http.server
+    import re
+    import threading
+    shard = "format-tar-pax.tar"
+    with open(os.path.join(SHARDS, shard), "rb") as f:
+        data = f.read()
+    etag = '"' + "0123456789abcdef" * 12 + '"'
+    seen = {"if_match": 0, "refused": 0}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            asked = self.headers.get("If-Match")
+            seen["if_match"] += asked is not None
+            if asked is not None and asked != etag:
+                seen["refused"] += 1
+                self.send_response(412)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            m = re.match(r"bytes=(\d+)-(\d+)", self.headers.get("Range", ""))
+            first, last = (int(m.group(1)), min(int(m.group(2)), len(data) - 1)) if m else (0, len(data) - 1)
+            self.send_response(206 if m else 200)
+            self.send_header("ETag", etag)
+            self.send_header("Content-Length", str(last - first + 1))
+            if m:
+                self.send_header("Content-Range", f"bytes {first}-{last}/{len(data)}")
+            self.end_headers()
+            self.wfile.write(data[first:last + 1])
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        local = bench(os.path.join(SHARDS, shard))
+        remote = bench(f"http://127.0.0.1:{server.server_address[1]}/{shard}",
+                       env={"XDG_CACHE_HOME": str(tmp_path)})
+    finally:
+        server.shutdown()
+    assert remote["batch_digests"] == local["batch_digests"] and remote["errors"] == local["errors"]
+    assert seen["refused"] == 0
+
+
 def test_faults_are_retried_to_the_same_stream(servers):
     shard = "rfs/packed-{000000..000001}.rfs"  # a few hundred requests: enough of each fault
     local = bench(os.path.join(SHARDS, shard), "--workers", "4")
