@@ -227,8 +227,8 @@ static int load_part(dl__dataset *ds, const char *part, const dl__options *o) {
     } else if (dl__is_url(paths[i])) {
       r = !strpbrk(url_path(paths[i]), "*[")
               ? dl__remote_load(ds, paths[i], o)
-              : dl__fail(DL_EOPTION, "source %s: an HTTP server cannot be listed: give shards by name or brace range",
-                         paths[i]);
+              : dl__fail(DL_EOPTION, "source %s: %s cannot be listed: give shards by name or brace range", paths[i],
+                         strncmp(paths[i], "hf://", 5) ? "an HTTP server" : "a repository on the Hub");
     } else if (is_pattern(paths[i])) {
       glob_t g;
       int gr = glob(paths[i], 0, NULL, &g);

@@ -34,7 +34,7 @@ static void usage(FILE *f) {
           "  dlshard ls SHARD [-v]      records, fields, sizes and codecs (-v: every record)\n"
           "  dlshard --version\n"
           "  SHARD arguments of index and verify take brace ranges and globs, as the loader does;\n"
-          "  any SHARD may be an http(s):// or s3:// URL (globs on s3:// only).\n");
+          "  any SHARD may be an http(s)://, s3:// or hf:// URL (globs on s3:// only).\n");
 }
 
 /* The paths ARG names: brace ranges ({000..146}, {a,b}) expanded, then globs; *N of them, or

@@ -124,3 +124,8 @@ def test_a_refused_token_or_none_says_what_to_do(hub):
 def test_a_malformed_hf_url_is_named(hub, url):
     out = run(url, "http://127.0.0.1:9", hub["work"], ok=False)
     assert out.returncode == 1 and url in out.stderr and "hf://datasets/ORG/NAME" in out.stderr, out.stderr[-600:]
+
+
+def test_a_glob_on_the_hub_asks_for_names(hub):
+    out = run("hf://datasets/org/name/train-*.tar", "http://127.0.0.1:9", hub["work"], ok=False)
+    assert out.returncode == 1 and "a repository on the Hub cannot be listed" in out.stderr, out.stderr[-600:]
