@@ -265,7 +265,8 @@ bool dl__is_url(const char *s);
 /* Adds the shard at URL to DS (remote/load.c): its index from the cache, or built from one
  * download (tar) or a ranged read of its footer (ringfeed shard). */
 int dl__remote_load(dl__dataset *ds, const char *url, const dl__options *o);
-/* The s3:// objects a pattern with wildcards names (ListObjectsV2), sorted; the caller frees. */
+/* The s3:// objects (ListObjectsV2) or hf:// files (the Hub's tree API) a pattern with wildcards
+ * names, sorted; the caller frees. */
 int dl__remote_list(dl__dataset *ds, const char *pattern, const dl__options *o, char ***out, size_t *n);
 /* LEN bytes at OFF of remote FILE of DS into BUF (one ranged request, retried): LEN, or an error
  * with its message. */

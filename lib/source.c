@@ -214,7 +214,8 @@ static int load_part(dl__dataset *ds, const char *part, const dl__options *o) {
     return r;
   for (size_t i = 0; i < n && !r; i++) {
     strip_file_scheme(paths[i]);
-    if (dl__is_url(paths[i]) && !strncmp(paths[i], "s3://", 5) && strpbrk(paths[i], "*?[")) {
+    bool listable = !strncmp(paths[i], "s3://", 5) || !strncmp(paths[i], "hf://", 5);
+    if (listable && strpbrk(paths[i], "*?[")) {
       char **keys = NULL;
       size_t nkeys = 0;
       r = dl__remote_list(ds, paths[i], o, &keys, &nkeys);
@@ -227,8 +228,8 @@ static int load_part(dl__dataset *ds, const char *part, const dl__options *o) {
     } else if (dl__is_url(paths[i])) {
       r = !strpbrk(url_path(paths[i]), "*[")
               ? dl__remote_load(ds, paths[i], o)
-              : dl__fail(DL_EOPTION, "source %s: %s cannot be listed: give shards by name or brace range", paths[i],
-                         strncmp(paths[i], "hf://", 5) ? "an HTTP server" : "a repository on the Hub");
+              : dl__fail(DL_EOPTION, "source %s: an HTTP server cannot be listed: give shards by name or brace range",
+                         paths[i]);
     } else if (is_pattern(paths[i])) {
       glob_t g;
       int gr = glob(paths[i], 0, NULL, &g);

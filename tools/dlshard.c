@@ -34,7 +34,7 @@ static void usage(FILE *f) {
           "  dlshard ls SHARD [-v]      records, fields, sizes and codecs (-v: every record)\n"
           "  dlshard --version\n"
           "  SHARD arguments of index and verify take brace ranges and globs, as the loader does;\n"
-          "  any SHARD may be an http(s)://, s3:// or hf:// URL (globs on s3:// only).\n");
+          "  any SHARD may be an http(s)://, s3:// or hf:// URL (globs on s3:// and hf:// only).\n");
 }
 
 /* The paths ARG names: brace ranges ({000..146}, {a,b}) expanded, then globs; *N of them, or
@@ -49,16 +49,17 @@ static char **paths_of(const char *arg, size_t *n) {
   bool ok = true;
   for (size_t i = 0; i < nb; i++) {
     glob_t g = {0};
-    char **listed = NULL; /* an s3:// glob's objects */
+    char **listed = NULL; /* an s3:// or hf:// glob's objects */
     size_t nlisted = 0;
     bool pattern = strpbrk(braced[i], "*?[") != NULL, url = dl__is_url(braced[i]);
     if (pattern && url) {
       dl__options o;
       dl__dataset tmp = {0};
       dl__options_parse(&o, NULL);
-      if (strncmp(braced[i], "s3://", 5) || dl__remote_list(&tmp, braced[i], &o, &listed, &nlisted)) {
+      bool listable = !strncmp(braced[i], "s3://", 5) || !strncmp(braced[i], "hf://", 5);
+      if (!listable || dl__remote_list(&tmp, braced[i], &o, &listed, &nlisted)) {
         fprintf(stderr, "dlshard: %s: %s\n", braced[i],
-                strncmp(braced[i], "s3://", 5) ? "an HTTP server cannot be listed (name the shards)" : dl_last_error());
+                !listable ? "an HTTP server cannot be listed (name the shards)" : dl_last_error());
         ok = false;
       }
       dl__remote_free(&tmp);

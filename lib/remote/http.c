@@ -170,6 +170,8 @@ typedef struct sink {
   /* From the headers: the object's total size (Content-Range) and its ETag. */
   int64_t total, range_from;
   char etag[128];
+  char *next; /* with NEXT_CAP: the URL of a Link header's rel="next" (a listing's next page), or "" */
+  size_t next_cap;
   const _Atomic int *cancel; /* a transfer stops when it turns nonzero (may be NULL) */
 } sink;
 
@@ -223,9 +225,34 @@ static size_t on_body(char *p, size_t size, size_t n, void *arg) {
   return len;
 }
 
+/* The URL of the rel="next" link of a Link header's value P (N bytes) into OUT, or "". */
+static void next_link(const char *p, size_t n, char *out, size_t cap) {
+  out[0] = 0;
+  for (const char *at = p, *end = p + n; at < end;) {
+    const char *open = memchr(at, '<', (size_t)(end - at));
+    const char *close = open ? memchr(open, '>', (size_t)(end - open)) : NULL;
+    if (!close)
+      return;
+    const char *stop = memchr(close, ',', (size_t)(end - close));
+    stop = stop ? stop : end;
+    bool next = false;
+    for (const char *q = close; q + 10 <= stop && !next; q++)
+      next = !strncasecmp(q, "rel=\"next\"", 10) || !strncasecmp(q, "rel=next", 8);
+    if (next && (size_t)(close - open - 1) < cap) {
+      snprintf(out, cap, "%.*s", (int)(close - open - 1), open + 1);
+      return;
+    }
+    at = stop + 1;
+  }
+}
+
 static size_t on_header(char *p, size_t size, size_t n, void *arg) {
   sink *s = arg;
   size_t len = size * n;
+  if (s->next && len > 5 && !strncasecmp(p, "Link:", 5)) {
+    next_link(p + 5, len - 5, s->next, s->next_cap);
+    return len;
+  }
   char line[512];
   snprintf(line, sizeof line, "%.*s", (int)(len < sizeof line - 1 ? len : sizeof line - 1), p);
   line[strcspn(line, "\r\n")] = 0;
@@ -233,6 +260,8 @@ static size_t on_header(char *p, size_t size, size_t n, void *arg) {
     s->total = -1;
     s->range_from = -1;
     s->etag[0] = 0;
+    if (s->next)
+      s->next[0] = 0;
   } else if (!strncasecmp(line, "Content-Range:", 14)) {
     s->range_from = dl__http_range_from(line, strlen(line));
     const char *slash = strchr(line, '/');
@@ -338,7 +367,14 @@ int dl__http_range(const dl__options *o, const dl__target *t, uint64_t off, size
 }
 
 int dl__http_get_small(const dl__options *o, const dl__target *t, uint8_t *out_buf, size_t cap, size_t *len) {
-  sink s = {.buf = out_buf, .cap = cap, .fd = -1, .total = -1};
+  return dl__http_get_page(o, t, out_buf, cap, len, NULL, 0);
+}
+
+int dl__http_get_page(const dl__options *o, const dl__target *t, uint8_t *out_buf, size_t cap, size_t *len, char *next,
+                      size_t next_cap) {
+  sink s = {.buf = out_buf, .cap = cap, .fd = -1, .total = -1, .next = next, .next_cap = next_cap};
+  if (next)
+    next[0] = 0;
   dl__http_outcome out;
   int r = get(o, t, NULL, true, -1, &s, &out);
   *len = s.got;

@@ -13,6 +13,7 @@
 #include "remote/remote.h"
 
 #include <errno.h>
+#include <fnmatch.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -153,4 +154,258 @@ int dl__hub_explain(int rc, const dl__hub *h) {
                             "to this repository: a gated one needs its terms accepted on the Hub"
                           : "a gated or private repository needs a token: set HF_TOKEN, or log in with "
                             "huggingface-cli login");
+}
+
+/* ---- listing a folder of a repository (the Hub's tree API, pages of JSON) ---- */
+
+static const char *skip_space(const char *p, const char *end) {
+  while (p < end && strchr(" \t\r\n", *p))
+    p++;
+  return p;
+}
+
+static int hex_value(const char *p) {
+  int v = 0;
+  for (int i = 0; i < 4; i++) {
+    char c = p[i];
+    int d = c >= '0' && c <= '9'   ? c - '0'
+            : c >= 'a' && c <= 'f' ? c - 'a' + 10
+            : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                   : -1;
+    if (d < 0)
+      return -1;
+    v = v * 16 + d;
+  }
+  return v;
+}
+
+/* CP as UTF-8 into OUT: its length. */
+static size_t utf8(unsigned cp, uint8_t *out) {
+  if (cp < 0x80) {
+    out[0] = (uint8_t)cp;
+    return 1;
+  }
+  if (cp < 0x800) {
+    out[0] = (uint8_t)(0xC0 | cp >> 6), out[1] = (uint8_t)(0x80 | (cp & 63));
+    return 2;
+  }
+  if (cp < 0x10000) {
+    out[0] = (uint8_t)(0xE0 | cp >> 12), out[1] = (uint8_t)(0x80 | (cp >> 6 & 63));
+    out[2] = (uint8_t)(0x80 | (cp & 63));
+    return 3;
+  }
+  out[0] = (uint8_t)(0xF0 | cp >> 18), out[1] = (uint8_t)(0x80 | (cp >> 12 & 63));
+  out[2] = (uint8_t)(0x80 | (cp >> 6 & 63)), out[3] = (uint8_t)(0x80 | (cp & 63));
+  return 4;
+}
+
+/* The JSON string whose opening quote is at P into OUT (escapes undone; "" when it does not fit
+ * in CAP); the position after its closing quote, or NULL when malformed. */
+static const char *json_string(const char *p, const char *end, char *out, size_t cap) {
+  static const char simple[] = "\"\\/bfnrt", meant[] = "\"\\/\b\f\n\r\t";
+  size_t n = 0;
+  bool fits = true;
+  for (p++; p < end && *p != '"'; p++) {
+    uint8_t enc[4];
+    size_t k = 1;
+    enc[0] = (uint8_t)*p;
+    if (*p == '\\') {
+      const char *at = ++p < end && *p ? strchr(simple, *p) : NULL;
+      if (at) {
+        enc[0] = (uint8_t)meant[at - simple];
+      } else {
+        if (p >= end || *p != 'u' || end - p < 5 || hex_value(p + 1) < 0)
+          return NULL;
+        unsigned cp = (unsigned)hex_value(p + 1);
+        p += 4;
+        int low = end - p >= 7 && p[1] == '\\' && p[2] == 'u' ? hex_value(p + 3) : -1;
+        if (cp >= 0xD800 && cp < 0xDC00 && low >= 0xDC00 && low < 0xE000) { /* a surrogate pair */
+          cp = 0x10000 + ((cp - 0xD800) << 10) + (unsigned)(low - 0xDC00);
+          p += 6;
+        }
+        k = utf8(cp, enc);
+      }
+    }
+    fits = fits && n + k < cap;
+    for (size_t i = 0; fits && i < k; i++)
+      out[n++] = (char)enc[i];
+  }
+  if (p >= end || !cap)
+    return NULL;
+  out[fits ? n : 0] = 0;
+  return p + 1;
+}
+
+/* Past the JSON value at P (any kind: its strings may hold brackets); NULL when malformed. */
+static const char *json_skip(const char *p, const char *end) {
+  int depth = 0;
+  char scratch[1];
+  do {
+    p = skip_space(p, end);
+    if (p >= end)
+      return NULL;
+    if (*p == '"') {
+      if (!(p = json_string(p, end, scratch, sizeof scratch)))
+        return NULL;
+      continue;
+    }
+    if (*p == '{' || *p == '[')
+      depth++;
+    else if (*p == '}' || *p == ']')
+      depth--;
+    else if (!depth && (*p == ',' || *p == ':'))
+      return NULL;
+    p++;
+    /* A number or literal ends where a separator or closing bracket starts. */
+    while (!depth && p < end && !strchr(",}] \t\r\n", *p))
+      p++;
+  } while (depth > 0);
+  return depth == 0 ? p : NULL;
+}
+
+int dl__hub_tree_files(const char *p, const char *end, int (*on_file)(const char *path, void *arg), void *arg) {
+  char key[16], value[1100], type[16], path[1100];
+  p = skip_space(p, end);
+  if (p >= end || *p++ != '[')
+    return -1;
+  for (;;) {
+    p = skip_space(p, end);
+    if (p < end && *p == ']')
+      return 0;
+    if (p >= end || *p++ != '{')
+      return -1;
+    type[0] = path[0] = 0;
+    for (;;) {
+      p = skip_space(p, end);
+      if (p < end && *p == '}')
+        break;
+      if (p >= end || *p != '"' || !(p = json_string(p, end, key, sizeof key)))
+        return -1;
+      p = skip_space(p, end);
+      if (p >= end || *p++ != ':')
+        return -1;
+      p = skip_space(p, end);
+      bool wanted = !strcmp(key, "type") || !strcmp(key, "path");
+      if (wanted && p < end && *p == '"')
+        p = json_string(p, end, value, sizeof value);
+      else
+        p = json_skip(p, end);
+      if (!p)
+        return -1;
+      if (wanted)
+        snprintf(!strcmp(key, "type") ? type : path, !strcmp(key, "type") ? sizeof type : sizeof path, "%s", value);
+      p = skip_space(p, end);
+      if (p < end && *p == ',')
+        p++;
+    }
+    p++; /* the object's } */
+    int r = !strcmp(type, "file") && path[0] ? on_file(path, arg) : 0;
+    if (r)
+      return r;
+    p = skip_space(p, end);
+    if (p < end && *p == ',')
+      p++;
+  }
+}
+
+typedef struct listing {
+  const char *pattern; /* the hf:// pattern, for messages */
+  const char *base;    /* hf://KIND/ORG/NAME[@REV]/: what each match is named after */
+  size_t base_len;
+  const char *folder; /* DIR/ (or "") and the file name's pattern after it */
+  size_t folder_len;
+  const char *glob;
+  char **v;
+  size_t n, cap;
+} listing;
+
+static int add_match(const char *path, void *arg) {
+  listing *ls = arg;
+  if (strncmp(path, ls->folder, ls->folder_len) || fnmatch(ls->glob, path + ls->folder_len, FNM_PATHNAME))
+    return 0;
+  if (ls->n == ls->cap) {
+    size_t cap = ls->cap ? 2 * ls->cap : 64;
+    char **grown = realloc(ls->v, cap * sizeof *grown);
+    if (!grown)
+      return dl__fail(-ENOMEM, "out of memory listing %s", ls->pattern);
+    ls->v = grown;
+    ls->cap = cap;
+  }
+  size_t need = ls->base_len + strlen(path) + 1;
+  if (!(ls->v[ls->n] = malloc(need)))
+    return dl__fail(-ENOMEM, "out of memory listing %s", ls->pattern);
+  snprintf(ls->v[ls->n++], need, "%.*s%s", (int)ls->base_len, ls->base, path);
+  return 0;
+}
+
+static int by_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+int dl__hub_list(const dl__options *o, const dl__hub *h, const char *pattern, char ***out, size_t *count) {
+  /* hf://[datasets/|spaces/]ORG/NAME[@REV]/[DIR/]GLOB */
+  const char *p = pattern + 5, *kind = "models";
+  if (!strncmp(p, "datasets/", 9) || !strncmp(p, "spaces/", 7)) {
+    kind = p[0] == 'd' ? "datasets" : "spaces";
+    p += strlen(kind) + 1;
+  }
+  const char *slash = strchr(p, '/');
+  const char *end = slash ? strchr(slash + 1, '/') : NULL;
+  if (!slash || slash == p || !end || end == slash + 1 || !end[1])
+    return dl__fail(DL_EOPTION, "source %s: a Hugging Face URL is hf://datasets/ORG/NAME[@REVISION]/PATH", pattern);
+  const char *rev = memchr(slash + 1, '@', (size_t)(end - slash - 1));
+  const char *name_end = rev ? rev : end;
+  const char *glob = strrchr(end, '/') + 1;
+  if (strcspn(p, "*?[") < (size_t)(glob - p))
+    return dl__fail(DL_EOPTION, "source %s: on the Hub, wildcards go in the file name only (not in the repository "
+                    "or its folders)", pattern);
+  listing ls = {.pattern = pattern, .base = pattern, .base_len = (size_t)(end + 1 - pattern), .folder = end + 1,
+                .folder_len = (size_t)(glob - end - 1), .glob = glob};
+  /* ENDPOINT/api/KIND/ORG/NAME/tree/REV[/DIR, slashes encoded], as huggingface_hub asks */
+  char url[8192], next[4096];
+  size_t len = (size_t)snprintf(url, sizeof url, "%s/api/%s/%.*s/tree/", h->endpoint, kind, (int)(name_end - p), p);
+  bool fits = len < sizeof url;
+  if (fits)
+    fits = rev && rev + 1 < end ? append_encoded(url, sizeof url, &len, rev + 1, (size_t)(end - rev - 1))
+                                : append_encoded(url, sizeof url, &len, "main", 4);
+  if (fits && ls.folder_len > 1) {
+    fits = append_encoded(url, sizeof url, &len, "/", 1);
+    for (size_t i = 0; fits && i + 1 < ls.folder_len; i++)
+      fits = ls.folder[i] == '/' ? append_encoded(url, sizeof url, &len, "%2F", 3)
+                                 : append_encoded(url, sizeof url, &len, ls.folder + i, 1);
+  }
+  if (!fits)
+    return dl__fail(DL_ELIMIT, "source %s: the URL is too long", pattern);
+  size_t cap = 8u << 20; /* a page holds 1,000 entries, each with its path and hashes */
+  uint8_t *page = malloc(cap);
+  if (!page)
+    return dl__fail(-ENOMEM, "out of memory");
+  int r = 0;
+  for (int pages = 0; !r && url[0]; pages++) {
+    dl__target t = {pattern, url, NULL, h->auth};
+    size_t got = 0;
+    if ((r = dl__http_get_page(o, &t, page, cap, &got, next, sizeof next))) {
+      r = r == -EACCES ? dl__hub_explain(r, h) : r;
+      break;
+    }
+    int f = dl__hub_tree_files((const char *)page, (const char *)page + got, add_match, &ls);
+    if (f < 0)
+      r = dl__fail(DL_EREMOTE, "listing %s: the Hub's answer is not a list of files (page %d)", pattern, pages + 1);
+    else if (f)
+      r = f;
+    else if (pages >= 100000)
+      r = dl__fail(DL_ELIMIT, "listing %s: more than 100,000 pages", pattern);
+    snprintf(url, sizeof url, "%s", next);
+  }
+  free(page);
+  if (!r && !ls.n)
+    r = dl__fail(-ENOENT, "source %s: no file matches", pattern);
+  if (r) {
+    for (size_t i = 0; i < ls.n; i++)
+      free(ls.v[i]);
+    free(ls.v);
+    return r;
+  }
+  qsort(ls.v, ls.n, sizeof *ls.v, by_name);
+  *out = ls.v;
+  *count = ls.n;
+  return 0;
 }

@@ -173,10 +173,17 @@ static int s3_of(dl__dataset *ds, const dl__options *o, dl__s3 **out) {
   return 0;
 }
 
+static int hub_of(dl__dataset *ds, dl__hub **out);
+
 int dl__remote_list(dl__dataset *ds, const char *pattern, const dl__options *o, char ***out, size_t *n) {
+  if (dl__http_global_init())
+    return -1;
+  if (!strncmp(pattern, "hf://", 5)) {
+    dl__hub *hub;
+    return hub_of(ds, &hub) ? -1 : dl__hub_list(o, hub, pattern, out, n);
+  }
   dl__s3 *s3;
-  int r = dl__http_global_init() ? -1 : s3_of(ds, o, &s3);
-  return r ? r : dl__s3_list(o, s3, pattern, out, n);
+  return s3_of(ds, o, &s3) ? -1 : dl__s3_list(o, s3, pattern, out, n);
 }
 
 void dl__remote_free(dl__dataset *ds) {

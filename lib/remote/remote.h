@@ -48,6 +48,12 @@ bool dl__hub_serves(const dl__hub *h, const char *url);
 int dl__hub_url(const dl__hub *h, const char *hf, char *out, size_t cap);
 /* RC, with what to do added to the last error where the Hub refused access (-EACCES). */
 int dl__hub_explain(int rc, const dl__hub *h);
+/* The entries of one page of the Hub's tree API at P (to END): each file's "path" to ON_FILE,
+ * which stops the walk by returning nonzero (returned). -1 when the page is not the array of
+ * objects the API answers with. */
+int dl__hub_tree_files(const char *p, const char *end, int (*on_file)(const char *path, void *arg), void *arg);
+/* The files of hf://.../DIR/PATTERN (wildcards in the file name only), as hf:// URLs, sorted. */
+int dl__hub_list(const dl__options *o, const dl__hub *h, const char *pattern, char ***out, size_t *n);
 
 /* One remote object: NAME in messages (the source as given), URL requested, S3 signing or NULL,
  * and the headers of its requests where they are its own (else S3's, or none). */
@@ -93,6 +99,9 @@ int dl__http_download(const dl__options *o, const dl__target *t, int fd, uint64_
 int dl__http_put(const dl__options *o, const dl__target *t, int fd, uint64_t size);
 /* The body of a GET of T (at most CAP bytes) into OUT, its length in *LEN: small answers (listings). */
 int dl__http_get_small(const dl__options *o, const dl__target *t, uint8_t *out, size_t cap, size_t *len);
+/* The same, and the URL of the next page (a Link header's rel="next", NEXT_CAP bytes) into NEXT, or "". */
+int dl__http_get_page(const dl__options *o, const dl__target *t, uint8_t *out, size_t cap, size_t *len, char *next,
+                      size_t next_cap);
 
 /* The shard cache's folder (cache.c): entries named by shard version, locked while read. */
 typedef struct dl__cache_dir {
