@@ -41,6 +41,13 @@ def version():
 _TEXT = ("txt", "text")
 
 
+def _name(raw):
+    """A key or field name from a shard, as Python's tarfile and os.fsdecode give names: bytes that
+    are not UTF-8 kept as surrogates, so that name.encode("utf-8", "surrogateescape") gives them back
+    and two names never become one."""
+    return raw.decode("utf-8", "surrogateescape")
+
+
 def _member(name, pointer, size):
     """A member's bytes as Python takes them, by the field's last extension: text as str, JSON
     parsed (left as str when it does not parse), anything else bytes; None when absent."""
@@ -351,12 +358,12 @@ class Loader:
             out = {}
             for i in range(lib.dl_batch_field_count(b)):
                 name = lib.dl_batch_field_name(b, i)
-                out[name.decode()] = self._export(b, name)
+                out[_name(name)] = self._export(b, name)
             for k in range(lib.dl_batch_bytes_count(b)):
                 name = lib.dl_batch_bytes_name(b, k)
-                out[name.decode()] = [_member(name.decode(), lib.dl_batch_bytes(b, name, i, ctypes.byref(size)),
-                                              size.value) for i in range(n)]
-            out["key"] = [lib.dl_batch_key(b, i).decode(errors="replace") for i in range(n)]
+                out[_name(name)] = [_member(_name(name), lib.dl_batch_bytes(b, name, i, ctypes.byref(size)),
+                                            size.value) for i in range(n)]
+            out["key"] = [_name(lib.dl_batch_key(b, i)) for i in range(n)]
             epoch, index = ctypes.c_int64(), ctypes.c_int64()
             lib.dl_batch_position(b, ctypes.byref(epoch), ctypes.byref(index))
             out["epoch"], out["index"] = epoch.value, index.value

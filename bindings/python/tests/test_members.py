@@ -234,6 +234,28 @@ def test_sparse_members_are_named_and_the_rest_read(tmp_path, capfd):
             assert "1 member is a sparse file (002.png)" in capfd.readouterr().err, version
 
 
+def test_names_that_are_not_utf8_come_back_whole(tmp_path):
+    """Keys were decoded with replacement ("caf\xe9" and "caf\xe8" both became "caf\ufffd"), and
+    a field name that is not UTF-8 made every batch raise UnicodeDecodeError. Both come as
+    Python's tarfile gives names: the bytes kept as surrogates."""
+    path = tmp_path / "latin1.tar"
+    keys = [b"caf\xe9", b"caf\xe8", b"plain"]
+    with open(path, "wb") as raw, tarfile.open(fileobj=raw, mode="w", format=tarfile.GNU_FORMAT,
+                                               encoding="utf-8", errors="surrogateescape") as t:
+        for i, key in enumerate(keys):
+            buf = io.BytesIO()
+            Image.fromarray(np.full((16, 16, 3), i * 20, np.uint8)).save(buf, format="PNG")
+            for ext, data in ((b"png", buf.getvalue()), (b"cls", str(i).encode()), (b"n\xe9te", b"note %d" % i)):
+                info = tarfile.TarInfo((key + b"." + ext).decode("utf-8", "surrogateescape"))
+                info.size = len(data)
+                t.addfile(info, io.BytesIO(data))
+    with ringfeed.Loader(str(path), batch_size=3, image_size=16, shuffle=False, framework="numpy") as loader:
+        batch = next(iter(loader))
+    assert [k.encode("utf-8", "surrogateescape") for k in batch["key"]] == keys
+    assert batch["label"].tolist() == [0, 1, 2]
+    assert batch["n\udce9te"] == [b"note 0", b"note 1", b"note 2"]
+
+
 def test_labels_are_read_as_pythons_int_reads_them(tmp_path):
     path = tmp_path / "labels.tar"
     texts = ["+3", " 4\n", "-2", "0007", "\t12 \r\n"]
