@@ -119,28 +119,46 @@ static bool append_encoded(char *out, size_t cap, size_t *at, const char *in, si
   return true;
 }
 
-int dl__hub_url(const dl__hub *h, const char *hf, char *out, size_t cap) {
+/* The parts of hf://[datasets/|spaces/]ORG/NAME[@REVISION]/PATH. */
+typedef struct hf_parts {
+  const char *kind; /* "datasets", "spaces" or "models" */
+  const char *repo; /* ORG/NAME */
+  int repo_len;
+  const char *rev; /* REVISION, or "main" */
+  size_t rev_len;
+  const char *path; /* PATH, after ORG/NAME[@REVISION]/ */
+} hf_parts;
+
+static int split_hf(const char *hf, hf_parts *x) {
   const char *p = hf + 5; /* after hf:// */
-  const char *kind = "";
+  x->kind = "models";
   if (!strncmp(p, "datasets/", 9) || !strncmp(p, "spaces/", 7)) {
-    kind = p[0] == 'd' ? "datasets/" : "spaces/";
-    p += strlen(kind);
+    x->kind = p[0] == 'd' ? "datasets" : "spaces";
+    p += strlen(x->kind) + 1;
   }
-  /* ORG/NAME[@REVISION]/PATH */
   const char *slash = strchr(p, '/');
   const char *end = slash ? strchr(slash + 1, '/') : NULL;
   if (!slash || slash == p || !end || end == slash + 1 || !end[1])
     return dl__fail(DL_EOPTION, "source %s: a Hugging Face URL is hf://datasets/ORG/NAME[@REVISION]/PATH", hf);
-  const char *at_rev = memchr(slash + 1, '@', (size_t)(end - slash - 1));
-  const char *name_end = at_rev ? at_rev : end;
-  size_t len = (size_t)snprintf(out, cap, "%s/%s%.*s/resolve/", h->endpoint, kind, (int)(name_end - p), p);
-  bool fits = len < cap;
-  if (fits && at_rev && at_rev + 1 < end)
-    fits = append_encoded(out, cap, &len, at_rev + 1, (size_t)(end - at_rev - 1));
-  else if (fits)
-    fits = append_encoded(out, cap, &len, "main", 4);
-  if (fits)
-    fits = append_encoded(out, cap, &len, end, strlen(end));
+  const char *at = memchr(slash + 1, '@', (size_t)(end - slash - 1));
+  x->repo = p;
+  x->repo_len = (int)((at ? at : end) - p);
+  x->rev = at && at + 1 < end ? at + 1 : "main";
+  x->rev_len = at && at + 1 < end ? (size_t)(end - at - 1) : 4;
+  x->path = end + 1;
+  return 0;
+}
+
+int dl__hub_url(const dl__hub *h, const char *hf, char *out, size_t cap) {
+  hf_parts x;
+  if (split_hf(hf, &x))
+    return -1;
+  /* ENDPOINT/[datasets/|spaces/]ORG/NAME/resolve/REVISION/PATH: a model's files have no prefix */
+  bool model = !strcmp(x.kind, "models");
+  size_t len = (size_t)snprintf(out, cap, "%s/%s%s%.*s/resolve/", h->endpoint, model ? "" : x.kind, model ? "" : "/",
+                                x.repo_len, x.repo);
+  bool fits = len < cap && append_encoded(out, cap, &len, x.rev, x.rev_len) &&
+              append_encoded(out, cap, &len, "/", 1) && append_encoded(out, cap, &len, x.path, strlen(x.path));
   return fits ? 0 : dl__fail(DL_ELIMIT, "source %s: the URL is too long", hf);
 }
 
@@ -341,31 +359,19 @@ static int add_match(const char *path, void *arg) {
 static int by_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
 int dl__hub_list(const dl__options *o, const dl__hub *h, const char *pattern, char ***out, size_t *count) {
-  /* hf://[datasets/|spaces/]ORG/NAME[@REV]/[DIR/]GLOB */
-  const char *p = pattern + 5, *kind = "models";
-  if (!strncmp(p, "datasets/", 9) || !strncmp(p, "spaces/", 7)) {
-    kind = p[0] == 'd' ? "datasets" : "spaces";
-    p += strlen(kind) + 1;
-  }
-  const char *slash = strchr(p, '/');
-  const char *end = slash ? strchr(slash + 1, '/') : NULL;
-  if (!slash || slash == p || !end || end == slash + 1 || !end[1])
-    return dl__fail(DL_EOPTION, "source %s: a Hugging Face URL is hf://datasets/ORG/NAME[@REVISION]/PATH", pattern);
-  const char *rev = memchr(slash + 1, '@', (size_t)(end - slash - 1));
-  const char *name_end = rev ? rev : end;
-  const char *glob = strrchr(end, '/') + 1;
-  if (strcspn(p, "*?[") < (size_t)(glob - p))
+  hf_parts x;
+  if (split_hf(pattern, &x))
+    return -1;
+  const char *glob = strrchr(x.path, '/') ? strrchr(x.path, '/') + 1 : x.path;
+  if (strcspn(x.repo, "*?[") < (size_t)(glob - x.repo))
     return dl__fail(DL_EOPTION, "source %s: on the Hub, wildcards go in the file name only (not in the repository "
                     "or its folders)", pattern);
-  listing ls = {.pattern = pattern, .base = pattern, .base_len = (size_t)(end + 1 - pattern), .folder = end + 1,
-                .folder_len = (size_t)(glob - end - 1), .glob = glob};
-  /* ENDPOINT/api/KIND/ORG/NAME/tree/REV[/DIR, slashes encoded], as huggingface_hub asks */
+  listing ls = {.pattern = pattern, .base = pattern, .base_len = (size_t)(x.path - pattern), .folder = x.path,
+                .folder_len = (size_t)(glob - x.path), .glob = glob};
+  /* ENDPOINT/api/KIND/ORG/NAME/tree/REVISION[/DIR, its slashes encoded], as huggingface_hub asks */
   char url[8192], next[4096];
-  size_t len = (size_t)snprintf(url, sizeof url, "%s/api/%s/%.*s/tree/", h->endpoint, kind, (int)(name_end - p), p);
-  bool fits = len < sizeof url;
-  if (fits)
-    fits = rev && rev + 1 < end ? append_encoded(url, sizeof url, &len, rev + 1, (size_t)(end - rev - 1))
-                                : append_encoded(url, sizeof url, &len, "main", 4);
+  size_t len = (size_t)snprintf(url, sizeof url, "%s/api/%s/%.*s/tree/", h->endpoint, x.kind, x.repo_len, x.repo);
+  bool fits = len < sizeof url && append_encoded(url, sizeof url, &len, x.rev, x.rev_len);
   if (fits && ls.folder_len > 1) {
     fits = append_encoded(url, sizeof url, &len, "/", 1);
     for (size_t i = 0; fits && i + 1 < ls.folder_len; i++)
@@ -387,12 +393,14 @@ int dl__hub_list(const dl__options *o, const dl__hub *h, const char *pattern, ch
       break;
     }
     int f = dl__hub_tree_files((const char *)page, (const char *)page + got, add_match, &ls);
-    if (f < 0)
+    if (f == -1)
       r = dl__fail(DL_EREMOTE, "listing %s: the Hub's answer is not a list of files (page %d)", pattern, pages + 1);
     else if (f)
       r = f;
     else if (pages >= 100000)
       r = dl__fail(DL_ELIMIT, "listing %s: more than 100,000 pages", pattern);
+    else if (next[0] && !dl__hub_serves(h, next)) /* the token goes to the Hub only */
+      r = dl__fail(DL_EREMOTE, "listing %s: the Hub's next page is on another host", pattern);
     snprintf(url, sizeof url, "%s", next);
   }
   free(page);

@@ -49,8 +49,8 @@ int dl__hub_url(const dl__hub *h, const char *hf, char *out, size_t cap);
 /* RC, with what to do added to the last error where the Hub refused access (-EACCES). */
 int dl__hub_explain(int rc, const dl__hub *h);
 /* The entries of one page of the Hub's tree API at P (to END): each file's "path" to ON_FILE,
- * which stops the walk by returning nonzero (returned). -1 when the page is not the array of
- * objects the API answers with. */
+ * which stops the walk by returning an error code (returned). -1 when the page is not the array
+ * of objects the API answers with. */
 int dl__hub_tree_files(const char *p, const char *end, int (*on_file)(const char *path, void *arg), void *arg);
 /* The files of hf://.../DIR/PATTERN (wildcards in the file name only), as hf:// URLs, sorted. */
 int dl__hub_list(const dl__options *o, const dl__hub *h, const char *pattern, char ***out, size_t *n);

@@ -136,9 +136,9 @@ class TreeApi(Seen):
     """The Hub's tree API for the folder of shards: pages of PER entries linked by Link headers,
     entries as the Hub writes them (nested objects, folders, escapes); the rest goes on."""
 
-    def __init__(self, need, per=2):
+    def __init__(self, need, per=2, host="127.0.0.1"):
         super().__init__(need)
-        self.per, self.asked = per, []
+        self.per, self.asked, self.host = per, [], host
 
     def __call__(self, request):
         refusal = super().__call__(request)
@@ -155,7 +155,7 @@ class TreeApi(Seen):
                      "lfs": {"oid": "sha256:" + "3" * 64, "size": 1, "pointerSize": 134}} for n in names]
         at = int(query.partition("cursor=")[2] or 0)
         body = json.dumps(entries[at:at + self.per], indent=1).encode()
-        link = f'Link: <http://127.0.0.1:{self.port}{path}?cursor={at + self.per}>; rel="next"\r\n' \
+        link = f'Link: <http://{self.host}:{self.port}{path}?cursor={at + self.per}>; rel="next"\r\n' \
             if at + self.per < len(entries) else ""
         return (f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n{link}Content-Length: {len(body)}\r\n\r\n"
                 .encode() + body)
@@ -182,6 +182,15 @@ def test_globs_list_the_repository_through_the_tree_api(hub):
     assert "/api/datasets/org/name/tree/main" in api.asked and api.without == 0
     assert none.returncode == 1 and "hf://datasets/org/name/rfs/*.zip: no file matches" in none.stderr, none.stderr
     assert deep.returncode == 1 and "wildcards go in the file name only" in deep.stderr, deep.stderr
+    # A next page on another host is not asked for: the token would go with the request.
+    astray = TreeApi(need=TOKEN, host="localhost")
+    proxy = FaultProxy(hub["files"].port, check=astray)
+    astray.port = proxy.port
+    try:
+        out = run("hf://datasets/org/name/rfs/*.rfs", proxy.url, work, ok=False)
+    finally:
+        proxy.stop()
+    assert out.returncode == 1 and "next page is on another host" in out.stderr and len(astray.asked) == 1
     # dlshard lists the same way: the same records found bad as in the local copies
     mine = subprocess.run([os.path.join(BUILD, "dlshard"), "verify", os.path.join(SHARDS, "rfs/packed-*.rfs")],
                           capture_output=True, text=True)
