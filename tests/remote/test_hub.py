@@ -78,6 +78,10 @@ def test_hf_urls_and_resolve_urls_read_with_the_token(hub):
         same(run(f"hf://datasets/org/name/{TAR}", proxy.url, work), local[TAR])
         same(run(f"hf://datasets/org/name@v1.0/{RFS}", proxy.url, work), local[RFS])
         same(run(f"{proxy.url}/datasets/org/name/resolve/main/{TAR}", proxy.url, work), local[TAR])
+        cached = dlbench(f"hf://datasets/org/name@v1.0/{RFS}", *SMALL, "--option", f"cache_dir={work / 'shards'}",
+                         env=hub_env(proxy.url, work))
+        same(cached, local[RFS])
+        assert cached["loader"]["cache_fetches"] > 0
         # The token where huggingface-cli login leaves it, or where HF_TOKEN_PATH says.
         home = work / "hf-home"
         home.mkdir(exist_ok=True)
