@@ -6,6 +6,8 @@
  */
 #include "remote/remote.h"
 
+#include <ctype.h>
+
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -64,6 +66,25 @@ void dl__http_configure(CURL *h, const dl__options *o, const dl__target *t) {
   }
   if (t->headers || signed_s3)
     curl_easy_setopt(h, CURLOPT_HTTPHEADER, t->headers ? t->headers : t->s3->headers);
+}
+
+bool dl__url_encode(char *out, size_t cap, size_t *at, const char *in, size_t n, const char *keep) {
+  static const char hex[] = "0123456789ABCDEF";
+  for (size_t i = 0; i < n; i++) {
+    unsigned char c = (unsigned char)in[i];
+    bool plain = isalnum(c) || (c && (strchr("-._~", c) || strchr(keep, c)));
+    if (*at + (plain ? 1 : 3) >= cap)
+      return false;
+    if (plain) {
+      out[(*at)++] = (char)c;
+    } else {
+      out[(*at)++] = '%';
+      out[(*at)++] = hex[c >> 4];
+      out[(*at)++] = hex[c & 15];
+    }
+  }
+  out[*at] = 0;
+  return true;
 }
 
 /* URL without any user:password@ it carries: messages never show credentials. */

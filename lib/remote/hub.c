@@ -98,25 +98,10 @@ bool dl__hub_serves(const dl__hub *h, const char *url) {
   return !strncmp(url, h->endpoint, n) && (url[n] == '/' || url[n] == 0);
 }
 
-/* Appends IN to OUT at *AT, percent-encoding what a URL's path cannot hold as it is (a '%' stays:
- * a revision such as refs%2Fconvert%2Fparquet comes encoded). */
+/* Appends IN to OUT at *AT as a URL's path holds it: a '%' stays, for a revision such as
+ * refs%2Fconvert%2Fparquet comes encoded. */
 static bool append_encoded(char *out, size_t cap, size_t *at, const char *in, size_t n) {
-  static const char hex[] = "0123456789ABCDEF";
-  for (size_t i = 0; i < n; i++) {
-    unsigned char c = (unsigned char)in[i];
-    bool plain = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || strchr("-._~/%", c);
-    if (*at + (plain ? 1 : 3) >= cap)
-      return false;
-    if (plain) {
-      out[(*at)++] = (char)c;
-    } else {
-      out[(*at)++] = '%';
-      out[(*at)++] = hex[c >> 4];
-      out[(*at)++] = hex[c & 15];
-    }
-  }
-  out[*at] = 0;
-  return true;
+  return dl__url_encode(out, cap, at, in, n, "/%");
 }
 
 /* The parts of hf://[datasets/|spaces/]ORG/NAME[@REVISION]/PATH. */

@@ -72,6 +72,9 @@ typedef struct dl__http_outcome {
   char msg[DL__MSG_MAX];
 } dl__http_outcome;
 
+/* Appends N bytes of IN to OUT (CAP bytes, from *AT on), percent-encoding all but the unreserved
+ * characters and those in KEEP; false when it does not fit. */
+bool dl__url_encode(char *out, size_t cap, size_t *at, const char *in, size_t n, const char *keep);
 /* libcurl set up once for the process. */
 int dl__http_global_init(void);
 /* H ready for a request to T with the loader's TLS and timeout options (and S3's signing). */

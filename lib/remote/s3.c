@@ -157,22 +157,6 @@ void dl__s3_free(dl__s3 *s) {
   free(s);
 }
 
-/* Percent-encodes IN (S3's canonical form: unreserved characters and those in KEEP stay). */
-static void percent_encode(const char *in, const char *keep, char *out, size_t cap) {
-  static const char hex[] = "0123456789ABCDEF";
-  size_t n = 0;
-  for (const unsigned char *p = (const unsigned char *)in; *p && n + 4 < cap; p++) {
-    if (isalnum(*p) || strchr("-._~", *p) || strchr(keep, *p)) {
-      out[n++] = (char)*p;
-    } else {
-      out[n++] = '%';
-      out[n++] = hex[*p >> 4];
-      out[n++] = hex[*p & 15];
-    }
-  }
-  out[n] = 0;
-}
-
 /* BUCKET and KEY of s3://bucket/key (KEY may be empty). */
 static int split(const char *s3url, char *bucket, size_t bcap, const char **key) {
   const char *b = s3url + 5, *slash = strchr(b, '/');
@@ -196,7 +180,7 @@ static int bucket_url(const dl__s3 *s, const char *bucket, char *out, size_t cap
 }
 
 int dl__s3_url(const dl__s3 *s, const char *s3url, char *out, size_t cap) {
-  char bucket[256], enc[4096];
+  char bucket[256];
   const char *key;
   int r = split(s3url, bucket, sizeof bucket, &key);
   if (!r && (!*key || key[strlen(key) - 1] == '/')) /* a bucket or a "folder": its listing is no shard */
@@ -206,10 +190,10 @@ int dl__s3_url(const dl__s3 *s, const char *s3url, char *out, size_t cap) {
     r = bucket_url(s, bucket, out, cap);
   if (r)
     return r;
-  percent_encode(key, "/", enc, sizeof enc); /* a key's slashes are its path's */
   size_t n = strlen(out);
-  int w = snprintf(out + n, cap - n, "/%s", enc);
-  return w > 0 && (size_t)w < cap - n ? 0 : dl__fail(DL_ELIMIT, "source %s: URL too long", s3url);
+  /* S3's canonical form: unreserved characters as they are; a key's slashes are its path's */
+  bool fits = dl__url_encode(out, cap, &n, "/", 1, "/") && dl__url_encode(out, cap, &n, key, strlen(key), "/");
+  return fits ? 0 : dl__fail(DL_ELIMIT, "source %s: URL too long", s3url);
 }
 
 /* The text of the next <TAG>...</TAG> at or after *P (XML entities decoded), advancing *P. */
@@ -263,7 +247,9 @@ int dl__s3_list(const dl__options *o, const dl__s3 *s, const char *pattern, char
   /* List from the part of the key before its first wildcard. */
   size_t plen = strcspn(key_pattern, "*?[");
   snprintf(prefix, sizeof prefix, "%.*s", (int)plen, key_pattern);
-  percent_encode(prefix, "", esc_prefix, sizeof esc_prefix);
+  size_t at = 0;
+  if (!dl__url_encode(esc_prefix, sizeof esc_prefix, &at, prefix, strlen(prefix), ""))
+    return dl__fail(DL_ELIMIT, "source %s: the prefix is too long", pattern);
   /* A page holds up to 1,000 keys of up to 1,024 bytes each, XML-escaped, with their details. */
   size_t cap = 8u << 20, n = 0, vcap = 0;
   uint8_t *page = malloc(cap);
@@ -271,7 +257,8 @@ int dl__s3_list(const dl__options *o, const dl__s3 *s, const char *pattern, char
   if (!page)
     return dl__fail(-ENOMEM, "out of memory");
   for (bool more = true; more && !r;) {
-    percent_encode(token, "", esc_token, sizeof esc_token);
+    at = 0;
+    dl__url_encode(esc_token, sizeof esc_token, &at, token, strlen(token), ""); /* fits: 3 x its size */
     snprintf(url, sizeof url, "%s?list-type=2&prefix=%s%s%s", base, esc_prefix, token[0] ? "&continuation-token=" : "",
              token[0] ? esc_token : "");
     dl__target t = {pattern, url, s, NULL};
