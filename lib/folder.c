@@ -330,6 +330,7 @@ int dl__folder_load(dl__dataset *ds, const char *root) {
   if (!rc && stat(root, &top_st))
     rc = dl__fail(-errno, "source %s: %s", root, strerror(errno));
   chain top = {rc ? 0 : top_st.st_dev, rc ? 0 : top_st.st_ino, NULL};
+  size_t empty = 0, empty_first = 0;
   for (size_t c = 0; c < nclasses && !rc; c++) {
     char cdir[PATH_MAX];
     snprintf(cdir, sizeof cdir, "%s/%s", root, classes[c]);
@@ -337,6 +338,8 @@ int dl__folder_load(dl__dataset *ds, const char *root) {
     rc = walk(cdir, "", &es, &skipped, &top);
     if (!rc && es.n) /* an empty class folder has no array to sort */
       qsort(es.v, es.n, sizeof *es.v, cmp_entry);
+    if (!rc && !es.n && !empty++)
+      empty_first = c;
     for (size_t i = 0; i < es.n && !rc; i++) {
       char path[PATH_MAX], name[PATH_MAX];
       const entry *e = &es.v[i];
@@ -358,6 +361,11 @@ int dl__folder_load(dl__dataset *ds, const char *root) {
     }
     free(es.v);
   }
+  if (!rc && empty) /* a class without samples: a copy cut short, or a filter gone wrong */
+    dl__log(DL__LOG_WARN, "source %s: %zu class %s no image (%s, label %zu); labels count %s as "
+            "torchvision's class_to_idx does (its ImageFolder refuses such a folder)", root, empty,
+            empty == 1 ? "folder holds" : "folders hold", classes[empty_first], empty_first,
+            empty == 1 ? "it" : "them");
   for (size_t c = 0; c < nclasses; c++)
     free(classes[c]);
   free(classes);

@@ -254,6 +254,20 @@ def test_an_image_folder_names_the_entries_it_cannot_read(tmp_path, capfd):
     assert f"1 entry could not be read and was left out ({flat / 'b.jpg'}: No such file" in capfd.readouterr().err
 
 
+def test_an_empty_class_folder_is_named_and_keeps_its_label(tmp_path, capfd):
+    """A class folder with no image (a copy cut short) was passed over in silence; torchvision's
+    ImageFolder refuses it. Its label still counts, as in torchvision's class_to_idx."""
+    jpg = os.path.join(TESTDATA, "libjpeg-turbo", "testimages", "testorig.jpg")
+    for cls in ("ant", "bee", "cat"):
+        os.makedirs(tmp_path / cls)
+    for cls in ("ant", "cat"):
+        os.symlink(jpg, tmp_path / cls / "a.jpg")
+    with ringfeed.Loader(str(tmp_path), batch_size=2, image_size=16, workers=1, shuffle=False, log="warn",
+                         framework="numpy") as loader:
+        assert next(loader)["label"].tolist() == [0, 2]
+    assert "1 class folder holds no image (bee, label 1)" in capfd.readouterr().err
+
+
 def test_dataloader_keywords_name_what_to_write_instead(tmp_path):
     for keyword, hint in (("num_workers", "workers=N"), ("pin_memory", "always in pinned memory"),
                           ("prefetch_factor", "prefetch=N"), ("collate_fn", "come collated")):
