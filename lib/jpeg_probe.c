@@ -164,7 +164,6 @@ int dl__jpeg_probe(const uint8_t *p, size_t n, bool whole, dl__jpeg_info *j) {
   if (n < 4 || p[0] != 0xFF || p[1] != 0xD8)
     return -1;
   state st = {.transform = -1};
-  memset(st.coef_al, -1, sizeof st.coef_al);
   size_t i = 2;
   while (i + 2 <= n) {
     if (p[i] != 0xFF)
@@ -205,6 +204,8 @@ int dl__jpeg_probe(const uint8_t *p, size_t n, bool whole, dl__jpeg_info *j) {
       if (j->sof || sl < 6)
         return -1;
       j->sof = m;
+      if (m == 0xC2) /* only progressive scans are followed: the others need no table */
+        memset(st.coef_al, -1, sizeof st.coef_al);
       j->precision = seg[0];
       j->height = (int)be16(seg + 1);
       j->width = (int)be16(seg + 3);
