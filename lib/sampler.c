@@ -175,25 +175,33 @@ static bool field(const char **t, uint64_t *out, bool last) {
   return true;
 }
 
-/* rf2.SEED.EPOCH.OFFSET.N.FINGERPRINT (hex) with .bK after it when saved with shuffle_block=K, or
- * the older rf1 without the fingerprint. */
-static int parse_token(dl__sampler *s, const char *t) {
+/* rf2.SEED.EPOCH.OFFSET.N.FINGERPRINT (hex), then .bK when saved with shuffle_block=K and .sS with
+ * the shuffle it was saved with (tokens before .sS are not checked for it), or the older rf1
+ * without the fingerprint. */
+static int parse_token(dl__sampler *s, const char *t, int *shuffle) {
   uint64_t seed, epoch, off, n, fp = 0;
   bool v2 = !strncmp(t, "rf2.", 4), v1 = !strncmp(t, "rf1.", 4);
   const char *p = t + 4;
   bool ok = (v1 || v2) && field(&p, &seed, false) && field(&p, &epoch, false) && field(&p, &off, false) &&
             field(&p, &n, v1);
-  uint64_t block = 0;
+  uint64_t block = 0, shuffled = 2;
+  *shuffle = -1;
   if (ok && v2) {
     char *end;
-    const char *dot = strchr(p, '.'); /* .bK: saved with shuffle_block=K */
+    const char *dot = strchr(p, '.');
     size_t fp_len = dot ? (size_t)(dot - p) : strlen(p);
     ok = isxdigit((unsigned char)*p) && fp_len == 16;
     fp = ok ? strtoull(p, &end, 16) : 0;
     ok = ok && end == p + 16;
+    if (ok && dot && dot[1] == 'b') {
+      p = dot + 2;
+      ok = field(&p, &block, true) && block > 0 && block <= UINT32_MAX;
+      dot = ok && p[-1] == '.' ? p - 1 : NULL;
+    }
     if (ok && dot) {
       p = dot + 2;
-      ok = dot[1] == 'b' && field(&p, &block, true) && *p == 0 && block > 0 && block <= UINT32_MAX;
+      ok = dot[1] == 's' && field(&p, &shuffled, true) && *p == 0 && shuffled <= 1;
+      *shuffle = (int)shuffled;
     }
   } else if (ok) {
     ok = *p == 0;
@@ -208,6 +216,9 @@ static int parse_token(dl__sampler *s, const char *t) {
   if (seed != s->seed)
     return dl__fail(DL_ESTATE, "resume token '%s' was saved with seed=%" PRIu64 ", not seed=%" PRIu64, t, seed,
                     s->seed);
+  if (*shuffle >= 0 && *shuffle != !!s->shuffle)
+    return dl__fail(DL_ESTATE, "resume token '%s' was saved with shuffle=%d, not shuffle=%d: the samples "
+                    "it counts as done are others", t, *shuffle, !!s->shuffle);
   if (off > n || epoch > (uint64_t)INT64_MAX / 4)
     return dl__fail(DL_ESTATE, "resume token '%s' is out of range", t);
   if (v1)
@@ -234,7 +245,8 @@ int dl__sampler_init(dl__sampler *s, int64_t n, int world, int rank, int batch, 
   s->start_epoch = start_epoch;
   s->token_block = -1;
   if (resume && *resume) {
-    int r = parse_token(s, resume);
+    int shuffled;
+    int r = parse_token(s, resume, &shuffled);
     if (r)
       return r;
   }
@@ -307,7 +319,7 @@ int dl__sampler_token(const dl__sampler *s, int64_t k, char *buf, size_t cap) {
   char block[16] = "";
   if (s->blocks)
     snprintf(block, sizeof block, ".b%u", s->blocks->k);
-  int n = snprintf(buf, cap, "rf2.%" PRIu64 ".%" PRId64 ".%" PRId64 ".%" PRId64 ".%016" PRIx64 "%s", s->seed, epoch,
-                   off, s->n, s->fingerprint, block);
+  int n = snprintf(buf, cap, "rf2.%" PRIu64 ".%" PRId64 ".%" PRId64 ".%" PRId64 ".%016" PRIx64 "%s.s%d", s->seed,
+                   epoch, off, s->n, s->fingerprint, block, !!s->shuffle);
   return n < 0 || (size_t)n >= cap ? -ENOSPC : n;
 }

@@ -82,7 +82,7 @@ static void check_blocks(void) {
   ASSERT_EQ(dl__sampler_set_blocks(&a, K, F, first), 0);
   char tok[128];
   ASSERT_GT(dl__sampler_token(&a, 9, tok, sizeof tok), 0);
-  ASSERT(strstr(tok, ".b3") != NULL);
+  ASSERT(strstr(tok, ".b3.s1") != NULL);
   ASSERT_EQ(dl__sampler_init(&b, n, 2, 1, B, 0, 1, 5, 2, 0, tok, 0), 0);
   ASSERT_EQ(dl__sampler_set_blocks(&b, K, F, first), 0);
   ASSERT_EQ(b.total, a.total - 9);
@@ -105,7 +105,7 @@ static void check_blocks(void) {
   ASSERT_EQ(dl__sampler_init(&c, n, 1, 0, B, 0, 1, 5, 2, 0, global, 0), 0);
   ASSERT_EQ(dl__sampler_set_blocks(&c, K, F, first), DL_ESTATE);
   /* Malformed block suffixes. */
-  const char *bad[] = {".b", ".b0", ".bx", ".b3x", ".c3", ".b-1"};
+  const char *bad[] = {".b", ".b0", ".bx", ".b3x", ".c3", ".b-1", ".s", ".s2", ".b3.s", ".s1.b3", ".b3.s1x", ".b3.s1.s1"};
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
     snprintf(global, sizeof global, "rf2.5.0.16.%lld.0000000000000000%s", (long long)n, bad[i]);
     ASSERT_EQ(dl__sampler_init(&c, n, 1, 0, B, 0, 1, 5, 2, 0, global, 0), DL_ESTATE);
@@ -206,9 +206,19 @@ int main(void) {
   ASSERT_EQ(dl__sampler_init(&s, 100, 1, 0, 10, 0, 0, 0, 3, 0, NULL, 0), 0);
   char tok[128];
   dl__sampler_token(&s, 10, tok, sizeof tok);
-  ASSERT_STR_EQ(tok, "rf2.0.1.0.100.0000000000000000");
+  ASSERT_STR_EQ(tok, "rf2.0.1.0.100.0000000000000000.s0");
   dl__sampler_token(&s, 3, tok, sizeof tok);
-  ASSERT_STR_EQ(tok, "rf2.0.0.30.100.0000000000000000");
+  ASSERT_STR_EQ(tok, "rf2.0.0.30.100.0000000000000000.s0");
+  /* The shuffle is in the token: the prefix it counts as done is of that order, so a token of the
+   * shuffled order resumed in file order (or back) would skip samples never seen and repeat
+   * others. Tokens from before .sS are taken as they are. */
+  ASSERT_EQ(dl__sampler_init(&s, 100, 1, 0, 10, 0, 1, 0, 3, 0, tok, 0), DL_ESTATE);
+  ASSERT_CONTAINS(dl_last_error(), "shuffle=0, not shuffle=1");
+  ASSERT_EQ(dl__sampler_init(&s, 100, 1, 0, 10, 0, 0, 0, 3, 0, "rf2.0.0.30.100.0000000000000000.s1", 0), DL_ESTATE);
+  ASSERT_CONTAINS(dl_last_error(), "shuffle=1, not shuffle=0");
+  ASSERT_EQ(dl__sampler_init(&s, 100, 1, 0, 10, 0, 1, 0, 3, 0, "rf2.0.0.30.100.0000000000000000.s1", 0), 0);
+  ASSERT_EQ(s.start_off, 30);
+  ASSERT_EQ(dl__sampler_init(&s, 100, 1, 0, 10, 0, 1, 0, 3, 0, "rf2.0.0.30.100.0000000000000000", 0), 0);
   ASSERT_EQ(dl__sampler_init(&s, 100, 1, 0, 10, 0, 0, 0, 3, 0, "rf2.0.0.30.99.0000000000000000", 0), DL_ESTATE);
   ASSERT_CONTAINS(dl_last_error(), "99 samples");
   ASSERT_EQ(dl__sampler_init(&s, 100, 1, 0, 10, 0, 0, 5, 3, 0, "rf2.0.0.30.100.0000000000000000", 0), DL_ESTATE);

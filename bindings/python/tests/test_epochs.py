@@ -97,6 +97,10 @@ def test_a_resumed_epoch_ends_where_the_epoch_ends():
         rest = run(loader)
         assert keys_of(head) + keys_of(rest) == whole
         assert loader.epoch == 1 and len(run(loader)) == len(loader)
+    # The token counts a prefix of the shuffled order: in file order it would name other samples.
+    with pytest.raises(ringfeed.Error) as e:
+        ringfeed.Loader(WDS, epochs=2, state=state, **dict(KW, shuffle=0))
+    assert e.value.name == "DL_ESTATE" and "shuffle=1, not shuffle=0" in str(e.value)
 
 
 def test_wrapping_in_a_dataloader_says_what_to_do():
