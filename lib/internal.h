@@ -70,7 +70,8 @@ typedef struct dl__options {
   int ndevices; /* 0: host batches */
   int device_ids[DL__MAX_DEVICES];
   int dtype;
-  float mean[3], std[3];
+  float mean[3], std[3]; /* on the 0..1 scale of pixels */
+  bool mean_std_255;      /* ... given on the 0..255 scale, and divided by 255 */
   int device_slots;
   int on_error;
   int io;

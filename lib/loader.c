@@ -228,6 +228,9 @@ int dl_open(dl_loader **out, const char *source, const char *options) {
   if (r)
     goto fail;
   dl__log_level = l->o.log_level;
+  if (l->o.mean_std_255)
+    dl__log(DL__LOG_INFO, "mean and std above 1 are on the 0..255 scale of pixels: divided by 255 "
+                          "(torchvision's scale is 0..1)");
   raise_fd_limit();
   dl__io_faults_init();
   if ((r = dl__source_load(&l->ds, source, &l->o)) || (r = dl__fields_schema(l)))

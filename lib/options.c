@@ -3,6 +3,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -393,5 +394,15 @@ int dl__options_parse(dl__options *o, const char *text) {
   }
   if (o->dtype != DL__DTYPE_UINT8 && o->ndevices == 0)
     return dl__fail(DL_EOPTION, "option dtype: float conversion runs on the GPU; use device=cuda");
+  /* mean and std are on torchvision's scale, pixels as 0..1, where no mean is above 1 and no
+   * standard deviation above 0.5. Larger values are on the 0..255 scale DALI's and mmcv's
+   * normalisations take (mean=123.675,116.28,103.53 std=58.395,57.12,57.375, or mean=0,0,0
+   * std=255,255,255 for pixels as 0..1): read both that way rather than scale pixels to nonsense. */
+  for (int i = 0; i < 3; i++)
+    o->mean_std_255 |= fabsf(o->mean[i]) > 1 || fabsf(o->std[i]) > 1;
+  for (int i = 0; i < 3 && o->mean_std_255; i++) {
+    o->mean[i] /= 255;
+    o->std[i] /= 255;
+  }
   return 0;
 }

@@ -2,6 +2,8 @@
 #include "internal.h"
 #include "test.h"
 
+#include <math.h>
+
 static void expect_bad(const char *opts, const char *mention) {
   dl__options o;
   int r = dl__options_parse(&o, opts);
@@ -79,10 +81,18 @@ int main(void) {
   ASSERT_EQ(o.io, DL__IO_PREAD);
   ASSERT_EQ(o.layout, DL__LAYOUT_NCHW);
   ASSERT_EQ(o.channels, 1);
-  ASSERT_EQ(dl__options_parse(&o, "device=cuda:0,2,3 dtype=bfloat16 mean=0.5,0.5,0.5 std=1,2,3"), 0);
+  ASSERT_EQ(dl__options_parse(&o, "device=cuda:0,2,3 dtype=bfloat16 mean=0.5,0.5,0.5 std=1,0.25,-0.5"), 0);
   ASSERT_EQ(o.ndevices, 3);
   ASSERT_EQ(o.device_ids[2], 3);
   ASSERT_EQ(o.dtype, DL__DTYPE_BFLOAT16);
+  ASSERT(o.mean[0] == 0.5f && o.std[0] == 1.0f && o.std[2] == -0.5f && !o.mean_std_255);
+  /* DALI's and mmcv's 0..255 scale, told by values no 0..1 pixel statistics have. */
+  ASSERT_EQ(dl__options_parse(&o, "device=cuda dtype=float32 mean=123.675,116.28,103.53 std=58.395,57.12,57.375"), 0);
+  ASSERT(o.mean_std_255 && fabsf(o.mean[0] - 0.485f) < 1e-6f && fabsf(o.std[2] - 0.225f) < 1e-6f);
+  ASSERT_EQ(dl__options_parse(&o, "device=cuda dtype=float32 mean=0,0,0 std=255,255,255"), 0);
+  ASSERT(o.mean_std_255 && o.mean[1] == 0 && o.std[1] == 1.0f);
+  ASSERT_EQ(dl__options_parse(&o, "device=cuda dtype=float32"), 0);
+  ASSERT(!o.mean_std_255 && o.mean[0] == 0.485f && o.std[0] == 0.229f);
 
   expect_bad("bogus=1", "unknown option 'bogus'");
   expect_bad("shuffle_block=-1", "shuffle_block=-1");

@@ -67,6 +67,8 @@ def _member(name, pointer, size):
 
 
 def _format(key, value):
+    if key == "dtype" and not isinstance(value, str):  # torch.float16, numpy.float16, numpy.dtype("float16")
+        value = getattr(value, "__name__", None) or str(value).replace("torch.", "")
     if isinstance(value, bool):
         return "1" if value else "0"
     if key == "image_size" and isinstance(value, (tuple, list)):

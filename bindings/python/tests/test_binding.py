@@ -141,6 +141,16 @@ def test_errors_are_exceptions_with_code_names(tmp_path):
     for size in ((224,), (10, 20, 30), []):  # not an IndexError, nor a third number dropped
         with pytest.raises(ValueError, match="one size or \\(height, width\\)"):
             ringfeed.Loader(str(tmp_path), image_size=size)
+    # A dtype as a framework names it is the word: refused here only for want of a GPU.
+    dtypes = [np.float16, np.dtype("float32")]
+    try:
+        import torch
+        dtypes.append(torch.bfloat16)
+    except ImportError:
+        pass
+    for dtype in dtypes:
+        with pytest.raises(ringfeed.Error, match="float conversion runs on the GPU"):
+            ringfeed.Loader(str(tmp_path), dtype=dtype)
 
 
 @needs_testdata

@@ -61,6 +61,19 @@ def test_cuda_normalized_bfloat16_nchw(shard):
     assert rel < 8e-3
 
 
+
+def test_dali_scale_mean_std_and_torch_dtypes(shard):
+    """A DALI user's normalisation (0..255 scale) and torch.float16 as the dtype give what
+    torchvision's 0..1 scale and "float16" give, not pixels divided by 255 twice."""
+    kw = dict(batch_size=32, image_size=32, seed=2, workers=4, decode="cpu", device="cuda")
+    ours = next(ringfeed.Loader(shard, dtype="float16", **kw))["image"]
+    dali = next(ringfeed.Loader(shard, dtype=torch.float16, mean=[0.485 * 255, 0.456 * 255, 0.406 * 255],
+                                std=[0.229 * 255, 0.224 * 255, 0.225 * 255], **kw))["image"]
+    assert dali.dtype == torch.float16 and torch.allclose(dali.float(), ours.float(), atol=2e-3)
+    unit = next(ringfeed.Loader(shard, dtype=np.float32, mean=(0, 0, 0), std=(255, 255, 255), **kw))["image"]
+    assert unit.dtype == torch.float32 and 0 <= float(unit.min()) and float(unit.max()) <= 1
+    assert float(unit.max()) > 0.5
+
 def test_consumer_stream_work_sees_each_batch(shard):
     s = torch.cuda.Stream()
     sums, want = [], []
