@@ -102,6 +102,18 @@ enum { DL__S3_AUTO, DL__S3_PATH, DL__S3_VIRTUAL };
 
 int dl__options_parse(dl__options *o, const char *text);
 
+/* ---- JSON from untrusted bytes (json.c): P..END, never past END ---- */
+const char *dl__json_space(const char *p, const char *end);
+/* The string whose opening quote is at P into OUT, escapes undone ("" when it does not fit in
+ * CAP): the position after its closing quote, or NULL when malformed. */
+const char *dl__json_string(const char *p, const char *end, char *out, size_t cap);
+/* Past the value at P, whatever it is; NULL when malformed. */
+const char *dl__json_skip(const char *p, const char *end);
+int dl__json_member(const char **p, const char *end, char *key, size_t cap);
+int dl__json_element(const char **p, const char *end);
+const char *dl__json_uint(const char *p, const char *end, uint64_t *v);
+bool dl__json_null(const char *p, const char *end, const char **after);
+
 /* ---- the sample table (dataset.c, tar.c, folder.c, source.c) ---- */
 
 enum { DL__CODEC_NONE, DL__CODEC_JPEG, DL__CODEC_PNG, DL__CODEC_WEBP, DL__CODEC_OTHER };

@@ -161,154 +161,31 @@ int dl__hub_explain(int rc, const dl__hub *h) {
 
 /* ---- listing a folder of a repository (the Hub's tree API, pages of JSON) ---- */
 
-static const char *skip_space(const char *p, const char *end) {
-  while (p < end && strchr(" \t\r\n", *p))
-    p++;
-  return p;
-}
-
-static int hex_value(const char *p) {
-  int v = 0;
-  for (int i = 0; i < 4; i++) {
-    char c = p[i];
-    int d = c >= '0' && c <= '9'   ? c - '0'
-            : c >= 'a' && c <= 'f' ? c - 'a' + 10
-            : c >= 'A' && c <= 'F' ? c - 'A' + 10
-                                   : -1;
-    if (d < 0)
-      return -1;
-    v = v * 16 + d;
-  }
-  return v;
-}
-
-/* CP as UTF-8 into OUT: its length. */
-static size_t utf8(unsigned cp, uint8_t *out) {
-  if (cp < 0x80) {
-    out[0] = (uint8_t)cp;
-    return 1;
-  }
-  if (cp < 0x800) {
-    out[0] = (uint8_t)(0xC0 | cp >> 6), out[1] = (uint8_t)(0x80 | (cp & 63));
-    return 2;
-  }
-  if (cp < 0x10000) {
-    out[0] = (uint8_t)(0xE0 | cp >> 12), out[1] = (uint8_t)(0x80 | (cp >> 6 & 63));
-    out[2] = (uint8_t)(0x80 | (cp & 63));
-    return 3;
-  }
-  out[0] = (uint8_t)(0xF0 | cp >> 18), out[1] = (uint8_t)(0x80 | (cp >> 12 & 63));
-  out[2] = (uint8_t)(0x80 | (cp >> 6 & 63)), out[3] = (uint8_t)(0x80 | (cp & 63));
-  return 4;
-}
-
-/* The JSON string whose opening quote is at P into OUT (escapes undone; "" when it does not fit
- * in CAP); the position after its closing quote, or NULL when malformed. */
-static const char *json_string(const char *p, const char *end, char *out, size_t cap) {
-  static const char simple[] = "\"\\/bfnrt", meant[] = "\"\\/\b\f\n\r\t";
-  size_t n = 0;
-  bool fits = true;
-  for (p++; p < end && *p != '"'; p++) {
-    uint8_t enc[4];
-    size_t k = 1;
-    enc[0] = (uint8_t)*p;
-    if (*p == '\\') {
-      const char *at = ++p < end && *p ? strchr(simple, *p) : NULL;
-      if (at) {
-        enc[0] = (uint8_t)meant[at - simple];
-      } else {
-        if (p >= end || *p != 'u' || end - p < 5 || hex_value(p + 1) < 0)
-          return NULL;
-        unsigned cp = (unsigned)hex_value(p + 1);
-        p += 4;
-        int low = end - p >= 7 && p[1] == '\\' && p[2] == 'u' ? hex_value(p + 3) : -1;
-        if (cp >= 0xD800 && cp < 0xDC00 && low >= 0xDC00 && low < 0xE000) { /* a surrogate pair */
-          cp = 0x10000 + ((cp - 0xD800) << 10) + (unsigned)(low - 0xDC00);
-          p += 6;
-        }
-        k = utf8(cp, enc);
-      }
-    }
-    fits = fits && n + k < cap;
-    for (size_t i = 0; fits && i < k; i++)
-      out[n++] = (char)enc[i];
-  }
-  if (p >= end || !cap)
-    return NULL;
-  out[fits ? n : 0] = 0;
-  return p + 1;
-}
-
-/* Past the JSON value at P (any kind: its strings may hold brackets); NULL when malformed. */
-static const char *json_skip(const char *p, const char *end) {
-  int depth = 0;
-  char scratch[1];
-  do {
-    p = skip_space(p, end);
-    if (p >= end)
-      return NULL;
-    if (*p == '"') {
-      if (!(p = json_string(p, end, scratch, sizeof scratch)))
-        return NULL;
-      continue;
-    }
-    if (*p == '{' || *p == '[')
-      depth++;
-    else if (*p == '}' || *p == ']')
-      depth--;
-    else if (!depth && (*p == ',' || *p == ':'))
-      return NULL;
-    p++;
-    /* A number or literal ends where a separator or closing bracket starts. */
-    while (!depth && p < end && !strchr(",}] \t\r\n", *p))
-      p++;
-  } while (depth > 0);
-  return depth == 0 ? p : NULL;
-}
-
 int dl__hub_tree_files(const char *p, const char *end, int (*on_file)(const char *path, void *arg), void *arg) {
   char key[16], value[1100], type[16], path[1100];
-  p = skip_space(p, end);
+  p = dl__json_space(p, end);
   if (p >= end || *p++ != '[')
     return -1;
-  for (;;) {
-    p = skip_space(p, end);
-    if (p < end && *p == ']')
-      return 0;
-    if (p >= end || *p++ != '{')
+  int more, member;
+  while ((more = dl__json_element(&p, end)) == 1) {
+    if (*p++ != '{')
       return -1;
     type[0] = path[0] = 0;
-    for (;;) {
-      p = skip_space(p, end);
-      if (p < end && *p == '}')
-        break;
-      if (p >= end || *p != '"' || !(p = json_string(p, end, key, sizeof key)))
-        return -1;
-      p = skip_space(p, end);
-      if (p >= end || *p++ != ':')
-        return -1;
-      p = skip_space(p, end);
+    while ((member = dl__json_member(&p, end, key, sizeof key)) == 1) {
       bool wanted = !strcmp(key, "type") || !strcmp(key, "path");
-      if (wanted && p < end && *p == '"')
-        p = json_string(p, end, value, sizeof value);
-      else
-        p = json_skip(p, end);
+      p = wanted && *p == '"' ? dl__json_string(p, end, value, sizeof value) : dl__json_skip(p, end);
       if (!p)
         return -1;
       if (wanted)
         snprintf(!strcmp(key, "type") ? type : path, !strcmp(key, "type") ? sizeof type : sizeof path, "%s", value);
-      p = skip_space(p, end);
-      if (p < end && *p == ',')
-        p++;
     }
-    p++; /* the object's } */
+    if (member < 0)
+      return -1;
     int r = !strcmp(type, "file") && path[0] ? on_file(path, arg) : 0;
     if (r)
       return r;
-    p = skip_space(p, end);
-    if (p < end && *p == ',')
-      p++;
   }
+  return more < 0 ? -1 : 0;
 }
 
 typedef struct listing {
