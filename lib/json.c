@@ -116,7 +116,7 @@ const char *dl__json_skip(const char *p, const char *end) {
 }
 
 /* After an object's '{' or a member's value at *P: the next member's KEY, with *P at its value
- * (1), the object's end with *P past it (0), or malformed (-1). */
+ * (1: *P is before END), the object's end with *P past it (0), or malformed (-1). */
 int dl__json_member(const char **p, const char *end, char *key, size_t cap) {
   const char *q = dl__json_space(*p, end);
   if (q < end && *q == ',')
@@ -128,14 +128,14 @@ int dl__json_member(const char **p, const char *end, char *key, size_t cap) {
   if (q >= end || *q != '"' || !(q = dl__json_string(q, end, key, cap)))
     return -1;
   q = dl__json_space(q, end);
-  if (q >= end || *q != ':')
+  if (q >= end || *q != ':' || (q = dl__json_space(q + 1, end)) >= end)
     return -1;
-  *p = dl__json_space(q + 1, end);
+  *p = q; /* a value starts here: *P may be read */
   return 1;
 }
 
-/* After an array's '[' or an element at *P: the next element, with *P at it (1), the array's end
- * with *P past it (0), or malformed (-1). */
+/* After an array's '[' or an element at *P: the next element, with *P at it (1: *P is before
+ * END), the array's end with *P past it (0), or malformed (-1). */
 int dl__json_element(const char **p, const char *end) {
   const char *q = dl__json_space(*p, end);
   if (q < end && *q == ',')
