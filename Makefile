@@ -77,7 +77,7 @@ device: deps
 # those inputs. New finds stay in build-fuzz/corpus-TARGET.
 FUZZ_SECONDS ?= 60
 TESTDATA ?= $(CURDIR)/../shared/testdata
-FUZZ_TARGETS = options token npy fields braces rfidx hubtree rfs tar decode
+FUZZ_TARGETS = options token npy fields braces rfidx hubtree mds rfs tar decode
 fuzz_seeds_rfs = $(wildcard build/tests/shards/rfs)
 fuzz_seeds_tar = tests/fuzz/corpus/tar $(TESTDATA)/webdataset
 fuzz_seeds_decode = tests/fuzz/corpus/decode $(TESTDATA)/jpeg-decoder $(TESTDATA)/pngsuite $(TESTDATA)/libspng-crashers

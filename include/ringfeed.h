@@ -193,6 +193,10 @@ DL_EXTERN const char *dl_batch_field_name(const dl_batch *b, int i);
 DL_EXTERN int dl_batch_bytes_count(const dl_batch *b);
 DL_EXTERN const char *dl_batch_bytes_name(const dl_batch *b, int f);
 DL_EXTERN const void *dl_batch_bytes(const dl_batch *b, const char *name, int i, size_t *len);
+/* What bytes field F holds: "text" (UTF-8), "json" or "bytes". Where the source types its
+ * columns (MDS: str, json, bytes, pkl ...) that type; else the name's last extension says ("txt"
+ * and "text": text, "json": JSON). NULL for no such field. */
+DL_EXTERN const char *dl_batch_bytes_kind(const dl_batch *b, int f);
 
 /*
  * Exports field NAME as a DLManagedTensor. Each export holds a reference to the batch; the batch

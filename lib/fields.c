@@ -130,6 +130,17 @@ int dl__zstd_inflate(void **ctx, const uint8_t *src, size_t n, size_t limit, dl_
 }
 
 /* Whether fields=a,b names NAME (an empty list names every field). */
+/* A tensor value (N of its TOTAL bytes at P) as a .npy payload describes it: the .npy header, or
+ * for an MDS column, its stored layout. */
+static int parse_value(const dl__dataset *ds, const dl__fref *ref, const uint8_t *p, size_t n, size_t total,
+                       dl__npy *npy, dl__err *e) {
+  if (ref->kind != DL__REF_MDS)
+    return dl__npy_parse(p, n, total, npy, e);
+  if (n != total)
+    return dl__err_set(e, DL_ECORRUPT, "value cut short");
+  return dl__mds_parse(&ds->mds[ref->name], p, n, npy, e);
+}
+
 static bool wanted(const dl__options *o, const char *name) {
   if (!o->fields[0])
     return true;
@@ -291,11 +302,11 @@ int dl__fields_schema(dl_loader *l) {
         if (read_ahead && !a.broken && i >= a.first + a.n)
           ahead_fill(ds, &a, f, i);
         int64_t early = read_ahead && i >= a.first && i < a.first + a.n ? a.got[i - a.first] : -1;
-        bool parsed = early >= 0 && !dl__npy_parse(a.buf + (i - a.first) * AHEAD_BYTES, (size_t)early, ref->len,
-                                                   &npy, &e);
+        bool parsed = early >= 0 && !parse_value(ds, ref, a.buf + (i - a.first) * AHEAD_BYTES, (size_t)early,
+                                                 ref->len, &npy, &e);
         int unread = 0;
         if (!parsed && ((unread = payload_prefix(ds, &l->o, s, ref, &raw, &pre, &n, &total, &e)) ||
-                        dl__npy_parse(pre.p, n, total, &npy, &e))) {
+                        parse_value(ds, ref, pre.p, n, total, &npy, &e))) {
           /* A server that fails (not the sample's bytes) would fail every next header too, each
            * after its retries: the open fails now, with the server's reason. */
           if (unread && ds->remote && e.code != DL_ECORRUPT)
@@ -316,7 +327,7 @@ int dl__fields_schema(dl_loader *l) {
       }
     }
     if (!found && !rc) {
-      rc = dl__fail(DL_ECORRUPT, "field %s: no sample holds a readable .npy payload", fd->name);
+      rc = dl__fail(DL_ECORRUPT, "field %s: no sample holds a readable value (.npy payload or MDS column)", fd->name);
       break;
     }
     uint64_t bytes = dtype_bytes(fd->dtype);
@@ -557,7 +568,7 @@ int dl__fields_fill(dl_loader *l, const dl__sample *s, const uint8_t *bytes, dl_
       n = got;
     }
     dl__npy npy;
-    if (dl__npy_parse(p, n, n, &npy, e))
+    if (parse_value(ds, ref, p, n, n, &npy, e))
       return dl__err_prefix(e, "field %s: ", fd->name);
     bool same_type = npy.dtype.code == fd->dtype.code && npy.dtype.bits == fd->dtype.bits;
     bool same_shape = npy.ndim == fd->ndim;

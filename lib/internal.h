@@ -122,7 +122,9 @@ enum { DL__SAMPLE_CHECKSUM = 1, DL__SAMPLE_IMAGE_ZST = 2 };
 
 /* A field of a sample, within the bytes a worker reads for it: a tensor, or a member's bytes as
  * they are (captions, JSON, anything else a WebDataset sample holds). */
-enum { DL__REF_NPY, DL__REF_NPY_ZST, DL__REF_TOKENS, DL__REF_BYTES };
+enum { DL__REF_NPY, DL__REF_NPY_ZST, DL__REF_TOKENS, DL__REF_BYTES, DL__REF_MDS };
+/* What a bytes field holds, where its source says (MDS columns); else its name's extension does. */
+enum { DL__BYTES_BY_NAME, DL__BYTES_TEXT, DL__BYTES_JSON, DL__BYTES_RAW };
 typedef struct dl__fref {
   uint16_t name; /* index into dl__dataset.field_names */
   uint8_t kind;
@@ -171,6 +173,8 @@ typedef struct dl__dataset {
   size_t nrefs, refs_cap;
   char *field_names[DL__MAX_FIELDS];
   int nfield_names;
+  uint8_t bytes_kind[DL__MAX_FIELDS]; /* DL__BYTES_* per field name */
+  struct dl__mds_spec *mds;           /* per field name: how its DL__REF_MDS values are stored, or NULL */
   struct dl__remote_file *remote; /* per file, for remote sources (else NULL) */
   uint32_t nremote;               /* its entries: files after the last remote one have none */
   void *s3;     /* the S3 addressing and credentials of s3:// files (remote/s3.c), or NULL */
@@ -322,6 +326,21 @@ typedef struct dl__npy {
 int dl__npy_parse(const uint8_t *p, size_t n, size_t total, dl__npy *out, dl__err *e);
 /* numpy's descr ("<f4", "|u1") as a DLPack type; -1 when unsupported. */
 int dl__dtype_parse(const char *descr, DLDataType *t);
+/* ---- MosaicML Streaming's MDS datasets (mds.c) ---- */
+/* How a tensor column of an MDS dataset stores its values: its dtype and shape where its encoding
+ * fixes them (numbers: shape ()), else each value says (ndarray). */
+typedef struct dl__mds_spec {
+  DLDataType dtype;
+  bool dtype_fixed;
+  int ndim; /* -1: each value says */
+  int64_t shape[DL__NPY_MAX_DIMS];
+  bool used; /* a column of this name was seen */
+} dl__mds_spec;
+/* Whether PATH names an MDS dataset: a folder holding index.json, or an index.json. */
+bool dl__mds_is(const char *path);
+int dl__mds_load(dl__dataset *ds, const char *path, int on_error);
+/* One value of a tensor column (N bytes at P) as a .npy payload would describe it. */
+int dl__mds_parse(const dl__mds_spec *spec, const uint8_t *p, size_t n, dl__npy *out, dl__err *e);
 /* Loads a token source ("tokens:" stripped): windows of seq_len+1 tokens as samples. */
 int dl__tokens_load(dl__dataset *ds, const char *paths, int token_bytes, int seq_len);
 

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 #include <sys/resource.h>
 #include <time.h>
@@ -550,6 +551,20 @@ int dl_batch_bytes_count(const dl_batch *b) { return b ? b->l->nbfields : 0; }
 
 const char *dl_batch_bytes_name(const dl_batch *b, int f) {
   return b && f >= 0 && f < b->l->nbfields ? b->l->bfields[f].name : NULL;
+}
+
+const char *dl_batch_bytes_kind(const dl_batch *b, int f) {
+  if (!b || f < 0 || f >= b->l->nbfields)
+    return NULL;
+  const dl__bfield *bf = &b->l->bfields[f];
+  switch (b->l->ds.bytes_kind[bf->ds_index]) {
+  case DL__BYTES_TEXT: return "text";
+  case DL__BYTES_JSON: return "json";
+  case DL__BYTES_RAW: return "bytes";
+  }
+  const char *dot = strrchr(bf->name, '.');
+  const char *ext = dot ? dot + 1 : bf->name;
+  return !strcasecmp(ext, "txt") || !strcasecmp(ext, "text") ? "text" : !strcasecmp(ext, "json") ? "json" : "bytes";
 }
 
 const void *dl_batch_bytes(const dl_batch *b, const char *name, int i, size_t *len) {

@@ -163,6 +163,8 @@ static int load_path(dl__dataset *ds, const char *path, const dl__options *o) {
                           : "only http://, https://, s3:// and hf:// URLs are read (and local paths)");
     return dl__fail(-e, "source %s: %s", path, strerror(e));
   }
+  if (dl__mds_is(path))
+    return dl__mds_load(ds, path, o->on_error);
   if (S_ISDIR(st.st_mode))
     return dl__folder_load(ds, path);
   int rfs = is_rfs(path);

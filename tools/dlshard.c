@@ -25,7 +25,8 @@ static void usage(FILE *f) {
           "usage:\n"
           "  dlshard create OUT_PREFIX INPUT... [--samples-per-shard N | --shard-size SIZE]\n"
           "                 [--codec image=keep,label=index] [--align BYTES] [--threads T]\n"
-          "      INPUT: tar shards (lists, globs, {a..b}), ImageFolder roots or ringfeed shards;\n"
+          "      INPUT: tar shards (lists, globs, {a..b}), ImageFolder roots, MDS datasets'\n"
+          "      folders (MosaicML Streaming) or ringfeed shards;\n"
           "      writes OUT_PREFIX-000000.rfs ... in the inputs' sample order; an OUT_PREFIX of\n"
           "      s3://bucket/prefix/name uploads each shard once written (credentials as for the loader)\n"
           "  dlshard index SHARD...     build and cache the member index of tar shards\n"
@@ -196,13 +197,50 @@ static int read_sample(const dl__dataset *ds, const dl__sample *s, dl__buf *buf)
   return 0;
 }
 
-/* Writes sample S's tensor fields (tar .npy/.npy.zst members, .rfs raw/zstd fields) from BYTES. */
+/* An MDS column's value as a .npy payload (version 1.0 header, little-endian) into OUT. */
+static int npy_of_mds(const dl__mds_spec *spec, const uint8_t *p, size_t n, dl__buf *out, size_t *len, dl__err *e) {
+  dl__npy v;
+  if (dl__mds_parse(spec, p, n, &v, e))
+    return e->code;
+  char shape[DL__NPY_MAX_DIMS * 24 + 4] = "";
+  for (int d = 0; d < v.ndim; d++)
+    snprintf(shape + strlen(shape), sizeof shape - strlen(shape), "%lld,%s", (long long)v.shape[d],
+             d + 1 < v.ndim ? " " : "");
+  char head[256];
+  int h = snprintf(head, sizeof head, "{'descr': '%c%c%u', 'fortran_order': False, 'shape': (%s), }",
+                   v.dtype.bits == 8 ? '|' : '<', "iuf"[v.dtype.code], v.dtype.bits / 8u, shape);
+  size_t total = (10 + (size_t)h + 1 + 63) / 64 * 64; /* magic, version, length, dict, '\n': to 64 */
+  if (dl__buf_reserve(out, total + v.bytes))
+    return dl__err_set(e, -ENOMEM, "out of memory");
+  memcpy(out->p, "\x93NUMPY\x01\x00", 8);
+  out->p[8] = (uint8_t)((total - 10) & 0xFF);
+  out->p[9] = (uint8_t)((total - 10) >> 8);
+  memcpy(out->p + 10, head, (size_t)h);
+  memset(out->p + 10 + h, ' ', total - 10 - (size_t)h - 1);
+  out->p[total - 1] = '\n';
+  memcpy(out->p + total, v.data, v.bytes);
+  *len = total + v.bytes;
+  return 0;
+}
+
+/* Writes sample S's tensor fields (tar .npy/.npy.zst members, .rfs raw/zstd fields, MDS columns)
+ * from BYTES. */
 static int write_tensors(dl_writer *w, const dl__dataset *ds, const dl__sample *s, const uint8_t *bytes,
                          dl__buf *raw) {
   for (uint8_t r = 0; r < s->nrefs; r++) {
     const dl__fref *ref = &ds->refs[s->first_ref + r];
     const char *name = ds->field_names[ref->name];
     const uint8_t *p = bytes + ref->at;
+    if (ref->kind == DL__REF_MDS) {
+      dl__err e = {0};
+      size_t len = 0;
+      if (npy_of_mds(&ds->mds[ref->name], p, ref->len, raw, &len, &e))
+        return dl__fail(e.code, "sample %s field %s: %s", ds->pool + s->key, name, e.msg);
+      int rc = dl_writer_field(w, name, "raw", raw->p, len);
+      if (rc)
+        return rc;
+      continue;
+    }
     if (ref->kind == DL__REF_NPY || ref->kind == DL__REF_BYTES) {
       int rc = dl_writer_field(w, name, ref->kind == DL__REF_BYTES ? "bytes" : "raw", p, ref->len);
       if (rc)

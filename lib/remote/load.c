@@ -327,6 +327,10 @@ int dl__remote_put(const char *url, const dl__options *o, int fd, uint64_t size)
 }
 
 int dl__remote_load(dl__dataset *ds, const char *url, const dl__options *o) {
+  size_t n = strlen(url);
+  if (n >= 11 && (!strcmp(url + n - 11, "/index.json") || !strcmp(url + n - 4, ".mds")))
+    return dl__fail(DL_EUNSUPPORTED, "source %s: MDS datasets are read from a local folder: copy the dataset "
+                    "(or point at Streaming's local cache of it, its shards uncompressed)", url);
   char http[8192];
   dl__target t;
   int rc = target_of(ds, url, o, http, sizeof http, &t);

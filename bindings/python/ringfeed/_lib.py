@@ -93,6 +93,7 @@ _sig = {
     "dl_batch_bytes_count": (_c.c_int, [_c.c_void_p]),
     "dl_batch_bytes_name": (_c.c_char_p, [_c.c_void_p, _c.c_int]),
     "dl_batch_bytes": (_c.c_void_p, [_c.c_void_p, _c.c_char_p, _c.c_int, _c.POINTER(_c.c_size_t)]),
+    "dl_batch_bytes_kind": (_c.c_char_p, [_c.c_void_p, _c.c_int]),
     "dl_state_save": (_c.c_int, [_c.c_void_p, _c.c_char_p, _c.c_size_t]),
     "dl_stats_json": (_c.c_int, [_c.c_void_p, _c.c_char_p, _c.c_size_t]),
     "dl_close": (None, [_c.c_void_p]),

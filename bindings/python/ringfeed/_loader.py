@@ -38,9 +38,6 @@ def version():
     return lib.dl_version().decode()
 
 
-_TEXT = ("txt", "text")
-
-
 def _name(raw):
     """A key or field name from a shard, as Python's tarfile and os.fsdecode give names: bytes that
     are not UTF-8 kept as surrogates, so that name.encode("utf-8", "surrogateescape") gives them back
@@ -48,16 +45,16 @@ def _name(raw):
     return raw.decode("utf-8", "surrogateescape")
 
 
-def _member(name, pointer, size):
-    """A member's bytes as Python takes them, by the field's last extension: text as str, JSON
-    parsed (left as str when it does not parse), anything else bytes; None when absent."""
+def _member(kind, pointer, size):
+    """A member's bytes as Python takes them, by what the library says the field holds (its
+    source's column type, else its name's extension): text as str, JSON parsed (left as str when
+    it does not parse), anything else bytes; None when absent."""
     if not pointer:
         return None
     data = ctypes.string_at(pointer, size)
-    ext = name.rsplit(".", 1)[-1].lower()
-    if ext in _TEXT:
+    if kind == b"text":
         return data.decode("utf-8", errors="replace")
-    if ext == "json":
+    if kind == b"json":
         text = data.decode("utf-8", errors="replace")
         try:
             return json.loads(text)
@@ -199,7 +196,8 @@ def _token(state):
 
 
 class Loader:
-    """Batches of SOURCE: tar shards (a path, a list, globs, brace ranges) or an ImageFolder.
+    """Batches of SOURCE: tar shards (a path, a list, globs, brace ranges), an ImageFolder, or a
+    MosaicML Streaming (MDS) dataset's folder.
     Keywords are the C options (batch_size, workers, prefetch, image_size, crop, flip, channels,
     layout, seed, shuffle, epochs, start_epoch, drop_last, rank, world_size, device, dtype, mean,
     std, on_error, io, ...); rank and world_size default to torchrun's RANK and WORLD_SIZE, and
@@ -362,9 +360,9 @@ class Loader:
                 name = lib.dl_batch_field_name(b, i)
                 out[_name(name)] = self._export(b, name)
             for k in range(lib.dl_batch_bytes_count(b)):
-                name = lib.dl_batch_bytes_name(b, k)
-                out[_name(name)] = [_member(_name(name), lib.dl_batch_bytes(b, name, i, ctypes.byref(size)),
-                                            size.value) for i in range(n)]
+                name, kind = lib.dl_batch_bytes_name(b, k), lib.dl_batch_bytes_kind(b, k)
+                out[_name(name)] = [_member(kind, lib.dl_batch_bytes(b, name, i, ctypes.byref(size)), size.value)
+                                    for i in range(n)]
             out["key"] = [_name(lib.dl_batch_key(b, i)) for i in range(n)]
             epoch, index = ctypes.c_int64(), ctypes.c_int64()
             lib.dl_batch_position(b, ctypes.byref(epoch), ctypes.byref(index))

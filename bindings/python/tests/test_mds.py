@@ -1,0 +1,302 @@
+"""MosaicML Streaming's MDS datasets read in place: the third-party shards of ../shared/testdata
+decoded here by the format's description, datasets written here as MDSWriter writes them (images,
+labels, text, JSON, numbers, arrays), and damaged ones, each named."""
+import io
+import json
+import os
+import struct
+import subprocess
+import tarfile
+
+import pytest
+
+import ringfeed
+from conftest import TESTDATA
+
+np = pytest.importorskip("numpy")
+MDS = os.path.join(TESTDATA, "mds")
+needs_testdata = pytest.mark.skipif(not os.path.isdir(MDS), reason="third-party test data absent")
+KW = dict(batch_size=4, shuffle=0, framework="numpy", workers=2)
+
+# An ndarray's value types by their number in its own header.
+DTYPE_CODES = {8: "uint8", 9: "int8", 16: "uint16", 17: "int16", 18: "float16", 32: "uint32", 33: "int32",
+               34: "float32", 64: "uint64", 65: "int64", 66: "float64"}
+SCALARS = {"int": "int64", **{t: t for t in DTYPE_CODES.values()}}
+
+
+def read_mds(folder):
+    """Every sample of the MDS dataset in FOLDER as {column: value}, read by the format's
+    description: n, n + 1 offsets, then per sample the variable columns' sizes and the columns."""
+    index = json.load(open(os.path.join(folder, "index.json")))
+    out = []
+    for sh in index["shards"]:
+        data = open(os.path.join(folder, sh["raw_data"]["basename"]), "rb").read()
+        n = struct.unpack_from("<I", data)[0]
+        offsets = struct.unpack_from(f"<{n + 1}I", data, 4)
+        cols = list(zip(sh["column_names"], sh["column_encodings"], sh["column_sizes"]))
+        for i in range(n):
+            sample = data[offsets[i]:offsets[i + 1]]
+            nvar = sum(size is None for _, _, size in cols)
+            sizes = iter(struct.unpack_from(f"<{nvar}I", sample))
+            at, row = 4 * nvar, {}
+            for name, enc, size in cols:
+                size = next(sizes) if size is None else size
+                row[name] = decode(enc, sample[at:at + size])
+                at += size
+            out.append(row)
+    return out
+
+
+def decode(enc, raw):
+    if enc in SCALARS:
+        return np.frombuffer(raw, SCALARS[enc])[0]
+    if enc.startswith("ndarray"):
+        parts = enc.split(":")
+        dtype = parts[1] if len(parts) > 1 else None
+        at = 0
+        if dtype is None:
+            dtype, at = DTYPE_CODES[raw[0]], 1
+        if len(parts) > 2:
+            shape = tuple(int(d) for d in parts[2].split(","))
+        else:
+            ndim, width = raw[at] >> 2, 1 << (raw[at] & 3)
+            shape = tuple(np.frombuffer(raw[at + 1:at + 1 + ndim * width], f"<u{width}"))
+            at += 1 + ndim * width
+        return np.frombuffer(raw[at:], dtype).reshape(shape)
+    if enc in ("str", "str_int", "str_float", "str_decimal"):
+        return raw.decode()
+    if enc == "json":
+        return json.loads(raw)
+    return raw
+
+
+def encode(enc, value):
+    if enc in SCALARS:
+        return np.array(value, SCALARS[enc]).tobytes()
+    if enc.startswith("ndarray"):
+        parts = enc.split(":")
+        head = b""
+        if len(parts) == 1:
+            code = {v: k for k, v in DTYPE_CODES.items()}[value.dtype.name]
+            head += bytes([code])
+        if len(parts) < 3:
+            head += bytes([value.ndim << 2 | 1]) + np.array(value.shape, "<u2").tobytes()
+        return head + value.tobytes()
+    if enc in ("str", "str_int"):
+        return str(value).encode()
+    if enc == "json":
+        return json.dumps(value).encode()
+    return value
+
+
+def write_mds(folder, columns, samples, per_shard=4, sub=""):
+    """An MDS dataset as MDSWriter lays it out: columns in name order, one shard per PER_SHARD
+    samples, each holding its settings between the offsets and the samples."""
+    os.makedirs(os.path.join(folder, sub), exist_ok=True)
+    names = sorted(columns)
+    encs = [columns[k] for k in names]
+    fixed = {"int": 8, **{t: np.dtype(t).itemsize for t in DTYPE_CODES.values()}}
+    sizes = [fixed.get(e) for e in encs]
+    shards = []
+    for s in range(0, len(samples), per_shard):
+        body = []
+        for row in samples[s:s + per_shard]:
+            parts = [encode(e, row[k]) for k, e in zip(names, encs)]
+            head = b"".join(struct.pack("<I", len(p)) for p, size in zip(parts, sizes) if size is None)
+            body.append(head + b"".join(parts))
+        conf = {"column_encodings": encs, "column_names": names, "column_sizes": sizes, "compression": None,
+                "format": "mds", "hashes": [], "samples": len(body), "size_limit": 1 << 26, "version": 2,
+                "zip_data": None}
+        base = os.path.join(sub, f"shard.{s // per_shard:05d}.mds") if sub else f"shard.{s // per_shard:05d}.mds"
+        settings = json.dumps(conf, sort_keys=True).encode()
+        start = 4 + 4 * (len(body) + 1) + len(settings)
+        offsets = np.cumsum([start] + [len(b) for b in body]).astype("<u4")
+        data = struct.pack("<I", len(body)) + offsets.tobytes() + settings + b"".join(body)
+        open(os.path.join(folder, base), "wb").write(data)
+        shards.append(dict(conf, raw_data={"basename": base, "bytes": len(data), "hashes": {}}))
+    json.dump({"shards": shards, "version": 2}, open(os.path.join(folder, "index.json"), "w"))
+    return shards
+
+
+def everything(loader):
+    rows = []
+    for b in loader:
+        for i in range(len(b["key"])):
+            rows.append({k: (np.copy(v[i]) if isinstance(v, np.ndarray) else v[i] if isinstance(v, list) else v)
+                         for k, v in b.items()})
+    return rows
+
+
+@needs_testdata
+@pytest.mark.parametrize("name", ["naive_MDSdataset", "joining-sample_dataset/pet", "joining-sample_dataset/x",
+                                  "joining-sample_dataset/y", "joining-sample_dataset/color"])
+def test_third_party_shards_read_as_their_format_says(name):
+    folder = os.path.join(MDS, name)
+    want = read_mds(folder)
+    got = everything(ringfeed.Loader(folder, **KW))
+    assert len(got) == len(want) > 0
+    for g, w in zip(got, want):
+        for column, value in w.items():
+            if isinstance(value, str):
+                assert g[column] == value
+            else:
+                assert np.array_equal(g[column], value) and g[column].dtype == np.asarray(value).dtype
+    # The index file itself names the dataset too, and a merged index reads its subfolders' shards.
+    assert len(ringfeed.Loader(os.path.join(folder, "index.json"), **KW)) == len(ringfeed.Loader(folder, **KW))
+
+
+def jpeg(i, size=(40, 30)):
+    from PIL import Image
+    rng = np.random.default_rng(i)
+    buf = io.BytesIO()
+    Image.fromarray(rng.integers(0, 255, (size[1], size[0], 3), dtype=np.uint8)).save(buf, format="JPEG", quality=90)
+    return buf.getvalue()
+
+
+COLUMNS = {"image": "jpeg", "label": "int", "caption": "str", "meta": "json", "score": "float32",
+           "vec": "ndarray", "box": "ndarray:int16:2,2", "raw": "bytes"}
+
+
+def rows(n):
+    return [{"image": jpeg(i), "label": i % 5, "caption": f"photo {i} ü", "meta": {"i": i, "tags": ["a"] * (i % 3)},
+             "score": i / 4, "vec": np.arange(3, dtype=np.float32) + i, "box": np.full((2, 2), i, np.int16),
+             "raw": bytes([i]) * (i + 1)} for i in range(n)]
+
+
+def test_an_mds_dataset_gives_what_a_tar_shard_of_the_same_samples_gives(tmp_path):
+    pytest.importorskip("PIL")
+    samples = rows(10)
+    write_mds(str(tmp_path / "mds"), COLUMNS, samples)
+    with tarfile.open(tmp_path / "same.tar", "w") as t:
+        for i, row in enumerate(samples):
+            for ext, data in (("jpg", row["image"]), ("cls", str(row["label"]).encode())):
+                info = tarfile.TarInfo(f"{i:04d}.{ext}")
+                info.size = len(data)
+                t.addfile(info, io.BytesIO(data))
+    kw = dict(KW, image_size=24, crop="center", flip=True, seed=3, shuffle=1)
+    mds, tar = everything(ringfeed.Loader(str(tmp_path / "mds"), **kw)), everything(ringfeed.Loader(str(tmp_path / "same.tar"), **kw))
+    assert [int(r["label"]) for r in mds] == [int(r["label"]) for r in tar]
+    for m, t in zip(mds, tar):
+        assert np.array_equal(m["image"], t["image"])
+        i = int(m["key"].rsplit(":", 1)[1]) + 4 * int(m["key"].split(".")[1])
+        want = samples[i]
+        assert m["label"] == want["label"] and m["caption"] == want["caption"] and m["meta"] == want["meta"]
+        assert m["score"] == np.float32(want["score"]) and np.array_equal(m["vec"], want["vec"])
+        assert m["box"].dtype == np.int16 and np.array_equal(m["box"], want["box"]) and m["raw"] == want["raw"]
+
+
+def test_varying_arrays_pad_and_fields_select(tmp_path):
+    samples = [{"vec": np.arange(i + 1, dtype=np.int32), "caption": str(i)} for i in range(6)]
+    write_mds(str(tmp_path), {"vec": "ndarray:int32", "caption": "str"}, samples)
+    with pytest.raises(ringfeed.Error, match="pad=1"):
+        everything(ringfeed.Loader(str(tmp_path), **dict(KW, on_error="fail")))
+    got = everything(ringfeed.Loader(str(tmp_path), pad=1, **KW))
+    assert [int(r["vec_len"]) for r in got] == list(range(1, 7))
+    assert all(np.array_equal(r["vec"][:i + 1], np.arange(i + 1)) for i, r in enumerate(got))
+    only = next(iter(ringfeed.Loader(str(tmp_path), fields="caption", **KW)))
+    assert "vec" not in only and only["caption"] == ["0", "1", "2", "3"]
+
+
+def test_a_column_of_two_types_across_datasets_is_refused(tmp_path):
+    write_mds(str(tmp_path / "a"), {"v": "ndarray:int32"}, [{"v": np.ones(2, np.int32)}])
+    write_mds(str(tmp_path / "b"), {"v": "ndarray:float32"}, [{"v": np.ones(2, np.float32)}])
+    with pytest.raises(ringfeed.Error, match="column v is 'ndarray:float32', unlike the shards before it"):
+        ringfeed.Loader(f"{tmp_path / 'a'}::{tmp_path / 'b'}", **KW)
+    both = everything(ringfeed.Loader(f"{tmp_path / 'a'}::{tmp_path / 'a'}", **KW))
+    assert len(both) == 2 and all(r["v"].dtype == np.int32 for r in both)
+
+
+def damaged(tmp_path, how):
+    folder = str(tmp_path / how)
+    shards = write_mds(folder, {"image": "jpeg", "label": "int", "caption": "str"}, rows(8))
+    path = os.path.join(folder, shards[0]["raw_data"]["basename"])
+    data = bytearray(open(path, "rb").read())
+    n = struct.unpack_from("<I", data)[0]
+    offsets = list(struct.unpack_from(f"<{n + 1}I", data, 4))
+    if how == "truncated":
+        data = data[:offsets[2] + 10]
+    elif how == "sizes":  # sample 1's image size made larger than the sample
+        struct.pack_into("<I", data, offsets[1] + 4, 10 ** 6)
+    elif how == "order":
+        struct.pack_into("<I", data, 4 + 4 * 2, offsets[1] - 1)
+    open(path, "wb").write(data)
+    return folder
+
+
+@pytest.mark.parametrize("how,left,why", [("truncated", 6, "past the end of the file"),
+                                          ("sizes", 7, "add up to more than its length"),
+                                          ("order", 6, "offsets are out of order")])
+def test_damaged_samples_are_left_out_and_named(tmp_path, how, left, why, capfd):
+    pytest.importorskip("PIL")
+    folder = damaged(tmp_path, how)
+    loader = ringfeed.Loader(folder, **dict(KW, image_size=16))
+    assert sum(len(b["key"]) for b in loader) == left
+    err = capfd.readouterr().err
+    assert "shard.00000.mds" in err and why in err and "left out" in err
+    with pytest.raises(ringfeed.Error) as e:
+        ringfeed.Loader(folder, **dict(KW, on_error="fail"))
+    assert e.value.name == "DL_ECORRUPT" and why in str(e.value) and "shard.00000.mds sample" in str(e.value)
+
+
+def test_a_damaged_value_is_a_sample_error_naming_shard_and_sample(tmp_path, capfd):
+    folder = str(tmp_path)
+    shards = write_mds(folder, {"vec": "ndarray", "n": "int32"}, [{"vec": np.ones(3, np.float32), "n": i} for i in range(4)])
+    path = os.path.join(folder, shards[0]["raw_data"]["basename"])
+    data = bytearray(open(path, "rb").read())
+    offsets = struct.unpack_from("<5I", data, 4)
+    data[offsets[2] + 4 + 4] = 99  # sample 2's dtype number (after its size and the int32)
+    open(path, "wb").write(data)
+    got = everything(ringfeed.Loader(folder, **KW))
+    assert [int(r["n"]) for r in got] == [0, 1, 0, 3]  # the substitute is zeros
+    err = capfd.readouterr().err
+    assert "shard.00000.mds" in err and "sample 2" in err and "unknown dtype number" in err
+
+
+@pytest.mark.parametrize("index,why", [
+    ("{", "malformed JSON"),
+    ('{"version": 2}', 'no "shards" list'),
+    ('{"shards": [{"format": "jsonl", "version": 2}]}', "format 'jsonl'"),
+    ('{"shards": [{"format": "mds", "version": 3}]}', "version 3"),
+    ('{"shards": [{"format": "mds", "version": 2, "column_names": ["a"], "column_encodings": ["int"],'
+     ' "column_sizes": [4], "raw_data": {"basename": "s.mds"}, "samples": 1}]}', "malformed"),
+    ('{"shards": [{"format": "mds", "version": 2, "column_names": ["a"], "column_encodings": ["str"],'
+     ' "column_sizes": [null], "raw_data": {"basename": "../s.mds"}, "samples": 1}]}', "outside the dataset"),
+    ('{"shards": [{"format": "mds", "version": 2, "column_names": ["a"], "column_encodings": ["str"],'
+     ' "column_sizes": [null], "raw_data": {"basename": "s.mds"}, "zip_data": {"basename": "s.mds.zstd"},'
+     ' "compression": "zstd", "samples": 1}]}', "is compressed (zstd)"),
+])
+def test_a_bad_index_is_named_with_its_reason(tmp_path, index, why):
+    (tmp_path / "index.json").write_text(index)
+    with pytest.raises(ringfeed.Error) as e:
+        ringfeed.Loader(str(tmp_path), **KW)
+    assert why in str(e.value) and ("index.json" in str(e.value) or "s.mds.zstd" in str(e.value))
+
+
+def test_a_remote_mds_dataset_is_refused_with_what_to_do():
+    for url in ("https://127.0.0.1:9/data/index.json", "s3://bucket/data/shard.00000.mds"):
+        with pytest.raises(ringfeed.Error, match="MDS datasets are read from a local folder"):
+            ringfeed.Loader(url, **KW)
+
+
+@needs_testdata
+def test_compressed_third_party_shard_says_what_to_do():
+    with pytest.raises(ringfeed.Error) as e:
+        ringfeed.Loader(os.path.join(MDS, "my-copy-arxiv"), **KW)
+    assert e.value.name == "DL_EUNSUPPORTED" and "shard.00000.mds.zstd is compressed (zstd)" in str(e.value)
+
+
+def test_dlshard_converts_an_mds_dataset_to_the_same_stream(tmp_path):
+    pytest.importorskip("PIL")
+    dlshard, dlbench = os.environ.get("DL_DLSHARD"), os.environ.get("DL_DLBENCH")
+    if not dlshard or not dlbench:
+        pytest.skip("DL_DLSHARD / DL_DLBENCH not set")
+    write_mds(str(tmp_path / "mds"), COLUMNS, rows(9))
+    subprocess.run([dlshard, "create", str(tmp_path / "rfs" / "x"), str(tmp_path / "mds")], check=True,
+                   capture_output=True)
+    digest = [[line for line in subprocess.run([dlbench, src, "--workers", "2", "--batch", "4", "--size", "16",
+                                                "--digest"], check=True, capture_output=True, text=True).stdout.splitlines()
+               if line.startswith("batch ")] for src in (str(tmp_path / "mds"), str(tmp_path / "rfs" / "x-000000.rfs"))]
+    assert digest[0] == digest[1] and len(digest[0]) == 3
+    fields = everything(ringfeed.Loader(str(tmp_path / "rfs" / "x-000000.rfs"), **dict(KW, image_size=16)))
+    assert [int(r["label"]) for r in fields] == [i % 5 for i in range(9)]
+    assert np.array_equal(fields[4]["box"], np.full((2, 2), 4, np.int16)) and fields[4]["vec"][0] == 4

@@ -1,0 +1,544 @@
+/*
+ * MosaicML Streaming's MDS datasets, read in place: a folder holding index.json (as MDSWriter
+ * writes it, or a merged index whose shards sit in subfolders), or that index.json itself.
+ *
+ * A shard is one file: its sample count N (uint32), N + 1 offsets of the samples from the file's
+ * start (uint32), the shard's own copy of its settings, then the samples. A sample is the sizes of
+ * its variable-size columns (uint32 each), then every column's bytes in the index's column order.
+ * Columns become the sample's parts: the image is the first jpeg or png column (one named
+ * "image" first); an integer column named "label" or "cls" is its label; numbers (int,
+ * int8..uint64, float16..float64) and ndarray columns are tensor fields; str (and str_int,
+ * str_float, str_decimal) text fields; json JSON fields; everything else (bytes, pkl, pil, another
+ * image column, an encoding this reader does not know) is a bytes field, delivered as stored.
+ *
+ * Index and shards are untrusted: every size and offset is checked before it is used. A sample
+ * whose sizes do not add up to its length, or that lies past the end of its file, is left out and
+ * named once per shard (with on_error=fail the open fails instead); compressed shards (zip_data)
+ * are named with what to do, as compressed tar shards are.
+ */
+#include "internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define INDEX_MAX (64u << 20) /* an index.json larger than this is not one */
+#define MAX_COLUMNS 256
+
+enum { ROLE_BYTES, ROLE_TEXT, ROLE_JSON, ROLE_TENSOR, ROLE_IMAGE, ROLE_LABEL };
+
+typedef struct column {
+  char name[256];
+  char encoding[64];
+  int64_t size; /* bytes in every sample, or -1: each sample gives it */
+  int role;
+  int codec; /* ROLE_IMAGE: DL__CODEC_* */
+  dl__mds_spec spec;
+} column;
+
+typedef struct shard {
+  char basename[PATH_MAX], zip[PATH_MAX], format[32], compression[32];
+  uint64_t samples, version;
+  int ncols, nnames, nsizes;
+  column cols[MAX_COLUMNS];
+} shard;
+
+/* ---- encodings ---- */
+
+static const struct {
+  const char *name;
+  uint8_t code, bits, mds_code; /* mds_code: the value dtype's number in an ndarray's own header */
+} dtypes[] = {
+    {"uint8", kDLUInt, 8, 8},       {"int8", kDLInt, 8, 9},        {"uint16", kDLUInt, 16, 16},
+    {"int16", kDLInt, 16, 17},      {"float16", kDLFloat, 16, 18}, {"uint32", kDLUInt, 32, 32},
+    {"int32", kDLInt, 32, 33},      {"float32", kDLFloat, 32, 34}, {"uint64", kDLUInt, 64, 64},
+    {"int64", kDLInt, 64, 65},      {"float64", kDLFloat, 64, 66},
+};
+#define NDTYPES (sizeof dtypes / sizeof *dtypes)
+
+static int dtype_named(const char *name, size_t len) {
+  for (size_t i = 0; i < NDTYPES; i++)
+    if (strlen(dtypes[i].name) == len && !memcmp(dtypes[i].name, name, len))
+      return (int)i;
+  return -1;
+}
+
+/* ndarray[:DTYPE[:D0,D1,...]] into SPEC; false when malformed. */
+static bool ndarray_spec(const char *args, dl__mds_spec *spec) {
+  spec->ndim = -1;
+  if (!*args)
+    return true;
+  const char *colon = strchr(args, ':');
+  int t = dtype_named(args, colon ? (size_t)(colon - args) : strlen(args));
+  if (t < 0)
+    return false;
+  spec->dtype = (DLDataType){dtypes[t].code, dtypes[t].bits, 1};
+  spec->dtype_fixed = true;
+  if (!colon)
+    return true;
+  spec->ndim = 0;
+  for (const char *p = colon + 1;; p++) {
+    char *end;
+    errno = 0;
+    long long d = strtoll(p, &end, 10);
+    if (end == p || errno || d < 1 || spec->ndim == DL__NPY_MAX_DIMS || (*end && *end != ','))
+      return false;
+    spec->shape[spec->ndim++] = d;
+    if (!*end)
+      return true;
+    p = end;
+  }
+}
+
+/* The column's role, codec and tensor layout from its encoding and name; false when the
+ * encoding is malformed (or contradicts its fixed size). */
+static bool classify(column *c) {
+  const char *e = c->encoding;
+  c->spec = (dl__mds_spec){.ndim = 0};
+  int t = !strcmp(e, "int") ? dtype_named("int64", 5) : dtype_named(e, strlen(e));
+  if (t >= 0) {
+    bool integer = dtypes[t].code != kDLFloat;
+    c->role = integer && (!strcmp(c->name, "label") || !strcmp(c->name, "cls")) ? ROLE_LABEL : ROLE_TENSOR;
+    c->spec.dtype = (DLDataType){dtypes[t].code, dtypes[t].bits, 1};
+    c->spec.dtype_fixed = true;
+    if (c->size >= 0 && c->size != dtypes[t].bits / 8)
+      return false;
+    c->size = dtypes[t].bits / 8;
+    return true;
+  }
+  if (!strcmp(e, "ndarray") || !strncmp(e, "ndarray:", 8)) {
+    c->role = ROLE_TENSOR;
+    if (!ndarray_spec(e[7] ? e + 8 : "", &c->spec))
+      return false;
+    return true;
+  }
+  if (!strcmp(e, "jpeg") || !strncmp(e, "jpeg:", 5) || !strcmp(e, "png")) {
+    c->role = ROLE_IMAGE;
+    c->codec = e[0] == 'j' ? DL__CODEC_JPEG : DL__CODEC_PNG;
+    return true;
+  }
+  if (!strcmp(e, "str") || !strcmp(e, "str_int") || !strcmp(e, "str_float") || !strcmp(e, "str_decimal"))
+    c->role = ROLE_TEXT;
+  else if (!strcmp(e, "json"))
+    c->role = ROLE_JSON;
+  else
+    c->role = ROLE_BYTES;
+  return true;
+}
+
+int dl__mds_parse(const dl__mds_spec *spec, const uint8_t *p, size_t n, dl__npy *out, dl__err *e) {
+  const uint8_t *at = p, *end = p + n;
+  DLDataType t = spec->dtype;
+  if (!spec->dtype_fixed) { /* the value dtype's number first */
+    int k = -1;
+    for (size_t i = 0; at < end && i < NDTYPES && k < 0; i++)
+      k = dtypes[i].mds_code == *at ? (int)i : -1;
+    if (k < 0)
+      return dl__err_set(e, DL_ECORRUPT, "MDS ndarray: %s", at < end ? "unknown dtype number" : "empty");
+    t = (DLDataType){dtypes[k].code, dtypes[k].bits, 1};
+    at++;
+  }
+  out->dtype = t;
+  out->ndim = spec->ndim;
+  memcpy(out->shape, spec->shape, sizeof out->shape);
+  if (spec->ndim < 0) { /* (ndim << 2 | width) then the dimensions, each 1, 2, 4 or 8 bytes */
+    if (at >= end)
+      return dl__err_set(e, DL_ECORRUPT, "MDS ndarray: no shape");
+    int ndim = *at >> 2, width = 1 << (*at & 3);
+    at++;
+    if (ndim < 1 || ndim > DL__NPY_MAX_DIMS || end - at < (ptrdiff_t)ndim * width)
+      return dl__err_set(e, DL_ECORRUPT, "MDS ndarray: shape of %d dimensions %s", ndim,
+                         ndim > DL__NPY_MAX_DIMS ? "(too many)" : "does not fit");
+    out->ndim = ndim;
+    for (int d = 0; d < ndim; d++, at += width) {
+      uint64_t v = 0;
+      memcpy(&v, at, (size_t)width); /* little-endian, as the writer stores it */
+      if (v < 1 || v > (uint64_t)INT64_MAX)
+        return dl__err_set(e, DL_ECORRUPT, "MDS ndarray: dimension %d is %llu", d, (unsigned long long)v);
+      out->shape[d] = (int64_t)v;
+    }
+  }
+  uint64_t bytes = t.bits / 8u;
+  for (int d = 0; d < out->ndim; d++)
+    if (!dl__mul_ok(bytes, (uint64_t)out->shape[d], &bytes))
+      return dl__err_set(e, DL_ECORRUPT, "MDS ndarray: shape too large");
+  if (bytes != (uint64_t)(end - at))
+    return dl__err_set(e, DL_ECORRUPT, "MDS value of %zu bytes where its type and shape need %llu",
+                       (size_t)(end - at), (unsigned long long)bytes);
+  out->data = at;
+  out->bytes = bytes;
+  return 0;
+}
+
+/* ---- index.json ---- */
+
+/* An array of strings (or, with SIZES, of unsigned numbers and nulls) into the columns. */
+static const char *column_array(const char *p, const char *end, shard *sh, int which, int *count) {
+  if (p >= end || *p++ != '[')
+    return NULL;
+  int n = 0, more;
+  while ((more = dl__json_element(&p, end)) == 1) {
+    if (n == MAX_COLUMNS)
+      return NULL;
+    column *c = &sh->cols[n++];
+    if (which == 2) {
+      uint64_t v;
+      if (dl__json_null(p, end, &p))
+        c->size = -1;
+      else if ((p = dl__json_uint(p, end, &v)) && v <= UINT32_MAX)
+        c->size = (int64_t)v;
+      else
+        return NULL;
+    } else {
+      char *out = which ? c->encoding : c->name;
+      size_t cap = which ? sizeof c->encoding : sizeof c->name;
+      if (*p != '"' || !(p = dl__json_string(p, end, out, cap)) || !out[0])
+        return NULL;
+    }
+  }
+  *count = n;
+  return more < 0 ? NULL : p;
+}
+
+/* A string or null into OUT ("" for null). */
+static const char *string_or_null(const char *p, const char *end, char *out, size_t cap) {
+  out[0] = 0;
+  if (dl__json_null(p, end, &p))
+    return p;
+  return p < end && *p == '"' ? dl__json_string(p, end, out, cap) : NULL;
+}
+
+/* raw_data / zip_data: {"basename": ..., "bytes": ..., "hashes": ...} or null. */
+static const char *file_info(const char *p, const char *end, char *basename, size_t cap) {
+  basename[0] = 0;
+  if (dl__json_null(p, end, &p))
+    return p;
+  if (p >= end || *p++ != '{')
+    return NULL;
+  char key[32];
+  int member;
+  while ((member = dl__json_member(&p, end, key, sizeof key)) == 1) {
+    p = !strcmp(key, "basename") && *p == '"' ? dl__json_string(p, end, basename, cap) : dl__json_skip(p, end);
+    if (!p)
+      return NULL;
+  }
+  return member < 0 ? NULL : p;
+}
+
+static const char *shard_object(const char *p, const char *end, shard *sh) {
+  memset(sh, 0, sizeof *sh);
+  if (p >= end || *p++ != '{')
+    return NULL;
+  char key[64];
+  int member, sizes = 0;
+  while ((member = dl__json_member(&p, end, key, sizeof key)) == 1) {
+    if (!strcmp(key, "column_names"))
+      p = column_array(p, end, sh, 0, &sh->nnames);
+    else if (!strcmp(key, "column_encodings"))
+      p = column_array(p, end, sh, 1, &sh->ncols);
+    else if (!strcmp(key, "column_sizes"))
+      p = column_array(p, end, sh, 2, &sh->nsizes), sizes = 1;
+    else if (!strcmp(key, "format"))
+      p = string_or_null(p, end, sh->format, sizeof sh->format);
+    else if (!strcmp(key, "compression"))
+      p = string_or_null(p, end, sh->compression, sizeof sh->compression);
+    else if (!strcmp(key, "raw_data"))
+      p = file_info(p, end, sh->basename, sizeof sh->basename);
+    else if (!strcmp(key, "zip_data"))
+      p = file_info(p, end, sh->zip, sizeof sh->zip);
+    else if (!strcmp(key, "samples"))
+      p = dl__json_uint(p, end, &sh->samples);
+    else if (!strcmp(key, "version"))
+      p = dl__json_uint(p, end, &sh->version);
+    else
+      p = dl__json_skip(p, end);
+    if (!p)
+      return NULL;
+  }
+  if (!sizes) /* written by every MDSWriter; without it, sizes come from the encodings */
+    for (int i = 0; i < MAX_COLUMNS; i++)
+      sh->cols[i].size = -1;
+  sh->nsizes = sizes ? sh->nsizes : sh->ncols;
+  return member < 0 ? NULL : p;
+}
+
+/* ---- shards ---- */
+
+static uint32_t get32(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
+
+/* A basename stays inside the dataset's folder: relative, no "..". */
+static bool inside(const char *name) {
+  if (!*name || *name == '/')
+    return false;
+  for (const char *p = name; p; p = strchr(p, '/'), p = p ? p + 1 : NULL)
+    if (!strncmp(p, "..", 2) && (p[2] == '/' || !p[2]))
+      return false;
+  return true;
+}
+
+static bool same_spec(const dl__mds_spec *a, const dl__mds_spec *b) {
+  bool same = a->dtype.code == b->dtype.code && a->dtype.bits == b->dtype.bits && a->dtype_fixed == b->dtype_fixed &&
+              a->ndim == b->ndim;
+  for (int d = 0; same && d < a->ndim; d++)
+    same = a->shape[d] == b->shape[d];
+  return same;
+}
+
+/* Checks the shard's columns against its encodings, and each tensor column against the same
+ * name's in the shards before it (a field is one type throughout). */
+static int check_columns(dl__dataset *ds, shard *sh, const char *index) {
+  if (strcmp(sh->format, "mds"))
+    return dl__fail(DL_EUNSUPPORTED, "MDS index %s: shard %s is in format '%s'; only mds shards are read", index,
+                    sh->basename, sh->format);
+  if (sh->version != 2)
+    return dl__fail(DL_EUNSUPPORTED, "MDS index %s: shard %s has version %llu; version 2 is read", index,
+                    sh->basename, (unsigned long long)sh->version);
+  if (!sh->ncols || sh->ncols != sh->nnames || sh->ncols != sh->nsizes)
+    return dl__fail(DL_ECORRUPT, "MDS index %s: shard %s lists %d column names, %d encodings and %d sizes", index,
+                    sh->basename, sh->nnames, sh->ncols, sh->nsizes);
+  for (int i = 0; i < sh->ncols; i++) {
+    column *c = &sh->cols[i];
+    if (!classify(c))
+      return dl__fail(DL_ECORRUPT, "MDS index %s: shard %s column %s: encoding '%s' (size %lld) is malformed", index,
+                      sh->basename, c->name, c->encoding, (long long)c->size);
+  }
+  /* One image: the column named "image" if it is one, else the first in column order. */
+  int image = -1;
+  for (int i = 0; i < sh->ncols; i++)
+    if (sh->cols[i].role == ROLE_IMAGE && (image < 0 || !strcmp(sh->cols[i].name, "image")))
+      image = image < 0 || strcmp(sh->cols[image].name, "image") ? i : image;
+  for (int i = 0; i < sh->ncols; i++)
+    if (sh->cols[i].role == ROLE_IMAGE && i != image)
+      sh->cols[i].role = ROLE_BYTES;
+  for (int i = 0; i < sh->ncols; i++) {
+    column *c = &sh->cols[i];
+    if (c->role != ROLE_TENSOR && c->role != ROLE_TEXT && c->role != ROLE_JSON && c->role != ROLE_BYTES)
+      continue;
+    int f = dl__dataset_field(ds, c->name, strlen(c->name));
+    if (f < 0)
+      continue; /* past the fields a sample may have: left out, as in tar shards */
+    if (!ds->mds && !(ds->mds = calloc(DL__MAX_FIELDS, sizeof *ds->mds)))
+      return dl__fail(-ENOMEM, "out of memory");
+    dl__mds_spec *known = &ds->mds[f];
+    bool tensor = c->role == ROLE_TENSOR;
+    if (tensor && known->used && !same_spec(known, &c->spec))
+      return dl__fail(DL_EUNSUPPORTED, "MDS index %s: shard %s column %s is '%s', unlike the shards before it", index,
+                      sh->basename, c->name, c->encoding);
+    if (tensor) {
+      *known = c->spec;
+      known->used = true;
+    } else {
+      ds->bytes_kind[f] = c->role == ROLE_TEXT ? DL__BYTES_TEXT : c->role == ROLE_JSON ? DL__BYTES_JSON : DL__BYTES_RAW;
+    }
+  }
+  return 0;
+}
+
+/* The label of a sample: the integer in its label column's bytes P (N bytes). */
+static int64_t label_of(const column *c, const uint8_t *p) {
+  uint64_t v = 0;
+  memcpy(&v, p, (size_t)c->size);
+  int bits = c->spec.dtype.bits;
+  if (c->spec.dtype.code == kDLInt && bits < 64 && (v >> (bits - 1) & 1))
+    v |= ~0ull << bits; /* sign-extended */
+  return (int64_t)v;
+}
+
+typedef struct dropped {
+  uint64_t count, first;
+  const char *why;
+} dropped;
+
+static void drop(dropped *d, uint64_t i, const char *why) {
+  if (!d->count++) {
+    d->first = i;
+    d->why = why;
+  }
+}
+
+/* Sample I of the shard at START, LEN bytes: its columns' places, label, image and fields. */
+static int add_sample(dl__dataset *ds, const shard *sh, uint32_t file, int fd, uint64_t i, uint32_t start,
+                      uint32_t len, int nvar, dropped *d) {
+  uint8_t head[4 * MAX_COLUMNS];
+  if ((uint64_t)nvar * 4 > len) {
+    drop(d, i, "shorter than its column sizes");
+    return 0;
+  }
+  int64_t got = nvar ? dl__pread_full(fd, head, (size_t)nvar * 4, start) : 0;
+  if (got < 0)
+    return dl__fail((int)got, "MDS shard %s sample %llu: %s", ds->files[file], (unsigned long long)i,
+                    strerror((int)-got));
+  if (got != nvar * 4) {
+    drop(d, i, "past the end of the file");
+    return 0;
+  }
+  dl__sample s = {.offset = start, .size = len, .label = -1, .file = file};
+  s.first_ref = (uint32_t)ds->nrefs;
+  uint64_t at = (uint64_t)nvar * 4;
+  for (int c = 0, v = 0; c < sh->ncols; c++) {
+    const column *col = &sh->cols[c];
+    uint64_t size = col->size >= 0 ? (uint64_t)col->size : get32(head + 4 * v++);
+    if (at + size > len) {
+      ds->nrefs = s.first_ref;
+      drop(d, i, "its column sizes add up to more than its length");
+      return 0;
+    }
+    if (col->role == ROLE_IMAGE) {
+      s.image_at = (uint32_t)at, s.image_len = (uint32_t)size, s.codec = (uint8_t)col->codec;
+    } else if (col->role == ROLE_LABEL) {
+      uint8_t value[8];
+      if (dl__pread_full(fd, value, (size_t)size, start + at) != (int64_t)size) {
+        ds->nrefs = s.first_ref;
+        drop(d, i, "past the end of the file");
+        return 0;
+      }
+      s.label = label_of(col, value);
+    } else {
+      int f = dl__dataset_field(ds, col->name, strlen(col->name));
+      dl__fref ref = {.name = (uint16_t)f, .kind = col->role == ROLE_TENSOR ? DL__REF_MDS : DL__REF_BYTES,
+                      .at = (uint32_t)at, .len = (uint32_t)size};
+      if (f >= 0 && s.nrefs < DL__MAX_FIELDS && dl__dataset_add_ref(ds, &ref) == 0)
+        s.nrefs++;
+    }
+    at += size;
+  }
+  if (at != len) {
+    ds->nrefs = s.first_ref;
+    drop(d, i, "its column sizes add up to less than its length");
+    return 0;
+  }
+  char key[PATH_MAX + 32], name[48];
+  snprintf(key, sizeof key, "%s:%llu", sh->basename, (unsigned long long)i);
+  snprintf(name, sizeof name, "sample %llu", (unsigned long long)i);
+  s.key = dl__dataset_intern(ds, key, strlen(key));
+  s.name = dl__dataset_intern(ds, name, strlen(name));
+  if (s.key == UINT32_MAX || s.name == UINT32_MAX || dl__dataset_push(ds, &s))
+    return dl__fail(-ENOMEM, "out of memory");
+  return 0;
+}
+
+static int load_shard(dl__dataset *ds, const char *root, const shard *sh, const char *index, int on_error) {
+  char path[PATH_MAX * 2 + 2];
+  if (!inside(sh->basename) || (sh->zip[0] && !inside(sh->zip)))
+    return dl__fail(DL_ECORRUPT, "MDS index %s: shard '%s' lies outside the dataset's folder", index,
+                    sh->basename[0] ? sh->basename : sh->zip);
+  snprintf(path, sizeof path, "%s/%s", root, sh->basename);
+  struct stat st;
+  if (stat(path, &st) && sh->zip[0])
+    return dl__fail(DL_EUNSUPPORTED, "MDS shard %s/%s is compressed (%s): MDS shards are read uncompressed, in "
+                    "place; decompress it once into %s (zstd -d, gunzip ...) or write the dataset without compression",
+                    root, sh->zip, sh->compression[0] ? sh->compression : "zip_data", sh->basename);
+  uint32_t file;
+  uint64_t size;
+  int rc = dl__dataset_open_file(ds, path, &file, &size, NULL);
+  if (rc)
+    return rc;
+  int fd = ds->fds[file];
+  uint8_t four[4];
+  if (size < 4 || dl__pread_full(fd, four, 4, 0) != 4)
+    return dl__fail(DL_ECORRUPT, "MDS shard %s: %llu bytes, too short for a shard", path, (unsigned long long)size);
+  uint64_t n = get32(four);
+  if (n != sh->samples)
+    return dl__fail(DL_ECORRUPT, "MDS shard %s holds %llu samples, its index says %llu (written over since?)", path,
+                    (unsigned long long)n, (unsigned long long)sh->samples);
+  uint64_t table = 4 * (n + 1);
+  if (size < 4 + table)
+    return dl__fail(DL_ECORRUPT, "MDS shard %s: its %llu offsets do not fit in its %llu bytes", path,
+                    (unsigned long long)(n + 1), (unsigned long long)size);
+  uint8_t *offsets = malloc(table);
+  if (!offsets)
+    return dl__fail(-ENOMEM, "out of memory");
+  int64_t got = dl__pread_full(fd, offsets, table, 4);
+  if (got != (int64_t)table) {
+    free(offsets);
+    return dl__fail(got < 0 ? (int)got : DL_ECORRUPT, "MDS shard %s: reading its offsets: %s", path,
+                    got < 0 ? strerror((int)-got) : "the file ends early");
+  }
+  int nvar = 0;
+  for (int c = 0; c < sh->ncols; c++)
+    nvar += sh->cols[c].size < 0;
+  dropped d = {0};
+  for (uint64_t i = 0; i < n && !rc; i++) {
+    uint32_t a = get32(offsets + 4 * i), b = get32(offsets + 4 * (i + 1));
+    if (a < 4 + table || b < a)
+      drop(&d, i, "its offsets are out of order");
+    else if (b > size)
+      drop(&d, i, "past the end of the file");
+    else
+      rc = add_sample(ds, sh, file, fd, i, a, b - a, nvar, &d);
+  }
+  free(offsets);
+  if (!rc && d.count && on_error == DL__ON_ERROR_FAIL)
+    rc = dl__fail(DL_ECORRUPT, "MDS shard %s sample %llu: %s", path, (unsigned long long)d.first, d.why);
+  else if (!rc && d.count)
+    dl__log(DL__LOG_WARN, "MDS shard %s: %llu of its %llu samples left out (sample %llu: %s)", path,
+            (unsigned long long)d.count, (unsigned long long)n, (unsigned long long)d.first, d.why);
+  return rc;
+}
+
+bool dl__mds_is(const char *path) {
+  size_t n = strlen(path);
+  if (n >= 10 && !strcmp(path + n - 10, "index.json") && (n == 10 || path[n - 11] == '/'))
+    return true;
+  char index[PATH_MAX];
+  struct stat st;
+  return snprintf(index, sizeof index, "%s/index.json", path) < (int)sizeof index && !stat(index, &st) &&
+         S_ISREG(st.st_mode);
+}
+
+int dl__mds_load(dl__dataset *ds, const char *path, int on_error) {
+  char index[PATH_MAX], root[PATH_MAX];
+  size_t n = strlen(path);
+  bool file = n >= 10 && !strcmp(path + n - 10, "index.json");
+  if (snprintf(index, sizeof index, file ? "%s" : "%s/index.json", path) >= (int)sizeof index)
+    return dl__fail(DL_ELIMIT, "source %s: path too long", path);
+  snprintf(root, sizeof root, "%.*s", file ? (int)(n > 10 ? n - 11 : 0) : (int)n, path);
+  if (!root[0])
+    snprintf(root, sizeof root, ".");
+  struct stat st;
+  int fd = dl__open_regular(index, "MDS index", &st);
+  if (fd < 0)
+    return fd;
+  if (st.st_size > INDEX_MAX) {
+    close(fd);
+    return dl__fail(DL_ELIMIT, "MDS index %s: %lld bytes, above %u", index, (long long)st.st_size, INDEX_MAX);
+  }
+  char *text = malloc((size_t)st.st_size + 1);
+  shard *sh = malloc(sizeof *sh);
+  int64_t got = text && sh ? dl__pread_full(fd, text, (size_t)st.st_size, 0) : -ENOMEM;
+  close(fd);
+  int rc = got < 0 ? dl__fail((int)got, "MDS index %s: %s", index, strerror((int)-got)) : 0;
+  const char *p = text, *end = text + (got > 0 ? got : 0);
+  bool shards = false, malformed = false;
+  char key[32];
+  int member = 0, more = 0;
+  if (!rc) {
+    p = dl__json_space(p, end);
+    malformed = p >= end || *p++ != '{';
+  }
+  while (!rc && !malformed && (member = dl__json_member(&p, end, key, sizeof key)) == 1) {
+    if (strcmp(key, "shards") || *p != '[') {
+      malformed = !(p = dl__json_skip(p, end));
+      continue;
+    }
+    shards = true;
+    p++;
+    while (!rc && !malformed && (more = dl__json_element(&p, end)) == 1) {
+      if (!(p = shard_object(p, end, sh)))
+        malformed = true;
+      else if (!(rc = check_columns(ds, sh, index)))
+        rc = load_shard(ds, root, sh, index, on_error);
+    }
+    malformed = malformed || more < 0;
+  }
+  if (!rc && (malformed || member < 0 || !shards))
+    rc = dl__fail(DL_ECORRUPT, "MDS index %s: %s", index, shards || malformed || member < 0 ? "malformed JSON" : "no \"shards\" list");
+  free(text);
+  free(sh);
+  return rc;
+}
