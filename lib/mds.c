@@ -6,7 +6,8 @@
  * start (uint32), the shard's own copy of its settings, then the samples. A sample is the sizes of
  * its variable-size columns (uint32 each), then every column's bytes in the index's column order.
  * Columns become the sample's parts: the image is the first jpeg or png column (one named
- * "image" first); an integer column named "label" or "cls" is its label; numbers (int,
+ * "image" first); an integer column named label, cls, y or target (the first of these names) is
+ * its label, and stays a field of its name too unless that is "label"; numbers (int,
  * int8..uint64, float16..float64) and ndarray columns are tensor fields; str (and str_int,
  * str_float, str_decimal) text fields; json JSON fields; everything else (bytes, pkl, pil, another
  * image column, an encoding this reader does not know) is a bytes field, delivered as stored.
@@ -37,7 +38,8 @@ typedef struct column {
   char encoding[64];
   int64_t size; /* bytes in every sample, or -1: each sample gives it */
   int role;
-  int codec; /* ROLE_IMAGE: DL__CODEC_* */
+  int codec;  /* ROLE_IMAGE: DL__CODEC_* */
+  bool label; /* the sample's label (also a field of its name unless that is "label": ROLE_LABEL) */
   dl__mds_spec spec;
 } column;
 
@@ -102,8 +104,7 @@ static bool classify(column *c) {
   c->spec = (dl__mds_spec){.ndim = 0};
   int t = !strcmp(e, "int") ? dtype_named("int64", 5) : dtype_named(e, strlen(e));
   if (t >= 0) {
-    bool integer = dtypes[t].code != kDLFloat;
-    c->role = integer && (!strcmp(c->name, "label") || !strcmp(c->name, "cls")) ? ROLE_LABEL : ROLE_TENSOR;
+    c->role = ROLE_TENSOR;
     c->spec.dtype = (DLDataType){dtypes[t].code, dtypes[t].bits, 1};
     c->spec.dtype_fixed = true;
     if (c->size >= 0 && c->size != dtypes[t].bits / 8)
@@ -315,6 +316,19 @@ static int check_columns(dl__dataset *ds, shard *sh, const char *index) {
   for (int i = 0; i < sh->ncols; i++)
     if (sh->cols[i].role == ROLE_IMAGE && i != image)
       sh->cols[i].role = ROLE_BYTES;
+  /* The label: an integer number column named as labels are, in this order ("y" and "target" as
+   * Streaming's own image datasets and many models name theirs). */
+  static const char *label_names[] = {"label", "cls", "y", "target"};
+  bool found = false;
+  for (size_t k = 0; k < sizeof label_names / sizeof *label_names && !found; k++)
+    for (int i = 0; i < sh->ncols && !found; i++) {
+      column *c = &sh->cols[i];
+      if (c->role == ROLE_TENSOR && c->spec.ndim == 0 && c->spec.dtype.code != kDLFloat &&
+          !strcmp(c->name, label_names[k])) {
+        c->label = found = true;
+        c->role = k == 0 ? ROLE_LABEL : ROLE_TENSOR;
+      }
+    }
   for (int i = 0; i < sh->ncols; i++) {
     column *c = &sh->cols[i];
     if (c->role != ROLE_TENSOR && c->role != ROLE_TEXT && c->role != ROLE_JSON && c->role != ROLE_BYTES)
@@ -388,9 +402,7 @@ static int add_sample(dl__dataset *ds, const shard *sh, uint32_t file, int fd, u
       drop(d, i, "its column sizes add up to more than its length");
       return 0;
     }
-    if (col->role == ROLE_IMAGE) {
-      s.image_at = (uint32_t)at, s.image_len = (uint32_t)size, s.codec = (uint8_t)col->codec;
-    } else if (col->role == ROLE_LABEL) {
+    if (col->label) {
       uint8_t value[8];
       if (dl__pread_full(fd, value, (size_t)size, start + at) != (int64_t)size) {
         ds->nrefs = s.first_ref;
@@ -398,7 +410,10 @@ static int add_sample(dl__dataset *ds, const shard *sh, uint32_t file, int fd, u
         return 0;
       }
       s.label = label_of(col, value);
-    } else {
+    }
+    if (col->role == ROLE_IMAGE) {
+      s.image_at = (uint32_t)at, s.image_len = (uint32_t)size, s.codec = (uint8_t)col->codec;
+    } else if (col->role != ROLE_LABEL) {
       int f = dl__dataset_field(ds, col->name, strlen(col->name));
       dl__fref ref = {.name = (uint16_t)f, .kind = col->role == ROLE_TENSOR ? DL__REF_MDS : DL__REF_BYTES,
                       .at = (uint32_t)at, .len = (uint32_t)size};
