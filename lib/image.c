@@ -50,7 +50,9 @@ void dl__image_decoder_free(dl__image_decoder *d) {
 }
 
 int dl__image_decode_job(dl__image_decoder *d, dl__decode_job *job, dl__err *e) {
-  switch (dl__sniff_codec(job->src, job->len)) {
+  switch (job->pil ? DL__CODEC_PIL : dl__sniff_codec(job->src, job->len)) {
+  case DL__CODEC_PIL:
+    return dl__pil_ops.decode(NULL, job, e);
   case DL__CODEC_JPEG:
     return dl__jpeg_ops.decode(d->jpeg, job, e);
   case DL__CODEC_PNG:
@@ -72,8 +74,8 @@ static int plan(dl__decode_job *job, int w, int h, dl__err *e) {
   return dl__crop_rect(a->l->o.crop, w, h, job->out_w, job->out_h, a->key, &job->rect, e);
 }
 
-int dl__image_decode(dl__image_decoder *d, const dl_loader *l, const uint8_t *image, size_t len, uint64_t key,
-                     uint8_t *dst, dl__err *e) {
+int dl__image_decode(dl__image_decoder *d, const dl_loader *l, const uint8_t *image, size_t len, int codec,
+                     uint64_t key, uint8_t *dst, dl__err *e) {
   plan_arg pa = {l, key};
   dl__decode_job job = {.src = image,
                         .len = len,
@@ -84,7 +86,8 @@ int dl__image_decode(dl__image_decoder *d, const dl_loader *l, const uint8_t *im
                         .plan = plan,
                         .plan_arg = &pa,
                         .scratch = &d->scratch,
-                        .cancel = &l->cancel};
+                        .cancel = &l->cancel,
+                        .pil = codec == DL__CODEC_PIL};
   int r = dl__image_decode_job(d, &job, e);
   if (r)
     return r;

@@ -116,7 +116,8 @@ bool dl__json_null(const char *p, const char *end, const char **after);
 
 /* ---- the sample table (dataset.c, tar.c, folder.c, source.c) ---- */
 
-enum { DL__CODEC_NONE, DL__CODEC_JPEG, DL__CODEC_PNG, DL__CODEC_WEBP, DL__CODEC_OTHER };
+/* (Values are kept in cached indexes: new ones go last.) PIL: raw pixels of an MDS "pil" column. */
+enum { DL__CODEC_NONE, DL__CODEC_JPEG, DL__CODEC_PNG, DL__CODEC_WEBP, DL__CODEC_OTHER, DL__CODEC_PIL };
 
 enum { DL__SAMPLE_CHECKSUM = 1, DL__SAMPLE_IMAGE_ZST = 2 };
 
@@ -473,6 +474,7 @@ struct dl__decode_job {
   void *plan_arg;
   dl__buf *scratch;
   const _Atomic int *cancel; /* when it turns nonzero, the decode stops with DL_ECLOSED (may be NULL) */
+  bool pil;                  /* SRC is an MDS "pil" value (raw pixels have no signature to sniff) */
   /* set by plan */
   dl__rect rect;
   /* out: decoded pixels (channels interleaved) and rect mapped into them */
@@ -491,6 +493,7 @@ typedef struct dl__decoder_ops {
 } dl__decoder_ops;
 
 extern const dl__decoder_ops dl__jpeg_ops;
+extern const dl__decoder_ops dl__pil_ops;
 extern const dl__decoder_ops dl__png_ops;
 extern const dl__decoder_ops dl__webp_ops;
 /* The codec of an image by its leading bytes, or by a name's last extension (image.c). */
@@ -551,12 +554,13 @@ typedef struct dl__image_decoder {
 
 int dl__image_decoder_init(dl__image_decoder *d);
 void dl__image_decoder_free(dl__image_decoder *d);
-/* JOB decoded by the decoder its bytes call for (JPEG, PNG or WebP). */
+/* JOB decoded by the decoder its bytes call for (JPEG, PNG or WebP), or MDS raw pixels. */
 int dl__image_decode_job(dl__image_decoder *d, dl__decode_job *job, dl__err *e);
-/* Decodes IMAGE (LEN bytes) of the sample whose draws come from KEY into DST: the crop, resized,
- * maybe flipped, in the slot's layout. */
-int dl__image_decode(dl__image_decoder *d, const dl_loader *l, const uint8_t *image, size_t len, uint64_t key,
-                     uint8_t *dst, dl__err *e);
+/* Decodes IMAGE (LEN bytes; CODEC the sample's, which only DL__CODEC_PIL overrides sniffing) of
+ * the sample whose draws come from KEY into DST: the crop, resized, maybe flipped, in the slot's
+ * layout. */
+int dl__image_decode(dl__image_decoder *d, const dl_loader *l, const uint8_t *image, size_t len, int codec,
+                     uint64_t key, uint8_t *dst, dl__err *e);
 
 /* ---- the loader (loader.c, ring.c, worker.c) ---- */
 

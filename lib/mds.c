@@ -5,11 +5,11 @@
  * A shard is one file: its sample count N (uint32), N + 1 offsets of the samples from the file's
  * start (uint32), the shard's own copy of its settings, then the samples. A sample is the sizes of
  * its variable-size columns (uint32 each), then every column's bytes in the index's column order.
- * Columns become the sample's parts: the image is the first jpeg or png column (one named
+ * Columns become the sample's parts: the image is the first jpeg, png or pil column (one named
  * "image" first); an integer column named label, cls, y or target (the first of these names) is
  * its label, and stays a field of its name too unless that is "label"; numbers (int,
  * int8..uint64, float16..float64) and ndarray columns are tensor fields; str (and str_int,
- * str_float, str_decimal) text fields; json JSON fields; everything else (bytes, pkl, pil, another
+ * str_float, str_decimal) text fields; json JSON fields; everything else (bytes, pkl, another
  * image column, an encoding this reader does not know) is a bytes field, delivered as stored.
  *
  * Index and shards are untrusted: every size and offset is checked before it is used. A sample
@@ -118,9 +118,9 @@ static bool classify(column *c) {
       return false;
     return true;
   }
-  if (!strcmp(e, "jpeg") || !strncmp(e, "jpeg:", 5) || !strcmp(e, "png")) {
+  if (!strcmp(e, "jpeg") || !strncmp(e, "jpeg:", 5) || !strcmp(e, "png") || !strcmp(e, "pil")) {
     c->role = ROLE_IMAGE;
-    c->codec = e[0] == 'j' ? DL__CODEC_JPEG : DL__CODEC_PNG;
+    c->codec = e[0] == 'j' ? DL__CODEC_JPEG : e[1] == 'n' ? DL__CODEC_PNG : DL__CODEC_PIL;
     return true;
   }
   if (!strcmp(e, "str") || !strcmp(e, "str_int") || !strcmp(e, "str_float") || !strcmp(e, "str_decimal"))

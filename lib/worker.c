@@ -125,7 +125,7 @@ static void decode(struct dl__worker *w, inflight *f, bool verify, dl__err *e) {
     uint8_t *dst = c->slot->image + (size_t)c->i * l->sample_bytes;
     struct timespec t1;
     clock_gettime(CLOCK_MONOTONIC, &t1);
-    dl__image_decode(&w->img, l, image, image_len, key, dst, e);
+    dl__image_decode(&w->img, l, image, image_len, f->s->codec, key, dst, e);
     atomic_fetch_add_explicit(&l->st.cpu_decoded, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&l->st.cpu_decode_ns, ns_since(&t1), memory_order_relaxed);
   }

@@ -289,6 +289,9 @@ static int write_shard(create_job *j, size_t shard, dl__buf *buf, dl__buf *raw_)
     r = dl_writer_begin(w, j->ds->pool + s->key, s->label);
     if (!r && (s->codec != DL__CODEC_NONE || s->nrefs))
       r = read_sample(j->ds, s, buf);
+    if (!r && s->codec == DL__CODEC_PIL)
+      r = dl__fail(DL_EUNSUPPORTED, "sample %s: its image is MDS pil pixels, which ringfeed shards do not store "
+                   "(read the MDS dataset in place)", j->ds->pool + s->key);
     if (!r && s->codec != DL__CODEC_NONE) {
       const uint8_t *img = buf->p + s->image_at;
       size_t len = s->image_len;

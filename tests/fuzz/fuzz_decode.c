@@ -1,6 +1,6 @@
-/* libFuzzer entry point for the image decoders: any bytes as a JPEG, PNG or WebP member, decoded
- * with a random-resized crop (drawn from the input) into a small slot, as a worker does; and read
- * by the JPEG marker reader that plans GPU decodes. */
+/* libFuzzer entry point for the image decoders: any bytes as a JPEG, PNG or WebP member (and as an
+ * MDS pil column's raw pixels), decoded with a random-resized crop (drawn from the input) into a
+ * small slot, as a worker does; and read by the JPEG marker reader that plans GPU decodes. */
 #include "internal.h"
 
 #include <stdbool.h>
@@ -29,9 +29,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       abort();
   }
   uint8_t out[24 * 24 * 3];
-  for (int channels = 1; channels <= 3; channels += 2) {
+  /* As the image bytes of a tar member (sniffed), and as an MDS pil column's raw pixels. */
+  for (int run = 0; run < 4; run++) {
+    int channels = run & 1 ? 3 : 1;
     dl__decode_job job = {.src = data, .len = size, .channels = channels, .out_w = 24, .out_h = 24,
-                          .max_pixels = 1 << 22, .plan = plan, .plan_arg = &key, .scratch = &d.scratch};
+                          .max_pixels = 1 << 22, .plan = plan, .plan_arg = &key, .scratch = &d.scratch,
+                          .pil = run >= 2};
     dl__err e = {0};
     int r = dl__image_decode_job(&d, &job, &e);
     if (r == 0 && dl__resize(job.pixels, job.width, job.height, job.stride, channels, job.mapped, out,

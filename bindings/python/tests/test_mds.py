@@ -187,6 +187,51 @@ def test_an_mds_dataset_gives_what_a_tar_shard_of_the_same_samples_gives(tmp_pat
         assert m["box"].dtype == np.int16 and np.array_equal(m["box"], want["box"]) and m["raw"] == want["raw"]
 
 
+def pil_value(img):
+    """A "pil" column's value: width, height, the mode's length, the mode, then img.tobytes()."""
+    mode = img.mode.encode()
+    return struct.pack("<III", img.width, img.height, len(mode)) + mode + img.tobytes()
+
+
+@pytest.mark.parametrize("mode", ["RGB", "RGBA", "L", "LA"])
+@pytest.mark.parametrize("channels", [3, 1])
+def test_pil_pixels_give_what_the_same_pixels_as_png_give(tmp_path, mode, channels):
+    """Raw pixels of a pil column against the same pixels stored as PNG in a tar shard; for grey
+    output from colour, PIL's own convert("L") (BT.601, as the loader takes it)."""
+    Image = pytest.importorskip("PIL.Image")
+    rng = np.random.default_rng(7)
+    images = [Image.fromarray(rng.integers(0, 255, (20 + i, 30 + 2 * i, 4), dtype=np.uint8), "RGBA").convert(mode)
+              for i in range(5)]
+    write_mds(str(tmp_path / "mds"), {"image": "pil", "label": "int"},
+              [{"image": pil_value(im), "label": i} for i, im in enumerate(images)])
+    with tarfile.open(tmp_path / "png.tar", "w") as t:
+        for i, im in enumerate(images):
+            ref = im.convert("L") if channels == 1 else im.convert("RGB")
+            buf = io.BytesIO()
+            ref.save(buf, format="PNG")
+            for ext, data in (("png", buf.getvalue()), ("cls", str(i).encode())):
+                info = tarfile.TarInfo(f"{i:04d}.{ext}")
+                info.size = len(data)
+                t.addfile(info, io.BytesIO(data))
+    kw = dict(KW, image_size=16, crop="random_resized", flip=True, seed=5, channels=channels)
+    got, want = everything(ringfeed.Loader(str(tmp_path / "mds"), **kw)), everything(ringfeed.Loader(str(tmp_path / "png.tar"), **kw))
+    assert len(got) == 5 and [int(r["label"]) for r in got] == [int(r["label"]) for r in want]
+    for g, w in zip(got, want):
+        assert np.array_equal(g["image"], w["image"])
+
+
+def test_pil_pixels_of_other_modes_or_sizes_are_sample_errors(tmp_path, capfd):
+    Image = pytest.importorskip("PIL.Image")
+    rgb = Image.new("RGB", (4, 3), (1, 2, 3))
+    values = [pil_value(rgb.convert("P")), pil_value(rgb)[:-1], pil_value(rgb), struct.pack("<III", 0, 3, 3) + b"RGB"]
+    write_mds(str(tmp_path), {"image": "pil"}, [{"image": v} for v in values])
+    got = everything(ringfeed.Loader(str(tmp_path), **dict(KW, image_size=4, crop="resize")))
+    assert [int(r["image"].max()) for r in got] == [0, 0, 3, 0]
+    err = capfd.readouterr().err
+    assert "sample 0" in err and "mode 'P'" in err and "sample 1" in err and "the value holds 35" in err
+    assert "sample 3" in err and "0x3" in err
+
+
 def test_varying_arrays_pad_and_fields_select(tmp_path):
     samples = [{"vec": np.arange(i + 1, dtype=np.int32), "caption": str(i)} for i in range(6)]
     write_mds(str(tmp_path), {"vec": "ndarray:int32", "caption": "str"}, samples)
