@@ -7,9 +7,13 @@ device (pinned memory and non-blocking copies for the DataLoader):
   ringfeed      ringfeed.Loader(..., device=DEVICE)
   torch-pil     a map-style Dataset over the tar member index, decoding with PIL
   torch-tvio    the same Dataset decoding with torchvision.io.decode_jpeg
+With --mds the same samples are an MDS dataset (MosaicML Streaming's format, written here from the
+shards: a jpeg column and an int label): ringfeed reads the folder, and the Datasets read each
+sample's image column by the shard's offsets, the per-sample work of a StreamingDataset whose
+shards are local (read, decode, transform).
 Prints images/s, first-batch latency, peak RSS and the ratios; writes them as JSON.
 
-Usage: compare_torch.py [--shards PATTERN | --synthetic N] [--workers 16] [--batch 256]
+Usage: compare_torch.py [--shards PATTERN | --synthetic N] [--mds] [--workers 16] [--batch 256]
                         [--epochs 1] [--device cuda:0] [--json out.json]
 """
 
@@ -55,6 +59,48 @@ def member_index(shards):
             for key, e in pending.items():
                 if "jpg" in e:
                     samples.append((path, e["jpg"][0], e["jpg"][1], e.get("cls", -1)))
+    return samples
+
+
+def write_mds(samples, folder, per_shard=1000):
+    """SAMPLES (from member_index) as an MDS dataset in FOLDER: columns image (jpeg) and label
+    (int), each shard the sample count, the offsets, its settings and the samples."""
+    import struct
+    os.makedirs(folder, exist_ok=True)
+    shards, fds = [], {}
+    for s in range(0, len(samples), per_shard):
+        body = []
+        for path, off, size, label in samples[s:s + per_shard]:
+            fd = fds.setdefault(path, os.open(path, os.O_RDONLY))
+            body.append(struct.pack("<I", size) + os.pread(fd, size, off) + struct.pack("<q", label))
+        conf = {"column_encodings": ["jpeg", "int"], "column_names": ["image", "label"], "column_sizes": [None, 8],
+                "compression": None, "format": "mds", "hashes": [], "samples": len(body), "size_limit": 1 << 26,
+                "version": 2, "zip_data": None}
+        settings = json.dumps(conf, sort_keys=True).encode()
+        at = 4 + 4 * (len(body) + 1) + len(settings)
+        offsets = [at]
+        for b in body:
+            offsets.append(offsets[-1] + len(b))
+        base = f"shard.{s // per_shard:05d}.mds"
+        with open(os.path.join(folder, base), "wb") as f:
+            f.write(struct.pack(f"<{len(offsets) + 1}I", len(body), *offsets) + settings + b"".join(body))
+        shards.append(dict(conf, raw_data={"basename": base, "bytes": offsets[-1], "hashes": {}}))
+    with open(os.path.join(folder, "index.json"), "w") as f:
+        json.dump({"shards": shards, "version": 2}, f)
+
+
+def mds_index(folder):
+    """(shard, image offset, size, label) per sample of an MDS dataset written by write_mds."""
+    import struct
+    samples = []
+    for sh in json.load(open(os.path.join(folder, "index.json")))["shards"]:
+        path = os.path.join(folder, sh["raw_data"]["basename"])
+        data = open(path, "rb").read()
+        n = struct.unpack_from("<I", data)[0]
+        for start in struct.unpack_from(f"<{n}I", data, 4):
+            size = struct.unpack_from("<I", data, start)[0]
+            label = struct.unpack_from("<q", data, start + 4 + size)[0]
+            samples.append((path, start + 4, size, label))
     return samples
 
 
@@ -109,7 +155,7 @@ def run_one(args):
     first = first_n = None
     if args.only == "ringfeed":
         import ringfeed
-        loader = ringfeed.Loader(args.shards, batch_size=args.batch, workers=args.workers,
+        loader = ringfeed.Loader(args.mds or args.shards, batch_size=args.batch, workers=args.workers,
                                  image_size=224, crop="random_resized", flip=True, seed=0,
                                  epochs=args.epochs, device=args.device, framework="torch")
         for b in loader:
@@ -122,7 +168,7 @@ def run_one(args):
             if first_n is None:
                 first_n = n
     else:
-        samples = member_index(expand(args.shards))
+        samples = mds_index(args.mds) if args.mds else member_index(expand(args.shards))
         ds = TarSamples(samples, "pil" if args.only == "torch-pil" else "tvio")
         dl = torch.utils.data.DataLoader(ds, batch_size=args.batch, shuffle=True, num_workers=args.workers,
                                          pin_memory=device.type == "cuda", drop_last=False,
@@ -163,6 +209,8 @@ def main():
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--device", default="cuda:0")
     p.add_argument("--json", help="write the results here")
+    p.add_argument("--mds", nargs="?", const="", help="read an MDS copy of the shards (made in FOLDER, "
+                   "default beside the shards)")
     p.add_argument("--only", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.only:
@@ -174,25 +222,34 @@ def main():
         with open(path, "rb") as f:
             while f.read(1 << 24):
                 pass
+    if args.mds is not None:
+        args.mds = args.mds or os.path.join(os.path.dirname(expand(args.shards)[0]), "mds")
+        if not os.path.exists(os.path.join(args.mds, "index.json")):
+            write_mds(member_index(expand(args.shards)), args.mds)
+        for name in os.listdir(args.mds):
+            with open(os.path.join(args.mds, name), "rb") as f:
+                while f.read(1 << 24):
+                    pass
     results = {}
     for name in ("ringfeed", "torch-pil", "torch-tvio"):
         cmd = [sys.executable, os.path.abspath(__file__), "--only", name, "--shards", args.shards,
                "--workers", str(args.workers), "--batch", str(args.batch), "--epochs", str(args.epochs),
-               "--device", args.device]
+               "--device", args.device] + (["--mds", args.mds] if args.mds else [])
         out = subprocess.run(cmd, capture_output=True, text=True)
         if out.returncode:
             print(out.stderr[-3000:], file=sys.stderr)
             raise SystemExit(f"{name} failed")
         results[name] = json.loads(out.stdout.strip().splitlines()[-1])
     rf = results["ringfeed"]["images_per_s"]
-    summary = {"workers": args.workers, "batch": args.batch, "device": args.device, "shards": args.shards,
+    summary = {"workers": args.workers, "batch": args.batch, "device": args.device, "shards": args.mds or args.shards,
                "results": results,
                "ratio_vs_pil": rf / results["torch-pil"]["images_per_s"],
                "ratio_vs_tvio": rf / results["torch-tvio"]["images_per_s"]}
     if args.json:
         with open(args.json, "w") as f:
             json.dump(summary, f, indent=1)
-    print(f"\n{args.workers} workers, batch {args.batch}, RandomResizedCrop(224)+flip, uint8 to {args.device}")
+    print(f"\n{args.workers} workers, batch {args.batch}, RandomResizedCrop(224)+flip, uint8 to {args.device}"
+          f"{', from an MDS dataset' if args.mds else ''}")
     print("| loader | images/s (steady) | images/s (with start-up) | first batch ms | peak RSS MB (main / largest worker) |")
     print("|---|---|---|---|---|")
     for name, r in results.items():
