@@ -500,10 +500,20 @@ bool dl__mds_is(const char *path) {
   size_t n = strlen(path);
   if (n >= 10 && !strcmp(path + n - 10, "index.json") && (n == 10 || path[n - 11] == '/'))
     return true;
-  char index[PATH_MAX];
+  /* A folder whose index.json lists shards: an ImageFolder may hold an index.json of its own. */
+  char index[PATH_MAX], head[4096];
+  if (snprintf(index, sizeof index, "%s/index.json", path) >= (int)sizeof index)
+    return false;
+  int fd = open(index, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   struct stat st;
-  return snprintf(index, sizeof index, "%s/index.json", path) < (int)sizeof index && !stat(index, &st) &&
-         S_ISREG(st.st_mode);
+  if (fd < 0 || fstat(fd, &st) || !S_ISREG(st.st_mode)) {
+    if (fd >= 0)
+      close(fd);
+    return false;
+  }
+  int64_t got = dl__pread_full(fd, head, sizeof head, 0);
+  close(fd);
+  return got > 0 && memmem(head, (size_t)got, "\"shards\"", 8);
 }
 
 int dl__mds_load(dl__dataset *ds, const char *path, int on_error) {

@@ -207,7 +207,7 @@ static int parse_token(dl__sampler *s, const char *t, int *shuffle) {
     ok = *p == 0;
   }
   if (!ok)
-    return dl__fail(DL_ESTATE, "resume token '%s' is malformed (expected rf2.SEED.EPOCH.OFFSET.N.FINGERPRINT)", t);
+    return dl__fail(DL_ESTATE, "resume token '%s' is malformed (expected rf2.SEED.EPOCH.OFFSET.N.FINGERPRINT[.bK].sS)", t);
   if (n != (uint64_t)s->n)
     return dl__fail(DL_ESTATE, "resume token '%s' is for %" PRIu64 " samples, the source has %" PRId64, t, n,
                     s->n);

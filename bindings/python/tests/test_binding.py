@@ -109,7 +109,9 @@ def test_a_refused_state_leaves_the_loader_where_it_was():
     with pytest.raises(ValueError, match="state_dict"):
         loader.load_state_dict({"step": 3})
     token = loader.state_dict()["token"]
-    other = token[:-4] + ("0000" if not token.endswith("0000") else "1111")  # another dataset's
+    parts = token.split(".")  # rf2.SEED.EPOCH.OFFSET.N.FINGERPRINT.sS: another dataset's fingerprint
+    parts[5] = parts[5][:-4] + ("0000" if not parts[5].endswith("0000") else "1111")
+    other = ".".join(parts)
     with pytest.raises(ringfeed.Error) as e:
         loader.load_state_dict({"token": other})
     assert e.value.name == "DL_ESTATE" and "another dataset" in e.value.message

@@ -314,9 +314,17 @@ def test_a_damaged_value_is_a_sample_error_naming_shard_and_sample(tmp_path, cap
 ])
 def test_a_bad_index_is_named_with_its_reason(tmp_path, index, why):
     (tmp_path / "index.json").write_text(index)
-    with pytest.raises(ringfeed.Error) as e:
-        ringfeed.Loader(str(tmp_path), **KW)
+    with pytest.raises(ringfeed.Error) as e:  # named as an index: a folder's says "shards" to be one
+        ringfeed.Loader(str(tmp_path / "index.json") if '"shards"' not in index else str(tmp_path), **KW)
     assert why in str(e.value) and ("index.json" in str(e.value) or "s.mds.zstd" in str(e.value))
+
+
+def test_an_image_folder_with_an_index_json_of_its_own_stays_an_image_folder(tmp_path):
+    (tmp_path / "cat").mkdir()
+    (tmp_path / "cat" / "a.jpg").write_bytes(jpeg(1))
+    (tmp_path / "index.json").write_text('{"images": ["cat/a.jpg"]}')
+    got = everything(ringfeed.Loader(str(tmp_path), **dict(KW, image_size=8)))
+    assert len(got) == 1 and got[0]["label"] == 0
 
 
 def test_a_remote_mds_dataset_is_refused_with_what_to_do():
