@@ -129,7 +129,6 @@ int dl__zstd_inflate(void **ctx, const uint8_t *src, size_t n, size_t limit, dl_
   return 0;
 }
 
-/* Whether fields=a,b names NAME (an empty list names every field). */
 /* A tensor value (N of its TOTAL bytes at P) as a .npy payload describes it: the .npy header, or
  * for an MDS column, its stored layout. */
 static int parse_value(const dl__dataset *ds, const dl__fref *ref, const uint8_t *p, size_t n, size_t total,
@@ -141,6 +140,7 @@ static int parse_value(const dl__dataset *ds, const dl__fref *ref, const uint8_t
   return dl__mds_parse(&ds->mds[ref->name], p, n, npy, e);
 }
 
+/* Whether fields=a,b names NAME (an empty list names every field). */
 static bool wanted(const dl__options *o, const char *name) {
   if (!o->fields[0])
     return true;

@@ -41,6 +41,10 @@ int dl__err_prefix(dl__err *e, const char *fmt, ...) __attribute__((format(print
 
 /* A * B into *OUT, or false when it overflows: every size derived from a file goes through it. */
 static inline bool dl__mul_ok(uint64_t a, uint64_t b, uint64_t *out) { return !__builtin_mul_overflow(a, b, out); }
+/* A little-endian uint32 at P (the formats of other writers: MDS shards and their values). */
+static inline uint32_t dl__le32(const uint8_t *p) {
+  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
 
 /* ---- options (options.c) ---- */
 

@@ -270,8 +270,6 @@ static const char *shard_object(const char *p, const char *end, shard *sh) {
 
 /* ---- shards ---- */
 
-static uint32_t get32(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
-
 /* A basename stays inside the dataset's folder: relative, no "..". */
 static bool inside(const char *name) {
   if (!*name || *name == '/')
@@ -396,7 +394,7 @@ static int add_sample(dl__dataset *ds, const shard *sh, uint32_t file, int fd, u
   uint64_t at = (uint64_t)nvar * 4;
   for (int c = 0, v = 0; c < sh->ncols; c++) {
     const column *col = &sh->cols[c];
-    uint64_t size = col->size >= 0 ? (uint64_t)col->size : get32(head + 4 * v++);
+    uint64_t size = col->size >= 0 ? (uint64_t)col->size : dl__le32(head + 4 * v++);
     if (at + size > len) {
       ds->nrefs = s.first_ref;
       drop(d, i, "its column sizes add up to more than its length");
@@ -457,7 +455,7 @@ static int load_shard(dl__dataset *ds, const char *root, const shard *sh, const 
   uint8_t four[4];
   if (size < 4 || dl__pread_full(fd, four, 4, 0) != 4)
     return dl__fail(DL_ECORRUPT, "MDS shard %s: %llu bytes, too short for a shard", path, (unsigned long long)size);
-  uint64_t n = get32(four);
+  uint64_t n = dl__le32(four);
   if (n != sh->samples)
     return dl__fail(DL_ECORRUPT, "MDS shard %s holds %llu samples, its index says %llu (written over since?)", path,
                     (unsigned long long)n, (unsigned long long)sh->samples);
@@ -479,7 +477,7 @@ static int load_shard(dl__dataset *ds, const char *root, const shard *sh, const 
     nvar += sh->cols[c].size < 0;
   dropped d = {0};
   for (uint64_t i = 0; i < n && !rc; i++) {
-    uint32_t a = get32(offsets + 4 * i), b = get32(offsets + 4 * (i + 1));
+    uint32_t a = dl__le32(offsets + 4 * i), b = dl__le32(offsets + 4 * (i + 1));
     if (a < 4 + table || b < a)
       drop(&d, i, "its offsets are out of order");
     else if (b > size)

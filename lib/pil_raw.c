@@ -18,13 +18,11 @@ static int pil_create(void **ctx) {
 
 static void pil_destroy(void *ctx) { (void)ctx; }
 
-static uint32_t get32(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
-
 static int pil_decode(void *ctx, dl__decode_job *job, dl__err *e) {
   (void)ctx;
   if (job->len < 12)
     return dl__err_set(e, DL_ECORRUPT, "PIL pixels: %zu bytes, shorter than their header", job->len);
-  uint32_t w = get32(job->src), h = get32(job->src + 4), mode_len = get32(job->src + 8);
+  uint32_t w = dl__le32(job->src), h = dl__le32(job->src + 4), mode_len = dl__le32(job->src + 8);
   static const struct { const char *mode; int bytes; } modes[] = {{"RGB", 3}, {"RGBA", 4}, {"L", 1}, {"LA", 2}};
   int bpp = 0;
   char mode[16] = "";
