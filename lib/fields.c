@@ -259,6 +259,19 @@ static void ahead_fill(const dl__dataset *ds, ahead *a, int f, size_t first) {
   }
 }
 
+/* The name a field is delivered under: its own, or with "_" after it where a batch already has
+ * that name (a member 000.image or 000.label, an MDS bytes column "image"), which would otherwise
+ * hide the batch's image or label (or, in Python, its key, epoch and index). */
+static void delivered_name(char *out, size_t cap, const char *name) {
+  static const char *taken[] = {"image", "label", "key", "epoch", "index"};
+  bool clash = false;
+  for (size_t i = 0; i < sizeof taken / sizeof *taken && !clash; i++)
+    clash = !strcmp(name, taken[i]);
+  snprintf(out, cap, clash ? "%s_" : "%s", name);
+  if (clash)
+    dl__log(DL__LOG_WARN, "field %s is delivered as %s_: the batch's own %s has its name", name, name, name);
+}
+
 int dl__fields_schema(dl_loader *l) {
   dl__dataset *ds = &l->ds;
   for (size_t i = 0; i < ds->n && !l->has_image; i++)
@@ -275,13 +288,13 @@ int dl__fields_schema(dl_loader *l) {
       continue;
     if (is_bytes_field(ds, f)) {
       dl__bfield *bf = &l->bfields[l->nbfields++];
-      snprintf(bf->name, sizeof bf->name, "%s", ds->field_names[f]);
+      delivered_name(bf->name, sizeof bf->name, ds->field_names[f]);
       bf->ds_index = f;
       continue;
     }
     dl__field *fd = &l->fields[l->nfields++];
     memset(fd, 0, sizeof *fd);
-    snprintf(fd->name, sizeof fd->name, "%s", ds->field_names[f]);
+    delivered_name(fd->name, sizeof fd->name, ds->field_names[f]);
     fd->ds_index = f;
     bool found = false;
     if (read_ahead)

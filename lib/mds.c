@@ -6,7 +6,7 @@
  * start (uint32), the shard's own copy of its settings, then the samples. A sample is the sizes of
  * its variable-size columns (uint32 each), then every column's bytes in the index's column order.
  * Columns become the sample's parts: the image is the first jpeg, png or pil column (one named
- * "image" first); an integer column named label, cls, y or target (the first of these names) is
+ * "image" first; else a bytes column named "image", its format told by its bytes); an integer column named label, cls, y or target (the first of these names) is
  * its label, and stays a field of its name too unless that is "label"; numbers (int,
  * int8..uint64, float16..float64) and ndarray columns are tensor fields; str (and str_int,
  * str_float, str_decimal) text fields; json JSON fields; everything else (bytes, pkl, another
@@ -314,6 +314,14 @@ static int check_columns(dl__dataset *ds, shard *sh, const char *index) {
   for (int i = 0; i < sh->ncols; i++)
     if (sh->cols[i].role == ROLE_IMAGE && i != image)
       sh->cols[i].role = ROLE_BYTES;
+  /* Encoded images stored as plain bytes (a common way to keep JPEGs as they are): a bytes column
+   * named "image" is the image when no column is typed as one, its format told by its bytes. */
+  for (int i = 0; i < sh->ncols && image < 0; i++)
+    if (!strcmp(sh->cols[i].name, "image") && !strcmp(sh->cols[i].encoding, "bytes")) {
+      sh->cols[i].role = ROLE_IMAGE;
+      sh->cols[i].codec = DL__CODEC_OTHER;
+      image = i;
+    }
   /* The label: an integer number column named as labels are, in this order ("y" and "target" as
    * Streaming's own image datasets and many models name theirs). */
   static const char *label_names[] = {"label", "cls", "y", "target"};

@@ -232,6 +232,13 @@ def test_pil_pixels_of_other_modes_or_sizes_are_sample_errors(tmp_path, capfd):
     assert "sample 3" in err and "0x3" in err
 
 
+def test_jpegs_kept_as_bytes_in_an_image_column_are_the_image(tmp_path):
+    write_mds(str(tmp_path), {"image": "bytes", "label": "int"}, [{"image": jpeg(i), "label": i} for i in range(3)])
+    got = everything(ringfeed.Loader(str(tmp_path), **dict(KW, image_size=8)))
+    assert [r["image"].shape for r in got] == [(8, 8, 3)] * 3 and [int(r["label"]) for r in got] == [0, 1, 2]
+    assert all("image_" not in r for r in got)
+
+
 def test_varying_arrays_pad_and_fields_select(tmp_path):
     samples = [{"vec": np.arange(i + 1, dtype=np.int32), "caption": str(i)} for i in range(6)]
     write_mds(str(tmp_path), {"vec": "ndarray:int32", "caption": "str"}, samples)

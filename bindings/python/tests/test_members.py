@@ -287,3 +287,24 @@ def test_a_shard_unpacked_into_a_folder_keeps_its_labels(tmp_path, capfd):
     err = capfd.readouterr().err
     assert "003.cls holds no integer label" in err
     assert "1 files that are not images, .npy or .cls were left out (1 .txt)" in err
+
+
+def test_members_named_as_the_batch_names_its_own_parts_do_not_hide_them(tmp_path, capfd):
+    """000.image and 000.label are members like any other: they come as image_ and label_, and
+    the batch's decoded image and .cls label stay where they are."""
+    path = tmp_path / "clash.tar"
+    with tarfile.open(path, "w") as t:
+        for i in range(4):
+            buf = io.BytesIO()
+            Image.fromarray(np.full((8, 8, 3), 10 * i, np.uint8)).save(buf, format="PNG")
+            for ext, data in (("png", buf.getvalue()), ("cls", str(i).encode()), ("image", b"meta %d" % i),
+                              ("label", b"cat"), ("key", b"k")):
+                info = tarfile.TarInfo(f"{i:03d}.{ext}")
+                info.size = len(data)
+                t.addfile(info, io.BytesIO(data))
+    b = next(iter(ringfeed.Loader(str(path), batch_size=4, image_size=8, shuffle=0, framework="numpy")))
+    assert b["image"].shape == (4, 8, 8, 3) and b["image"][3].max() == 30
+    assert b["label"].tolist() == [0, 1, 2, 3] and b["key"] == ["000", "001", "002", "003"]
+    assert b["image_"] == [b"meta %d" % i for i in range(4)] and b["label_"] == [b"cat"] * 4 and b["key_"] == [b"k"] * 4
+    err = capfd.readouterr().err
+    assert "field image is delivered as image_" in err and "field key is delivered as key_" in err
