@@ -359,7 +359,7 @@ static int check_columns(dl__dataset *ds, shard *sh, const char *index) {
   return 0;
 }
 
-/* The label of a sample: the integer in its label column's bytes P (N bytes). */
+/* The label of a sample: the integer at P, its label column's value (C->size bytes). */
 static int64_t label_of(const column *c, const uint8_t *p) {
   uint64_t v = 0;
   memcpy(&v, p, (size_t)c->size);
