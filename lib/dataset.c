@@ -136,6 +136,17 @@ int dl__dataset_field(dl__dataset *ds, const char *name, size_t len) {
   return ds->nfield_names++;
 }
 
+_Static_assert(DL__MAX_FIELDS == 16, "dl__field_refusal names the limit");
+const char *dl__field_refusal(const dl__dataset *ds, size_t len) {
+  if (len == 0)
+    return "its field name is empty";
+  if (len > 63)
+    return "its field name is longer than 63 bytes";
+  if (ds->nfield_names == DL__MAX_FIELDS)
+    return "a dataset has at most 16 distinct fields besides image and label";
+  return "out of memory";
+}
+
 int dl__dataset_add_ref(dl__dataset *ds, const dl__fref *ref) {
   if (grow((void **)&ds->refs, &ds->refs_cap, ds->nrefs + 1, sizeof *ref))
     return -ENOMEM;

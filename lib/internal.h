@@ -190,6 +190,8 @@ typedef struct dl__dataset {
 
 /* Index of field NAME (LEN bytes), added when new; -1 past DL__MAX_FIELDS names or on ENOMEM. */
 int dl__dataset_field(dl__dataset *ds, const char *name, size_t len);
+/* Why a field name of LEN bytes got no index from dl__dataset_field, for the warning naming it. */
+const char *dl__field_refusal(const dl__dataset *ds, size_t len);
 int dl__dataset_add_ref(dl__dataset *ds, const dl__fref *ref);
 
 int dl__dataset_add_file(dl__dataset *ds, const char *path, uint32_t *index);

@@ -195,6 +195,7 @@ int dl__rfs_open(dl__rfs *r, int fd, uint64_t file_size, char *why, size_t cap) 
 /* The records of R as samples of FILE. */
 static int add_records(dl__dataset *ds, uint32_t file, const dl__rfs *r, const char *path) {
   int rc = 0;
+  bool left_out = false;
   for (uint64_t i = 0; i < r->nrecords && !rc; i++) {
     const dl__rfs_record *rec = &r->records[i];
     dl__sample s = {.offset = rec->offset, .size = rec->size, .checksum = rec->checksum,
@@ -209,6 +210,11 @@ static int add_records(dl__dataset *ds, uint32_t file, const dl__rfs *r, const c
       if (!image && s.nrefs < DL__MAX_FIELDS) { /* tensors (NPY payloads, stored or zstd) and bytes */
         const char *fname = r->names[fd_->name];
         int idx = dl__dataset_field(ds, fname, strlen(fname));
+        if (idx < 0 && !left_out) {
+          dl__log(DL__LOG_WARN, "shard %s record %llu field %s: left out, %s", path, (unsigned long long)i, fname,
+                  dl__field_refusal(ds, strlen(fname)));
+          left_out = true; /* said once per shard */
+        }
         uint8_t kind = fd_->codec == DL__RFS_ZSTD ? DL__REF_NPY_ZST : fd_->codec == DL__RFS_BYTES ? DL__REF_BYTES : DL__REF_NPY;
         dl__fref ref = {.name = (uint16_t)idx, .kind = kind, .at = fd_->offset, .len = fd_->size};
         if (idx >= 0 && dl__dataset_add_ref(ds, &ref) == 0)

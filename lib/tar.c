@@ -173,7 +173,7 @@ typedef struct group {
   int nrefs;
   uint64_t ext_hash[32]; /* the extensions it has, to catch a member that repeats one */
   int next;
-  bool warned_fields; /* said once per shard that fields past DL__MAX_FIELDS are left out */
+  bool fields_left_out; /* a member had no field to go to: said once, and the shard not cached */
   uint64_t hidden;    /* members left out because their base name starts with a dot */
 } group;
 
@@ -237,6 +237,15 @@ int64_t dl__parse_label(const uint8_t *p, size_t n, bool *ok) {
 }
 
 /* Adds a regular member to the current group or starts a new sample. */
+/* A member with no field to go to (past the dataset's distinct fields, a name too long, 4 GiB or
+ * more) is left out: said once per shard, and the shard is not cached so that every open says so. */
+static int left_out(const dl__dataset *ds, group *g, uint32_t file, const char *name, const char *why) {
+  if (!g->fields_left_out)
+    dl__log(DL__LOG_WARN, "shard %s member %s: left out, %s", ds->files[file], name, why);
+  g->fields_left_out = true;
+  return 0;
+}
+
 static int add_member(dl__dataset *ds, group *g, uint32_t file, const char *name, uint64_t off,
                       uint64_t size, reader *r) {
   const char *base = strrchr(name, '/');
@@ -297,12 +306,12 @@ static int add_member(dl__dataset *ds, group *g, uint32_t file, const char *name
     widen(g, off, size);
     g->exact_image = exact;
     snprintf(g->image_name, sizeof g->image_name, "%s", name);
-  } else if (npy && g->nrefs < DL__MAX_FIELDS) {
+  } else if (npy) {
     /* "depth.npy" is field "depth"; a bare "npy" member is field "npy"; ".zst" means zstd. */
     size_t flen = stem == 3 ? 3 : stem - 4;
-    int f = dl__dataset_field(ds, ext, flen);
+    int f = g->nrefs < DL__MAX_FIELDS ? dl__dataset_field(ds, ext, flen) : -1;
     if (f < 0)
-      return 0; /* past DL__MAX_FIELDS distinct fields: left out */
+      return left_out(ds, g, file, name, dl__field_refusal(ds, flen));
     g->refs[g->nrefs] = (dl__fref){.name = (uint16_t)f, .kind = zst ? DL__REF_NPY_ZST : DL__REF_NPY,
                                    .len = (uint32_t)(size < UINT32_MAX ? size : UINT32_MAX)};
     g->ref_off[g->nrefs++] = off;
@@ -319,20 +328,19 @@ static int add_member(dl__dataset *ds, group *g, uint32_t file, const char *name
       dl__log(DL__LOG_WARN, "shard %s member %s: label is not an integer; using -1",
               ds->files[file], name);
     }
-  } else if (g->nrefs < DL__MAX_FIELDS && size < UINT32_MAX) {
+  } else if (size < UINT32_MAX) {
     /* Any other member (a caption, JSON, a second image) is field EXT, delivered as its bytes:
-     * "000123.caption.txt" is field "caption.txt", as WebDataset names it. */
-    int f = dl__dataset_field(ds, ext, strlen(ext));
-    if (f < 0) {
-      if (!g->warned_fields)
-        dl__log(DL__LOG_WARN, "shard %s member %s: more than %d distinct fields; the others are left out",
-                ds->files[file], name, DL__MAX_FIELDS);
-      g->warned_fields = true;
-      return 0;
-    }
+     * "000123.caption.txt" is field "caption.txt", as WebDataset names it. A sample's fields
+     * have distinct names (a repeated one starts a new sample), so one past DL__MAX_FIELDS
+     * refs is past the distinct names too. */
+    int f = g->nrefs < DL__MAX_FIELDS ? dl__dataset_field(ds, ext, strlen(ext)) : -1;
+    if (f < 0)
+      return left_out(ds, g, file, name, dl__field_refusal(ds, strlen(ext)));
     g->refs[g->nrefs] = (dl__fref){.name = (uint16_t)f, .kind = DL__REF_BYTES, .len = (uint32_t)size};
     g->ref_off[g->nrefs++] = off;
     widen(g, off, size);
+  } else {
+    return left_out(ds, g, file, name, "it is 4 GiB or larger");
   }
   return 0;
 }
@@ -604,7 +612,7 @@ int dl__tar_scan(dl__dataset *ds, uint32_t file, int fd, uint64_t file_size, int
     dl__log(DL__LOG_WARN, "shard %s: %s at offset %llu; keeping the members before it", shard,
             damage, (unsigned long long)off);
     rc = 1; /* usable, but not worth caching */
-  } else if (links || sparse_files || apart) {
+  } else if (links || sparse_files || apart || g->fields_left_out) {
     rc = 1; /* not cached, so that every open says what is wrong with it */
   }
 done:

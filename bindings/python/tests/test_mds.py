@@ -251,6 +251,14 @@ def test_varying_arrays_pad_and_fields_select(tmp_path):
     assert "vec" not in only and only["caption"] == ["0", "1", "2", "3"]
 
 
+def test_columns_past_the_fields_a_dataset_holds_are_named(tmp_path, capfd):
+    columns = {"label": "int", **{f"c{k:02d}": "str" for k in range(17)}}
+    write_mds(str(tmp_path), columns, [{"label": i, **{f"c{k:02d}": str(k) for k in range(17)}} for i in range(3)])
+    got = everything(ringfeed.Loader(str(tmp_path), log="warn", **KW))
+    assert [int(r["label"]) for r in got] == [0, 1, 2] and all(r["c15"] == "15" and "c16" not in r for r in got)
+    assert "column c16: left out, a dataset has at most 16 distinct fields" in capfd.readouterr().err
+
+
 def test_a_column_of_two_types_across_datasets_is_refused(tmp_path):
     write_mds(str(tmp_path / "a"), {"v": "ndarray:int32"}, [{"v": np.ones(2, np.int32)}])
     write_mds(str(tmp_path / "b"), {"v": "ndarray:float32"}, [{"v": np.ones(2, np.float32)}])

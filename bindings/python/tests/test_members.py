@@ -308,3 +308,42 @@ def test_members_named_as_the_batch_names_its_own_parts_do_not_hide_them(tmp_pat
     assert b["image_"] == [b"meta %d" % i for i in range(4)] and b["label_"] == [b"cat"] * 4 and b["key_"] == [b"k"] * 4
     err = capfd.readouterr().err
     assert "field image is delivered as image_" in err and "field key is delivered as key_" in err
+
+
+def test_members_past_the_fields_a_dataset_holds_are_named_on_every_open(tmp_path, capfd):
+    """A dataset holds 16 distinct fields besides image and label, and a field name is at most 63
+    bytes: a member past either is left out with a warning naming it, on every open (the shard's
+    index is not cached, which would keep the later opens quiet)."""
+    path = tmp_path / "wide.tar"
+    long_name = "x" * 64
+    with tarfile.open(path, "w") as t:
+        for i in range(2):
+            buf = io.BytesIO()
+            Image.fromarray(np.full((8, 8, 3), 10 * i, np.uint8)).save(buf, format="PNG")
+            members = [("png", buf.getvalue()), ("cls", str(i).encode())]
+            members += [(f"f{k:02d}", b"%d" % k) for k in range(16)]
+            members += [("f16", b"16"), (long_name, b"long")]
+            for ext, data in members:
+                info = tarfile.TarInfo(f"{i:03d}.{ext}")
+                info.size = len(data)
+                t.addfile(info, io.BytesIO(data))
+    for _ in range(2):
+        with ringfeed.Loader(str(path), batch_size=2, image_size=8, shuffle=0, framework="numpy",
+                             log="warn") as loader:
+            b = next(iter(loader))
+        assert [b[f"f{k:02d}"] for k in range(16)] == [[b"%d" % k] * 2 for k in range(16)]
+        assert "f16" not in b and long_name not in b and b["label"].tolist() == [0, 1]
+        err = capfd.readouterr().err
+        assert (f"shard {path} member 000.f16: left out, a dataset has at most 16 distinct fields besides "
+                "image and label") in err
+    only_long = tmp_path / "long.tar"
+    with tarfile.open(only_long, "w") as t:
+        info = tarfile.TarInfo(f"000.{long_name}")
+        info.size = 4
+        t.addfile(info, io.BytesIO(b"long"))
+        info = tarfile.TarInfo("000.cls")
+        info.size = 1
+        t.addfile(info, io.BytesIO(b"3"))
+    with ringfeed.Loader(str(only_long), batch_size=1, shuffle=0, framework="numpy", log="warn") as loader:
+        assert next(iter(loader))["label"].tolist() == [3]
+    assert f"member 000.{long_name}: left out, its field name is longer than 63 bytes" in capfd.readouterr().err
