@@ -370,6 +370,19 @@ int main(int argc, char **argv) {
       XXH3_64bits_update(one, data, tb);
       XXH3_64bits_update(all, data, tb);
     }
+    /* Bytes fields (captions, JSON, MDS text columns) too: each sample's length, then its bytes. */
+    for (int f = 0; digest && f < dl_batch_bytes_count(b); f++)
+      for (int i = 0; i < n; i++) {
+        size_t len = 0;
+        const void *p = dl_batch_bytes(b, dl_batch_bytes_name(b, f), i, &len);
+        uint64_t len64 = p ? (uint64_t)len : UINT64_MAX;
+        XXH3_64bits_update(one, &len64, sizeof len64);
+        XXH3_64bits_update(all, &len64, sizeof len64);
+        if (p && len) {
+          XXH3_64bits_update(one, p, len);
+          XXH3_64bits_update(all, p, len);
+        }
+      }
     int64_t ep, ix;
     dl_batch_position(b, &ep, &ix);
     if (digest && json)
