@@ -42,7 +42,8 @@ test-asan:
 	cd build && DL_DLSHARD=$(CURDIR)/build-asan/dlshard DL_TEST_SHARDS=$(CURDIR)/build/tests/shards \
 	  XDG_CACHE_HOME=$(CURDIR)/build/tests/cache \
 	  $(PYTHON) -m pytest -q -p no:cacheprovider $(CURDIR)/tests/remote/test_http.py \
-	  $(CURDIR)/tests/remote/test_cache.py $(CURDIR)/tests/remote/test_s3.py $(CURDIR)/tests/remote/test_hub.py
+	  $(CURDIR)/tests/remote/test_cache.py $(CURDIR)/tests/remote/test_s3.py $(CURDIR)/tests/remote/test_hub.py \
+	  $(CURDIR)/tests/remote/test_mds_remote.py
 
 test-tsan:
 	@cmake -S . -B build-tsan $(SAN_FLAGS) -DDL_WERROR=ON -DCMAKE_C_FLAGS="$(TSAN)" >/dev/null

@@ -289,6 +289,14 @@ bool dl__is_url(const char *s);
 /* Adds the shard at URL to DS (remote/load.c): its index from the cache, or built from one
  * download (tar) or a ranged read of its footer (ringfeed shard). */
 int dl__remote_load(dl__dataset *ds, const char *url, const dl__options *o);
+/* Builds the sample table of FILE from FD (a whole local copy of SIZE bytes): 0 when the table
+ * may be cached, 1 when usable but its warnings should come at every open, or an error. */
+typedef int (*dl__scan_fn)(dl__dataset *ds, uint32_t file, int fd, uint64_t size, void *arg);
+/* Adds the remote object URL to DS with the samples SCAN finds in it: from the index cache when it
+ * holds this version of the object, else from one download. */
+int dl__remote_load_scanned(dl__dataset *ds, const char *url, const dl__options *o, dl__scan_fn scan, void *arg);
+/* The whole body of URL (at most MAX bytes) into a new NUL-terminated buffer *OUT, *LEN bytes. */
+int dl__remote_get_text(dl__dataset *ds, const char *url, const dl__options *o, size_t max, char **out, size_t *len);
 /* The s3:// objects (ListObjectsV2) or hf:// files (the Hub's tree API) a pattern with wildcards
  * names, sorted; the caller frees. */
 int dl__remote_list(dl__dataset *ds, const char *pattern, const dl__options *o, char ***out, size_t *n);
@@ -343,9 +351,11 @@ typedef struct dl__mds_spec {
   int64_t shape[DL__NPY_MAX_DIMS];
   bool used; /* a column of this name was seen */
 } dl__mds_spec;
-/* Whether PATH names an MDS dataset: a folder holding index.json, or an index.json. */
+/* Whether PATH names a local MDS dataset: a folder holding index.json, or an index.json. */
 bool dl__mds_is(const char *path);
-int dl__mds_load(dl__dataset *ds, const char *path, int on_error);
+/* Loads the MDS dataset at PATH: a local folder or index.json, or the URL of a remote one's
+ * index.json (or of its folder, ending in '/'). */
+int dl__mds_load(dl__dataset *ds, const char *path, const dl__options *o);
 /* One value of a tensor column (N bytes at P) as a .npy payload would describe it. */
 int dl__mds_parse(const dl__mds_spec *spec, const uint8_t *p, size_t n, dl__npy *out, dl__err *e);
 /* Loads a token source ("tokens:" stripped): windows of seq_len+1 tokens as samples. */

@@ -446,23 +446,17 @@ static int add_sample(dl__dataset *ds, const shard *sh, uint32_t file, int fd, u
   return 0;
 }
 
-static int load_shard(dl__dataset *ds, const char *root, const shard *sh, const char *index, int on_error) {
-  char path[PATH_MAX * 2 + 2];
-  if (!inside(sh->basename) || (sh->zip[0] && !inside(sh->zip)))
-    return dl__fail(DL_ECORRUPT, "MDS index %s: shard '%s' lies outside the dataset's folder", index,
-                    sh->basename[0] ? sh->basename : sh->zip);
-  snprintf(path, sizeof path, "%s/%s", root, sh->basename);
-  struct stat st;
-  if (stat(path, &st) && sh->zip[0])
-    return dl__fail(DL_EUNSUPPORTED, "MDS shard %s/%s is compressed (%s): MDS shards are read uncompressed, in "
-                    "place; decompress it once into %s (zstd -d, gunzip ...) or write the dataset without compression",
-                    root, sh->zip, sh->compression[0] ? sh->compression : "zip_data", sh->basename);
-  uint32_t file;
-  uint64_t size;
-  int rc = dl__dataset_open_file(ds, path, &file, &size, NULL);
-  if (rc)
-    return rc;
-  int fd = ds->fds[file];
+typedef struct scan_arg {
+  const shard *sh;
+  int on_error;
+} scan_arg;
+
+/* The samples of FILE (FD, SIZE bytes), the shard SH describes; 1 when some were left out (said
+ * at every open, not cached). */
+static int scan_shard(dl__dataset *ds, uint32_t file, int fd, uint64_t size, void *arg) {
+  const shard *sh = ((const scan_arg *)arg)->sh;
+  int on_error = ((const scan_arg *)arg)->on_error;
+  const char *path = ds->files[file];
   uint8_t four[4];
   if (size < 4 || dl__pread_full(fd, four, 4, 0) != 4)
     return dl__fail(DL_ECORRUPT, "MDS shard %s: %llu bytes, too short for a shard", path, (unsigned long long)size);
@@ -487,6 +481,7 @@ static int load_shard(dl__dataset *ds, const char *root, const shard *sh, const 
   for (int c = 0; c < sh->ncols; c++)
     nvar += sh->cols[c].size < 0;
   dropped d = {0};
+  int rc = 0;
   for (uint64_t i = 0; i < n && !rc; i++) {
     uint32_t a = dl__le32(offsets + 4 * i), b = dl__le32(offsets + 4 * (i + 1));
     if (a < 4 + table || b < a)
@@ -502,7 +497,31 @@ static int load_shard(dl__dataset *ds, const char *root, const shard *sh, const 
   else if (!rc && d.count)
     dl__log(DL__LOG_WARN, "MDS shard %s: %llu of its %llu samples left out (sample %llu: %s)", path,
             (unsigned long long)d.count, (unsigned long long)n, (unsigned long long)d.first, d.why);
-  return rc;
+  return rc ? rc : d.count ? 1 : 0;
+}
+
+/* Shard SH of the dataset at ROOT (a folder, or a remote index's URL without "/index.json"). */
+static int load_shard(dl__dataset *ds, const char *root, const shard *sh, const char *index, const dl__options *o) {
+  char path[PATH_MAX * 2 + 2];
+  if (!inside(sh->basename) || (sh->zip[0] && !inside(sh->zip)))
+    return dl__fail(DL_ECORRUPT, "MDS index %s: shard '%s' lies outside the dataset's folder", index,
+                    sh->basename[0] ? sh->basename : sh->zip);
+  scan_arg arg = {sh, o->on_error};
+  snprintf(path, sizeof path, "%s/%s", root, sh->basename);
+  bool remote = dl__is_url(root);
+  struct stat st;
+  if (sh->zip[0] && (remote || stat(path, &st)))
+    return dl__fail(DL_EUNSUPPORTED, "MDS shard %s/%s is compressed (%s): MDS shards are read uncompressed; "
+                    "decompress it once into %s (zstd -d, gunzip ...) or write the dataset without compression",
+                    root, sh->zip, sh->compression[0] ? sh->compression : "zip_data", sh->basename);
+  if (remote)
+    return dl__remote_load_scanned(ds, path, o, scan_shard, &arg);
+  uint32_t file;
+  uint64_t size;
+  int rc = dl__dataset_open_file(ds, path, &file, &size, NULL);
+  if (!rc)
+    rc = scan_shard(ds, file, ds->fds[file], size, &arg);
+  return rc < 0 ? rc : 0;
 }
 
 bool dl__mds_is(const char *path) {
@@ -525,15 +544,11 @@ bool dl__mds_is(const char *path) {
   return got > 0 && memmem(head, (size_t)got, "\"shards\"", 8);
 }
 
-int dl__mds_load(dl__dataset *ds, const char *path, int on_error) {
-  char index[PATH_MAX], root[PATH_MAX];
-  size_t n = strlen(path);
-  bool file = n >= 10 && !strcmp(path + n - 10, "index.json");
-  if (snprintf(index, sizeof index, file ? "%s" : "%s/index.json", path) >= (int)sizeof index)
-    return dl__fail(DL_ELIMIT, "source %s: path too long", path);
-  snprintf(root, sizeof root, "%.*s", file ? (int)(n > 10 ? n - 11 : 0) : (int)n, path);
-  if (!root[0])
-    snprintf(root, sizeof root, ".");
+/* The text of index.json at INDEX (a file or a URL) into a new buffer *TEXT, *LEN bytes. */
+static int read_index(dl__dataset *ds, const char *index, const dl__options *o, char **text, size_t *len) {
+  if (dl__is_url(index))
+    return dl__remote_get_text(ds, index, o, INDEX_MAX, text, len);
+  *text = NULL;
   struct stat st;
   int fd = dl__open_regular(index, "MDS index", &st);
   if (fd < 0)
@@ -542,12 +557,31 @@ int dl__mds_load(dl__dataset *ds, const char *path, int on_error) {
     close(fd);
     return dl__fail(DL_ELIMIT, "MDS index %s: %lld bytes, above %u", index, (long long)st.st_size, INDEX_MAX);
   }
-  char *text = malloc((size_t)st.st_size + 1);
-  shard *sh = malloc(sizeof *sh);
-  int64_t got = text && sh ? dl__pread_full(fd, text, (size_t)st.st_size, 0) : -ENOMEM;
+  *text = malloc((size_t)st.st_size + 1);
+  int64_t got = *text ? dl__pread_full(fd, *text, (size_t)st.st_size, 0) : -ENOMEM;
   close(fd);
-  int rc = got < 0 ? dl__fail((int)got, "MDS index %s: %s", index, strerror((int)-got)) : 0;
-  const char *p = text, *end = text + (got > 0 ? got : 0);
+  if (got < 0)
+    return dl__fail((int)got, "MDS index %s: %s", index, strerror((int)-got));
+  *len = (size_t)got;
+  return 0;
+}
+
+int dl__mds_load(dl__dataset *ds, const char *path, const dl__options *o) {
+  char index[PATH_MAX], root[PATH_MAX];
+  size_t n = strlen(path);
+  bool file = n >= 10 && !strcmp(path + n - 10, "index.json");
+  bool slash = n && path[n - 1] == '/';
+  if (snprintf(index, sizeof index, file ? "%s" : slash ? "%sindex.json" : "%s/index.json", path) >= (int)sizeof index)
+    return dl__fail(DL_ELIMIT, "source %s: path too long", path);
+  size_t root_len = strlen(index) - 10;
+  snprintf(root, sizeof root, "%.*s", (int)(root_len ? root_len - 1 : 0), index);
+  if (!root[0])
+    snprintf(root, sizeof root, ".");
+  char *text = NULL;
+  size_t got = 0;
+  shard *sh = malloc(sizeof *sh);
+  int rc = !sh ? dl__fail(-ENOMEM, "out of memory") : read_index(ds, index, o, &text, &got);
+  const char *p = text, *end = text ? text + got : NULL;
   bool shards = false, malformed = false;
   char key[32];
   int member = 0, more = 0;
@@ -566,7 +600,7 @@ int dl__mds_load(dl__dataset *ds, const char *path, int on_error) {
       if (!(p = shard_object(p, end, sh)))
         malformed = true;
       else if (!(rc = check_columns(ds, sh, index)))
-        rc = load_shard(ds, root, sh, index, on_error);
+        rc = load_shard(ds, root, sh, index, o);
     }
     malformed = malformed || more < 0;
   }

@@ -164,7 +164,7 @@ static int load_path(dl__dataset *ds, const char *path, const dl__options *o) {
     return dl__fail(-e, "source %s: %s", path, strerror(e));
   }
   if (dl__mds_is(path))
-    return dl__mds_load(ds, path, o->on_error);
+    return dl__mds_load(ds, path, o);
   if (S_ISDIR(st.st_mode))
     return dl__folder_load(ds, path);
   int rfs = is_rfs(path);

@@ -90,8 +90,10 @@ static int download(dl__dataset *ds, uint32_t file, const dl__target *t, const d
   return fd;
 }
 
-static int load_tar(dl__dataset *ds, uint32_t file, const dl__target *t, const dl__options *o, uint64_t size,
-                    const dl__shard_id *id) {
+/* The sample table of remote FILE (T, SIZE bytes, version ID): from the index cache when it holds
+ * this version, else SCAN over one whole copy, cached when SCAN found nothing to say again (0). */
+static int load_scanned(dl__dataset *ds, uint32_t file, const dl__target *t, const dl__options *o, uint64_t size,
+                        const dl__shard_id *id, dl__scan_fn scan, void *arg) {
   const char *url = t->name;
   if (dl__index_cache_read(ds, file, url, id) == 0)
     return 0;
@@ -99,13 +101,17 @@ static int load_tar(dl__dataset *ds, uint32_t file, const dl__target *t, const d
   if (fd < 0)
     return fd;
   size_t first = ds->n;
-  int rc = dl__tar_scan(ds, file, fd, size, o->on_error);
+  int rc = scan(ds, file, fd, size, arg);
   close(fd);
   if (rc < 0)
     return rc;
   if (rc == 0)
     dl__index_cache_write(ds, first, url, id);
   return 0;
+}
+
+static int scan_tar(dl__dataset *ds, uint32_t file, int fd, uint64_t size, void *on_error) {
+  return dl__tar_scan(ds, file, fd, size, *(const int *)on_error);
 }
 
 static uint64_t get64(const uint8_t *p) {
@@ -326,41 +332,99 @@ int dl__remote_put(const char *url, const dl__options *o, int fd, uint64_t size)
   return rc;
 }
 
-int dl__remote_load(dl__dataset *ds, const char *url, const dl__options *o) {
-  size_t n = strlen(url);
-  if (n >= 11 && (!strcmp(url + n - 11, "/index.json") || !strcmp(url + n - 4, ".mds")))
-    return dl__fail(DL_EUNSUPPORTED, "source %s: MDS datasets are read from a local folder: copy the dataset "
-                    "(or point at Streaming's local cache of it, its shards uncompressed)", url);
-  char http[8192];
-  dl__target t;
-  int rc = target_of(ds, url, o, http, sizeof http, &t);
+/* Probes URL and adds it to DS as *FILE, with its size, version (*ID) and the headers its later
+ * requests carry; T (its HTTP URL in HTTP, CAP bytes) is set up for them. Its first bytes go to
+ * HEAD (PROBE bytes), *HEAD_LEN of them. */
+static int add_object(dl__dataset *ds, const char *url, const dl__options *o, char *http, size_t cap, dl__target *t,
+                      uint32_t *file, uint64_t *size, dl__shard_id *id, uint8_t *head, size_t *head_len) {
+  int rc = target_of(ds, url, o, http, cap, t);
   if (rc)
     return rc;
-  uint8_t *head = malloc(PROBE);
-  if (!head)
-    return dl__fail(-ENOMEM, "out of memory");
-  uint64_t size = 0;
-  size_t head_len = 0;
   char etag[128] = "";
-  rc = explained(ds, &t, dl__http_probe(o, &t, &size, etag, sizeof etag, head, PROBE, &head_len));
-  uint32_t file = 0;
+  *head_len = 0;
+  rc = explained(ds, t, dl__http_probe(o, t, size, etag, sizeof etag, head, PROBE, head_len));
   /* A cached index or copy is the object's while its size and ETag are (or, with no ETag, its
    * first bytes). */
-  uint64_t edges = etag[0] ? XXH64(etag, strlen(etag), 1) : XXH64(head, head_len, 2);
-  uint64_t version = XXH64(url, strlen(url), edges ^ size);
+  uint64_t edges = etag[0] ? XXH64(etag, strlen(etag), 1) : XXH64(head, *head_len, 2);
+  uint64_t version = XXH64(url, strlen(url), edges ^ *size);
+  *id = (dl__shard_id){.size = *size, .edges = edges};
   if (!rc)
-    rc = dl__dataset_add_file(ds, url, &file);
+    rc = dl__dataset_add_file(ds, url, file);
   if (!rc)
-    rc = set_remote(ds, file, &t, size, version, etag);
-  if (!rc) {
-    t.headers = ds->remote[file].headers; /* what loading it still reads is of the version probed */
-    if (head_len >= 8 && !memcmp(head, "RFSHARD1", 8)) {
-      rc = load_rfs(ds, file, &t, o, size, head, head_len);
-    } else {
-      dl__shard_id id = {.size = size, .edges = edges};
-      rc = load_tar(ds, file, &t, o, size, &id);
-    }
+    rc = set_remote(ds, *file, t, *size, version, etag);
+  if (!rc)
+    t->headers = ds->remote[*file].headers; /* what loading it still reads is of the version probed */
+  return rc;
+}
+
+int dl__remote_load_scanned(dl__dataset *ds, const char *url, const dl__options *o, dl__scan_fn scan, void *arg) {
+  char http[8192];
+  dl__target t;
+  uint8_t *head = malloc(PROBE);
+  uint32_t file;
+  uint64_t size = 0;
+  size_t head_len;
+  dl__shard_id id;
+  int rc = head ? add_object(ds, url, o, http, sizeof http, &t, &file, &size, &id, head, &head_len)
+                : dl__fail(-ENOMEM, "out of memory");
+  if (!rc)
+    rc = load_scanned(ds, file, &t, o, size, &id, scan, arg);
+  free(head);
+  return rc;
+}
+
+int dl__remote_get_text(dl__dataset *ds, const char *url, const dl__options *o, size_t max, char **out, size_t *len) {
+  char http[8192], etag[128];
+  dl__target t;
+  uint8_t head[1];
+  size_t head_len;
+  uint64_t size = 0;
+  *out = NULL;
+  int rc = target_of(ds, url, o, http, sizeof http, &t);
+  if (!rc)
+    rc = explained(ds, &t, dl__http_probe(o, &t, &size, etag, sizeof etag, head, sizeof head, &head_len));
+  if (!rc && size > max)
+    rc = dl__fail(DL_ELIMIT, "source %s: %llu bytes, above %zu", url, (unsigned long long)size, max);
+  char *text = rc ? NULL : malloc((size_t)size + 2);
+  if (!rc && !text)
+    rc = dl__fail(-ENOMEM, "out of memory");
+  if (!rc)
+    rc = explained(ds, &t, dl__http_get_small(o, &t, (uint8_t *)text, (size_t)size + 1, len));
+  if (rc) {
+    free(text);
+    return rc;
   }
+  text[*len] = 0;
+  *out = text;
+  return 0;
+}
+
+/* An MDS dataset: its index.json, or the folder holding it (a URL ending in '/'). */
+static bool names_mds(const char *url) {
+  size_t n = strlen(url);
+  return (n >= 11 && !strcmp(url + n - 11, "/index.json")) || (n && url[n - 1] == '/');
+}
+
+int dl__remote_load(dl__dataset *ds, const char *url, const dl__options *o) {
+  if (names_mds(url))
+    return dl__mds_load(ds, url, o);
+  size_t n = strlen(url);
+  if (n > 4 && !strcmp(url + n - 4, ".mds"))
+    return dl__fail(DL_EUNSUPPORTED, "source %s: an MDS shard is read through its dataset's index.json: give the "
+                    "URL of that (or of its folder, ending in '/')", url);
+  char http[8192];
+  dl__target t;
+  uint8_t *head = malloc(PROBE);
+  uint32_t file;
+  uint64_t size = 0;
+  size_t head_len;
+  dl__shard_id id;
+  int rc = head ? add_object(ds, url, o, http, sizeof http, &t, &file, &size, &id, head, &head_len)
+                : dl__fail(-ENOMEM, "out of memory");
+  if (!rc && head_len >= 8 && !memcmp(head, "RFSHARD1", 8))
+    rc = load_rfs(ds, file, &t, o, size, head, head_len);
+  else if (!rc)
+    rc = load_scanned(ds, file, &t, o, size, &id, scan_tar, (void *)&o->on_error);
   free(head);
   return rc;
 }

@@ -41,8 +41,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   size_t shard_len = (size_t)(data + size - shard);
   if (!put(index_path, data, index_len) || !put(shard_path, shard, shard_len))
     abort();
+  static dl__options o;
+  if (!o.max_pixels && dl__options_parse(&o, ""))
+    abort();
   dl__dataset ds = {0};
-  if (dl__mds_load(&ds, dir, DL__ON_ERROR_SKIP) == 0) {
+  if (dl__mds_load(&ds, dir, &o) == 0) {
     for (size_t i = 0; i < ds.n; i++) {
       const dl__sample *s = &ds.samples[i];
       if (s->offset + s->size > shard_len || (uint64_t)s->image_at + s->image_len > s->size)

@@ -112,6 +112,31 @@ def test_dlshard_uploads_what_it_makes_and_reads_remote_shards(s3, tmp_path):
     assert missing.returncode == 1 and "NoSuchKey" in missing.stderr
 
 
+def test_an_mds_dataset_in_a_bucket_is_the_local_stream(s3, tmp_path):
+    """An MDS dataset whose merged index lists shards in subfolders, read through s3://.../index.json
+    with every request signed."""
+    import botocore.session
+    folder = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "shared", "testdata", "mds",
+                          "naive_MDSdataset")
+    if not os.path.isdir(folder):
+        pytest.skip("the shared test data is not there")
+    before = dict(s3["seen"])
+    client = botocore.session.get_session().create_client(
+        "s3", endpoint_url=f"http://127.0.0.1:{s3['port']}", aws_access_key_id=KEY, aws_secret_access_key=SECRET,
+        region_name=REGION)
+    for dirpath, _, files in os.walk(folder):
+        for name in files:
+            path = os.path.join(dirpath, name)
+            with open(path, "rb") as f:
+                client.put_object(Bucket="shards", Key="mds/" + os.path.relpath(path, folder), Body=f.read())
+    local = bench(folder, {}, "--batch", "2")
+    env = dict(s3["env"], XDG_CACHE_HOME=str(tmp_path))
+    for source in ("s3://shards/mds/index.json", "s3://shards/mds/"):
+        remote = bench(source, env, "--batch", "2")
+        assert remote["samples"] == local["samples"] == 5 and remote["batch_digests"] == local["batch_digests"]
+    assert s3["seen"]["refused"] == before["refused"] and s3["seen"]["checked"] > before["checked"]
+
+
 def test_virtual_hosted_addressing(s3):
     before = dict(s3["seen"])
     local = bench(os.path.join(SHARDS, "format-tar-gnu.tar"), {})

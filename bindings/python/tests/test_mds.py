@@ -342,10 +342,10 @@ def test_an_image_folder_with_an_index_json_of_its_own_stays_an_image_folder(tmp
     assert len(got) == 1 and got[0]["label"] == 0
 
 
-def test_a_remote_mds_dataset_is_refused_with_what_to_do():
-    for url in ("https://127.0.0.1:9/data/index.json", "s3://bucket/data/shard.00000.mds"):
-        with pytest.raises(ringfeed.Error, match="MDS datasets are read from a local folder"):
-            ringfeed.Loader(url, **KW)
+def test_a_remote_mds_shard_alone_is_refused_with_what_to_do():
+    """(Remote datasets are read through their index.json: tests/remote/test_mds_remote.py.)"""
+    with pytest.raises(ringfeed.Error, match="read through its dataset's index.json"):
+        ringfeed.Loader("s3://bucket/data/shard.00000.mds", **KW)
 
 
 @needs_testdata
