@@ -9,7 +9,7 @@
  * u64 hash of the shard's edges, u64 samples, u64 pool bytes,
  * u64 record bytes, then per sample {u64 offset, u64 size, i64 label, u32 name, u32 key, u8 codec,
  * u8 nrefs, u8 flags (2: the image is zstd-compressed), u8 0, u32 image_at, u32 image_len} followed
- * by nrefs x {u32 field name, u8 kind (0 .npy, 1 .npy.zst, 3 bytes), 3 x u8 0, u32 at, u32 len}, then the string pool (names, keys, field names), then u64 XXH64 of
+ * by nrefs x {u32 field name, u8 kind (0 .npy, 1 .npy.zst, 3 bytes, 4 an MDS value), 3 x u8 0, u32 at, u32 len}, then the string pool (names, keys, field names), then u64 XXH64 of
  * everything before it. (String fields are offsets into the pool.)
  */
 #include "internal.h"
@@ -126,7 +126,7 @@ int dl__index_cache_parse(dl__dataset *ds, uint32_t file, const uint8_t *p, size
     memcpy(&s.image_at, rec + 36, 4);
     memcpy(&s.image_len, rec + 40, 4);
     rec += RECORD_BYTES;
-    if (name >= pool || key >= pool || s.codec > DL__CODEC_OTHER || s.offset > size ||
+    if (name >= pool || key >= pool || s.codec > DL__CODEC_PIL || s.offset > size ||
         s.size > size - s.offset || nrefs > DL__MAX_FIELDS || rec + (size_t)nrefs * REF_BYTES > end ||
         (uint64_t)s.image_at + s.image_len > s.size)
       goto bad;
@@ -143,10 +143,11 @@ int dl__index_cache_parse(dl__dataset *ds, uint32_t file, const uint8_t *p, size
       memcpy(&fname, rec, 4);
       memcpy(&f.at, rec + 8, 4);
       memcpy(&f.len, rec + 12, 4);
-      if (fname >= pool || f.kind > DL__REF_BYTES || f.kind == DL__REF_TOKENS || (uint64_t)f.at + f.len > s.size)
+      if (fname >= pool || f.kind > DL__REF_MDS || f.kind == DL__REF_TOKENS || (uint64_t)f.at + f.len > s.size)
         goto bad;
       int idx = dl__dataset_field(ds, names + fname, strlen(names + fname));
-      if (idx < 0)
+      /* An MDS value is read as its column's encoding says: known (from the dataset's index) or bad. */
+      if (idx < 0 || (f.kind == DL__REF_MDS && !(ds->mds && ds->mds[idx].used)))
         goto bad;
       f.name = (uint16_t)idx;
       if (dl__dataset_add_ref(ds, &f))
@@ -181,6 +182,16 @@ int dl__index_cache_read(dl__dataset *ds, uint32_t file, const char *path, const
       return 0;
   }
   return -1;
+}
+
+/* Whether the folder holding PATH has no write permission for anyone: a dataset folder marked
+ * read-only is left as it is even by root, whom the permission would not stop. */
+static bool folder_marked_read_only(const char *path) {
+  char dir[PATH_MAX];
+  const char *slash = strrchr(path, '/');
+  snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - path) + 1 : 1, slash ? path : ".");
+  struct stat st;
+  return stat(dir, &st) == 0 && !(st.st_mode & (S_IWUSR | S_IWGRP | S_IWOTH));
 }
 
 static int write_all(const char *target, const uint8_t *p, size_t len) {
@@ -266,7 +277,7 @@ void dl__index_cache_write(const dl__dataset *ds, size_t first, const char *path
   put64(p + len - 8, XXH64(p, len - 8, 0));
   char target[PATH_MAX + 64];
   snprintf(target, sizeof target, "%s.rfidx", path);
-  int r = dl__is_url(path) ? -EROFS : write_all(target, p, len);
+  int r = dl__is_url(path) || folder_marked_read_only(path) ? -EROFS : write_all(target, p, len);
   if (r) {
     char dir[PATH_MAX];
     if (fallback_path(path, target, sizeof target) == 0 && cache_dir(dir, sizeof dir) == 0) {

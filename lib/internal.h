@@ -293,8 +293,10 @@ int dl__remote_load(dl__dataset *ds, const char *url, const dl__options *o);
  * may be cached, 1 when usable but its warnings should come at every open, or an error. */
 typedef int (*dl__scan_fn)(dl__dataset *ds, uint32_t file, int fd, uint64_t size, void *arg);
 /* Adds the remote object URL to DS with the samples SCAN finds in it: from the index cache when it
- * holds this version of the object, else from one download. */
-int dl__remote_load_scanned(dl__dataset *ds, const char *url, const dl__options *o, dl__scan_fn scan, void *arg);
+ * holds this version of the object (and SALT, what else the table depends on), else from one
+ * download. */
+int dl__remote_load_scanned(dl__dataset *ds, const char *url, const dl__options *o, dl__scan_fn scan, void *arg,
+                            uint64_t salt);
 /* The whole body of URL (at most MAX bytes) into a new NUL-terminated buffer *OUT, *LEN bytes. */
 int dl__remote_get_text(dl__dataset *ds, const char *url, const dl__options *o, size_t max, char **out, size_t *len);
 /* The s3:// objects (ListObjectsV2) or hf:// files (the Hub's tree API) a pattern with wildcards

@@ -446,6 +446,24 @@ static int add_sample(dl__dataset *ds, const shard *sh, uint32_t file, int fd, u
   return 0;
 }
 
+/* What reading a sample depends on beside the shard's bytes: each column's name, encoding, size
+ * and the part it plays. */
+static uint64_t columns_hash(const shard *sh) {
+  dl__hasher *h = dl__hasher_new();
+  if (!h)
+    return 0;
+  for (int i = 0; i < sh->ncols; i++) {
+    const column *c = &sh->cols[i];
+    int64_t parts[4] = {c->size, c->role, c->codec, c->label};
+    dl__hasher_update(h, c->name, strlen(c->name) + 1);
+    dl__hasher_update(h, c->encoding, strlen(c->encoding) + 1);
+    dl__hasher_update(h, parts, sizeof parts);
+  }
+  uint64_t v = dl__hasher_digest(h);
+  dl__hasher_free(h);
+  return v;
+}
+
 typedef struct scan_arg {
   const shard *sh;
   int on_error;
@@ -514,13 +532,24 @@ static int load_shard(dl__dataset *ds, const char *root, const shard *sh, const 
     return dl__fail(DL_EUNSUPPORTED, "MDS shard %s/%s is compressed (%s): MDS shards are read uncompressed; "
                     "decompress it once into %s (zstd -d, gunzip ...) or write the dataset without compression",
                     root, sh->zip, sh->compression[0] ? sh->compression : "zip_data", sh->basename);
+  /* A sample table depends on the shard's bytes and on how its columns were read: the index
+   * cache keeps it for both. */
+  uint64_t salt = columns_hash(sh);
   if (remote)
-    return dl__remote_load_scanned(ds, path, o, scan_shard, &arg);
+    return dl__remote_load_scanned(ds, path, o, scan_shard, &arg, salt);
   uint32_t file;
   uint64_t size;
-  int rc = dl__dataset_open_file(ds, path, &file, &size, NULL);
-  if (!rc)
-    rc = scan_shard(ds, file, ds->fds[file], size, &arg);
+  dl__shard_id id;
+  int rc = dl__dataset_open_file(ds, path, &file, &size, &id);
+  if (rc)
+    return rc;
+  id.edges ^= salt;
+  if (dl__index_cache_read(ds, file, path, &id) == 0)
+    return 0;
+  size_t first = ds->n;
+  rc = scan_shard(ds, file, ds->fds[file], size, &arg);
+  if (rc == 0)
+    dl__index_cache_write(ds, first, path, &id);
   return rc < 0 ? rc : 0;
 }
 

@@ -357,7 +357,8 @@ static int add_object(dl__dataset *ds, const char *url, const dl__options *o, ch
   return rc;
 }
 
-int dl__remote_load_scanned(dl__dataset *ds, const char *url, const dl__options *o, dl__scan_fn scan, void *arg) {
+int dl__remote_load_scanned(dl__dataset *ds, const char *url, const dl__options *o, dl__scan_fn scan, void *arg,
+                            uint64_t salt) {
   char http[8192];
   dl__target t;
   uint8_t *head = malloc(PROBE);
@@ -367,6 +368,7 @@ int dl__remote_load_scanned(dl__dataset *ds, const char *url, const dl__options 
   dl__shard_id id;
   int rc = head ? add_object(ds, url, o, http, sizeof http, &t, &file, &size, &id, head, &head_len)
                 : dl__fail(-ENOMEM, "out of memory");
+  id.edges ^= salt;
   if (!rc)
     rc = load_scanned(ds, file, &t, o, size, &id, scan, arg);
   free(head);

@@ -259,6 +259,32 @@ def test_columns_past_the_fields_a_dataset_holds_are_named(tmp_path, capfd):
     assert "column c16: left out, a dataset has at most 16 distinct fields" in capfd.readouterr().err
 
 
+def test_sample_tables_are_cached_and_follow_the_index(tmp_path, monkeypatch):
+    """Each shard's sample table is kept like a tar index: beside it, or in the cache folder when
+    the dataset's folder is marked read-only. An index.json edited since (a column renamed) is read
+    as it now is."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    data = tmp_path / "data"
+    write_mds(str(data), {"label": "int", "caption": "str"}, [{"label": i, "caption": f"c{i}"} for i in range(6)])
+    first = everything(ringfeed.Loader(str(data), **KW))
+    assert sorted(p.name for p in data.glob("*.rfidx")) == ["shard.00000.mds.rfidx", "shard.00001.mds.rfidx"]
+    assert everything(ringfeed.Loader(str(data), **KW)) == first
+    index = json.loads((data / "index.json").read_text())
+    for shard in index["shards"]:
+        shard["column_names"] = ["text" if n == "caption" else n for n in shard["column_names"]]
+    (data / "index.json").write_text(json.dumps(index))
+    renamed = everything(ringfeed.Loader(str(data), **KW))
+    assert [r["text"] for r in renamed] == [f"c{i}" for i in range(6)] and all("caption" not in r for r in renamed)
+    marked = tmp_path / "marked"
+    write_mds(str(marked), {"label": "int"}, [{"label": i} for i in range(3)])
+    marked.chmod(0o555)
+    try:
+        assert [int(r["label"]) for r in everything(ringfeed.Loader(str(marked), **KW))] == [0, 1, 2]
+        assert not list(marked.glob("*.rfidx")) and list((tmp_path / "cache" / "ringfeed").glob("*.mds.rfidx"))
+    finally:
+        marked.chmod(0o755)
+
+
 def test_a_column_of_two_types_across_datasets_is_refused(tmp_path):
     write_mds(str(tmp_path / "a"), {"v": "ndarray:int32"}, [{"v": np.ones(2, np.int32)}])
     write_mds(str(tmp_path / "b"), {"v": "ndarray:float32"}, [{"v": np.ones(2, np.float32)}])
