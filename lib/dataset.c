@@ -68,6 +68,27 @@ int dl__open_regular(const char *path, const char *what, struct stat *st) {
   return fd;
 }
 
+/* An unnamed file in $TMPDIR (gone when closed), SIZE bytes long (sparse). */
+int dl__scratch_file(uint64_t size, const char *url) {
+  const char *dir = getenv("TMPDIR");
+  dir = dir && *dir ? dir : "/tmp";
+  int fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/ringfeed-XXXXXX", dir);
+    fd = mkostemp(path, O_CLOEXEC);
+    if (fd >= 0)
+      unlink(path);
+  }
+  if (fd < 0 || ftruncate(fd, (off_t)size)) {
+    int e = errno;
+    if (fd >= 0)
+      close(fd);
+    return dl__fail(-e, "source %s: no room for a temporary copy in %s: %s", url, dir, strerror(e));
+  }
+  return fd;
+}
+
 int dl__dataset_open_file(dl__dataset *ds, const char *path, uint32_t *file, uint64_t *size, dl__shard_id *id) {
   int rc = dl__dataset_add_file(ds, path, file);
   if (rc)

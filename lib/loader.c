@@ -251,8 +251,8 @@ int dl_open(dl_loader **out, const char *source, const char *options) {
       goto fail;
   }
   uint32_t remote = 0;
-  for (uint32_t i = 0; i < l->ds.nfiles; i++)
-    remote += dl__is_url(l->ds.files[i]);
+  for (uint32_t i = 0; i < l->ds.nfiles; i++) /* (a compressed remote MDS shard is read from a local copy) */
+    remote += i < l->ds.nremote && l->ds.remote[i].url;
   if (remote && remote < l->ds.nfiles) {
     r = dl__fail(DL_EOPTION, "source %s: remote and local shards in one loader (open one loader for each)", source);
     goto fail;

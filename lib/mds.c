@@ -14,8 +14,10 @@
  *
  * Index and shards are untrusted: every size and offset is checked before it is used. A sample
  * whose sizes do not add up to its length, or that lies past the end of its file, is left out and
- * named once per shard (with on_error=fail the open fails instead); compressed shards (zip_data)
- * are named with what to do, as compressed tar shards are.
+ * named once per shard (with on_error=fail the open fails instead). Shards kept only compressed
+ * (zip_data) are decompressed at open into temporary files when zstd, else named with what to do.
+ * A remote dataset (the URL of its index.json) is read the same way, each shard downloaded once
+ * to read its samples' sizes; sample tables are kept in the index cache.
  */
 #include "internal.h"
 
@@ -27,6 +29,8 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include <zstd.h>
 
 #define INDEX_MAX (64u << 20) /* an index.json larger than this is not one */
 #define MAX_COLUMNS 256
@@ -45,7 +49,7 @@ typedef struct column {
 
 typedef struct shard {
   char basename[PATH_MAX], zip[PATH_MAX], format[32], compression[32];
-  uint64_t samples, version;
+  uint64_t samples, version, raw_bytes; /* raw_bytes: the uncompressed shard's size, or 0 */
   int ncols, nnames, nsizes;
   column cols[MAX_COLUMNS];
 } shard;
@@ -215,8 +219,9 @@ static const char *string_or_null(const char *p, const char *end, char *out, siz
 }
 
 /* raw_data / zip_data: {"basename": ..., "bytes": ..., "hashes": ...} or null. */
-static const char *file_info(const char *p, const char *end, char *basename, size_t cap) {
+static const char *file_info(const char *p, const char *end, char *basename, size_t cap, uint64_t *bytes) {
   basename[0] = 0;
+  *bytes = 0;
   if (dl__json_null(p, end, &p))
     return p;
   if (p >= end || *p++ != '{')
@@ -224,7 +229,12 @@ static const char *file_info(const char *p, const char *end, char *basename, siz
   char key[32];
   int member;
   while ((member = dl__json_member(&p, end, key, sizeof key)) == 1) {
-    p = !strcmp(key, "basename") && *p == '"' ? dl__json_string(p, end, basename, cap) : dl__json_skip(p, end);
+    if (!strcmp(key, "basename") && *p == '"')
+      p = dl__json_string(p, end, basename, cap);
+    else if (!strcmp(key, "bytes") && *p != 'n')
+      p = dl__json_uint(p, end, bytes);
+    else
+      p = dl__json_skip(p, end);
     if (!p)
       return NULL;
   }
@@ -237,6 +247,7 @@ static const char *shard_object(const char *p, const char *end, shard *sh) {
     return NULL;
   char key[64];
   int member, sizes = 0;
+  uint64_t zip_bytes;
   while ((member = dl__json_member(&p, end, key, sizeof key)) == 1) {
     if (!strcmp(key, "column_names"))
       p = column_array(p, end, sh, 0, &sh->nnames);
@@ -249,9 +260,9 @@ static const char *shard_object(const char *p, const char *end, shard *sh) {
     else if (!strcmp(key, "compression"))
       p = string_or_null(p, end, sh->compression, sizeof sh->compression);
     else if (!strcmp(key, "raw_data"))
-      p = file_info(p, end, sh->basename, sizeof sh->basename);
+      p = file_info(p, end, sh->basename, sizeof sh->basename, &sh->raw_bytes);
     else if (!strcmp(key, "zip_data"))
-      p = file_info(p, end, sh->zip, sizeof sh->zip);
+      p = file_info(p, end, sh->zip, sizeof sh->zip, &zip_bytes);
     else if (!strcmp(key, "samples"))
       p = dl__json_uint(p, end, &sh->samples);
     else if (!strcmp(key, "version"))
@@ -518,6 +529,92 @@ static int scan_shard(dl__dataset *ds, uint32_t file, int fd, uint64_t size, voi
   return rc ? rc : d.count ? 1 : 0;
 }
 
+/* The zstd frames of IN (a compressed shard, NAME in messages) into a new temporary file *OUT,
+ * which must come to exactly EXPECT bytes. */
+static int unpack(int in, const char *name, uint64_t expect, int *out) {
+  enum { CHUNK = 1 << 17 };
+  int fd = dl__scratch_file(0, name);
+  if (fd < 0)
+    return fd;
+  ZSTD_DStream *z = ZSTD_createDStream();
+  uint8_t *src = malloc(CHUNK), *dst = malloc(CHUNK);
+  int rc = z && src && dst ? 0 : dl__fail(-ENOMEM, "out of memory");
+  uint64_t at = 0, made = 0;
+  size_t left = 0; /* nonzero while a frame is not complete */
+  while (!rc) {
+    int64_t got = dl__pread_full(in, src, CHUNK, at);
+    if (got <= 0) {
+      if (got < 0)
+        rc = dl__fail((int)got, "MDS shard %s: %s", name, strerror((int)-got));
+      break;
+    }
+    at += (uint64_t)got;
+    ZSTD_inBuffer zin = {src, (size_t)got, 0};
+    bool full; /* the output filled: zstd may hold more of it */
+    do {
+      ZSTD_outBuffer zout = {dst, CHUNK, 0};
+      left = ZSTD_decompressStream(z, &zout, &zin);
+      if (ZSTD_isError(left))
+        rc = dl__fail(DL_ECORRUPT, "MDS shard %s: zstd: %s", name, ZSTD_getErrorName(left));
+      else if (made + zout.pos > expect)
+        rc = dl__fail(DL_ECORRUPT, "MDS shard %s: decompresses to more than the %llu bytes its index gives", name,
+                      (unsigned long long)expect);
+      else if (zout.pos && pwrite(fd, dst, zout.pos, (off_t)made) != (ssize_t)zout.pos)
+        rc = dl__fail(-(errno ? errno : EIO), "MDS shard %s: writing its uncompressed copy: %s", name,
+                      strerror(errno ? errno : EIO));
+      made += zout.pos;
+      full = zout.pos == zout.size;
+    } while (!rc && (zin.pos < zin.size || full));
+  }
+  if (!rc && left)
+    rc = dl__fail(DL_ECORRUPT, "MDS shard %s: its zstd data ends early (truncated?)", name);
+  if (!rc && made != expect)
+    rc = dl__fail(DL_ECORRUPT, "MDS shard %s: decompresses to %llu bytes, its index gives %llu", name,
+                  (unsigned long long)made, (unsigned long long)expect);
+  ZSTD_freeDStream(z);
+  free(src);
+  free(dst);
+  if (rc)
+    close(fd);
+  else
+    *out = fd;
+  return rc;
+}
+
+/* A shard kept compressed (zip_data): decompressed at open into a temporary file that the loader
+ * reads as a local shard (fetched whole first when the dataset is remote). */
+static int load_zipped(dl__dataset *ds, const char *root, const shard *sh, const dl__options *o, scan_arg *arg) {
+  char path[PATH_MAX * 2 + 2];
+  snprintf(path, sizeof path, "%s/%s", root, sh->zip);
+  const char *how = sh->compression[0] ? sh->compression : "an unnamed compression";
+  if (strncmp(how, "zstd", 4) || (how[4] && how[4] != ':'))
+    return dl__fail(DL_EUNSUPPORTED, "MDS shard %s is compressed with %s: zstd shards are read; decompress it once "
+                    "into %s/%s, or write the dataset with compression='zstd' or none", path, how, root,
+                    sh->basename[0] ? sh->basename : "its raw_data name");
+  if (!sh->raw_bytes)
+    return dl__fail(DL_ECORRUPT, "MDS index: shard %s: the index gives no uncompressed size (raw_data bytes)", path);
+  if (sh->raw_bytes > UINT32_MAX) /* a shard's offsets are 32-bit */
+    return dl__fail(DL_ECORRUPT, "MDS index: shard %s: an uncompressed size of %llu bytes, above 4 GiB", path,
+                    (unsigned long long)sh->raw_bytes);
+  int in;
+  uint64_t size;
+  int rc = dl__is_url(path) ? dl__remote_copy(path, o, true, &in, &size)
+                            : (in = dl__open_regular(path, "MDS shard", NULL)) < 0 ? in : 0;
+  if (rc)
+    return rc;
+  uint32_t file;
+  int fd = -1;
+  rc = unpack(in, path, sh->raw_bytes, &fd);
+  close(in);
+  if (!rc && (rc = dl__dataset_add_file(ds, path, &file)))
+    close(fd);
+  if (rc)
+    return rc;
+  ds->fds[file] = fd;
+  rc = scan_shard(ds, file, fd, sh->raw_bytes, arg);
+  return rc < 0 ? rc : 0;
+}
+
 /* Shard SH of the dataset at ROOT (a folder, or a remote index's URL without "/index.json"). */
 static int load_shard(dl__dataset *ds, const char *root, const shard *sh, const char *index, const dl__options *o) {
   char path[PATH_MAX * 2 + 2];
@@ -529,9 +626,7 @@ static int load_shard(dl__dataset *ds, const char *root, const shard *sh, const 
   bool remote = dl__is_url(root);
   struct stat st;
   if (sh->zip[0] && (remote || stat(path, &st)))
-    return dl__fail(DL_EUNSUPPORTED, "MDS shard %s/%s is compressed (%s): MDS shards are read uncompressed; "
-                    "decompress it once into %s (zstd -d, gunzip ...) or write the dataset without compression",
-                    root, sh->zip, sh->compression[0] ? sh->compression : "zip_data", sh->basename);
+    return load_zipped(ds, root, sh, o, &arg);
   /* A sample table depends on the shard's bytes and on how its columns were read: the index
    * cache keeps it for both. */
   uint64_t salt = columns_hash(sh);

@@ -23,27 +23,6 @@ bool dl__is_url(const char *s) {
          !strncmp(s, "hf://", 5);
 }
 
-/* An unnamed file in $TMPDIR (gone when closed), SIZE bytes long (sparse). */
-static int scratch_file(uint64_t size, const char *url) {
-  const char *dir = getenv("TMPDIR");
-  dir = dir && *dir ? dir : "/tmp";
-  int fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
-  if (fd < 0) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/ringfeed-XXXXXX", dir);
-    fd = mkostemp(path, O_CLOEXEC);
-    if (fd >= 0)
-      unlink(path);
-  }
-  if (fd < 0 || ftruncate(fd, (off_t)size)) {
-    int e = errno;
-    if (fd >= 0)
-      close(fd);
-    return dl__fail(-e, "source %s: no room for a temporary copy in %s: %s", url, dir, strerror(e));
-  }
-  return fd;
-}
-
 static int write_at(int fd, const uint8_t *p, size_t n, uint64_t off) {
   for (size_t done = 0; done < n;) {
     ssize_t w = pwrite(fd, p + done, n - done, (off_t)(off + done));
@@ -79,7 +58,7 @@ static int download(dl__dataset *ds, uint32_t file, const dl__target *t, const d
     if (fd != -ENOSPC && fd != -EBUSY)
       return fd; /* the copy, or an error (other than no room: then a temporary file) */
   }
-  int fd = scratch_file(size, t->name);
+  int fd = dl__scratch_file(size, t->name);
   if (fd < 0)
     return fd;
   int rc = dl__http_download(o, t, fd, size, NULL);
@@ -143,7 +122,7 @@ static int rfs_index_copy(const dl__target *t, const dl__options *o, uint64_t si
     more = malloc(tail_at - ioff);
     rc = more ? dl__http_range(o, t, ioff, tail_at - ioff, more) : dl__fail(-ENOMEM, "out of memory reading %s", url);
   }
-  int fd = rc ? -1 : scratch_file(size, url);
+  int fd = rc ? -1 : dl__scratch_file(size, url);
   if (!rc && fd < 0)
     rc = fd;
   if (!rc && (write_at(fd, head, head_len, 0) || write_at(fd, tail, tail_len, tail_at) ||
@@ -309,7 +288,7 @@ int dl__remote_copy(const char *url, const dl__options *o, bool whole, int *out,
   int fd = -1;
   if (!rc && !whole && head_len >= 8 && !memcmp(head, "RFSHARD1", 8)) {
     rc = (fd = rfs_index_copy(&t, o, *size, head, head_len)) < 0 ? fd : 0;
-  } else if (!rc && (rc = (fd = scratch_file(*size, url)) < 0 ? fd : 0) == 0 &&
+  } else if (!rc && (rc = (fd = dl__scratch_file(*size, url)) < 0 ? fd : 0) == 0 &&
              (rc = dl__http_download(o, &t, fd, *size, NULL))) {
     close(fd);
     fd = -1;

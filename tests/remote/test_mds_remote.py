@@ -127,6 +127,15 @@ def test_what_is_missing_or_not_read_is_named(served, tmp_path):
     assert out.returncode == 1 and f"{server.url}/broken/shard.00001.mds: HTTP 404" in out.stderr
     out = dlbench(f"{server.url}/images/shard.00000.mds", *SMALL, env=env, ok=False)
     assert out.returncode == 1 and "read through its dataset's index.json" in out.stderr
-    if TESTDATA.is_dir():
-        out = dlbench(f"{server.url}/third-party/my-copy-arxiv/", *SMALL, env=env, ok=False)
-        assert out.returncode == 1 and "shard.00000.mds.zstd is compressed (zstd)" in out.stderr
+
+
+@pytest.mark.skipif(not TESTDATA.is_dir(), reason="the shared test data is not there")
+def test_zstd_compressed_shards_over_http(served, tmp_path):
+    """Compressed shards (Streaming's compression='zstd') are fetched whole and decompressed at
+    open: the same stream as the local compressed copy, read from the temporary copy."""
+    root, server, _ = served
+    env = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
+    local = dlbench(str(TESTDATA / "my-copy-arxiv"), "--batch", "16", "--option", "pad=1", env=env)
+    remote = dlbench(f"{server.url}/third-party/my-copy-arxiv/", "--batch", "16", "--option", "pad=1", env=env)
+    assert remote["samples"] == local["samples"] == 173 and remote["batch_digests"] == local["batch_digests"]
+    assert remote["io_backend"] != "http" and len(whole_gets(server.access_log, "my-copy-arxiv/shard.00000.mds.zstd")) == 1

@@ -4,6 +4,8 @@ labels, text, JSON, numbers, arrays), and damaged ones, each named."""
 import io
 import json
 import os
+import re
+import shutil
 import struct
 import subprocess
 import tarfile
@@ -351,7 +353,7 @@ def test_a_damaged_value_is_a_sample_error_naming_shard_and_sample(tmp_path, cap
      ' "column_sizes": [null], "raw_data": {"basename": "../s.mds"}, "samples": 1}]}', "outside the dataset"),
     ('{"shards": [{"format": "mds", "version": 2, "column_names": ["a"], "column_encodings": ["str"],'
      ' "column_sizes": [null], "raw_data": {"basename": "s.mds"}, "zip_data": {"basename": "s.mds.zstd"},'
-     ' "compression": "zstd", "samples": 1}]}', "is compressed (zstd)"),
+     ' "compression": "zstd", "samples": 1}]}', "gives no uncompressed size (raw_data bytes)"),
 ])
 def test_a_bad_index_is_named_with_its_reason(tmp_path, index, why):
     (tmp_path / "index.json").write_text(index)
@@ -375,10 +377,48 @@ def test_a_remote_mds_shard_alone_is_refused_with_what_to_do():
 
 
 @needs_testdata
-def test_compressed_third_party_shard_says_what_to_do():
-    with pytest.raises(ringfeed.Error) as e:
-        ringfeed.Loader(os.path.join(MDS, "my-copy-arxiv"), **KW)
-    assert e.value.name == "DL_EUNSUPPORTED" and "shard.00000.mds.zstd is compressed (zstd)" in str(e.value)
+def test_zstd_compressed_shards_are_read_as_their_uncompressed_copy(tmp_path):
+    """Streaming's compression='zstd' keeps only shard.NNNNN.mds.zstd: decompressed at open into a
+    temporary file, the same samples (and keys) as the shard uncompressed by zstd itself."""
+    zipped = tmp_path / "zipped"
+    shutil.copytree(os.path.join(MDS, "my-copy-arxiv"), zipped)
+    plain = tmp_path / "plain"
+    shutil.copytree(zipped, plain)
+    subprocess.run(["zstd", "-q", "-d", "--rm", str(plain / "shard.00000.mds.zstd")], check=True)
+    want = read_mds(str(plain))
+    got = everything(ringfeed.Loader(str(zipped), **KW))
+    assert len(got) == len(want) == 173
+    assert all(np.array_equal(g["tokens"], w["tokens"]) for g, w in zip(got, want))
+    assert [g["key"] for g in got] == [g["key"] for g in everything(ringfeed.Loader(str(plain), **KW))]
+
+
+def test_a_damaged_or_other_compression_is_named(tmp_path):
+    write_mds(str(tmp_path / "ok"), {"label": "int", "caption": "str"}, [{"label": i, "caption": "x" * i} for i in range(4)])
+    index = json.loads((tmp_path / "ok" / "index.json").read_text())
+    raw = (tmp_path / "ok" / "shard.00000.mds").read_bytes()
+    subprocess.run(["zstd", "-q", "-k", str(tmp_path / "ok" / "shard.00000.mds"), "-o",
+                    str(tmp_path / "ok" / "shard.00000.mds.zstd")], check=True)
+    zipped = (tmp_path / "ok" / "shard.00000.mds.zstd").read_bytes()
+
+    def dataset(name, data, compression="zstd", raw_bytes=len(raw)):
+        folder = tmp_path / name
+        folder.mkdir()
+        sh = dict(index["shards"][0], compression=compression,
+                  raw_data={"basename": "shard.00000.mds", "bytes": raw_bytes, "hashes": {}},
+                  zip_data={"basename": "shard.00000.mds.zstd", "bytes": len(data), "hashes": {}})
+        (folder / "index.json").write_text(json.dumps({"shards": [sh], "version": 2}))
+        (folder / "shard.00000.mds.zstd").write_bytes(data)
+        return str(folder)
+
+    assert [int(r["label"]) for r in everything(ringfeed.Loader(dataset("good", zipped, "zstd:7"), **KW))] == [0, 1, 2, 3]
+    for name, data, kw, why in [
+            ("cut", zipped[:-9], {}, "shard.00000.mds.zstd: its zstd data ends early (truncated?)"),
+            ("noise", zipped[:20] + bytes(40) + zipped[60:], {}, "shard.00000.mds.zstd: zstd: "),
+            ("small", zipped, {"raw_bytes": len(raw) - 1}, "decompresses to more than the"),
+            ("large", zipped, {"raw_bytes": len(raw) + 1}, f"decompresses to {len(raw)} bytes, its index gives"),
+            ("gz", zipped, {"compression": "gz"}, "is compressed with gz: zstd shards are read")]:
+        with pytest.raises(ringfeed.Error, match=re.escape(why)):
+            ringfeed.Loader(dataset(name, data, **kw), **KW)
 
 
 def test_dlshard_converts_an_mds_dataset_to_the_same_stream(tmp_path):
