@@ -299,6 +299,9 @@ typedef int (*dl__scan_fn)(dl__dataset *ds, uint32_t file, int fd, uint64_t size
  * download. */
 int dl__remote_load_scanned(dl__dataset *ds, const char *url, const dl__options *o, dl__scan_fn scan, void *arg,
                             uint64_t salt);
+/* The URL of NAME (a relative path) in the remote folder ROOT into OUT (CAP bytes), NAME
+ * percent-encoded where ROOT is HTTP(S) ("a b?.mds" is a name, not a query). */
+int dl__remote_join(char *out, size_t cap, const char *root, const char *name);
 /* The whole body of URL (at most MAX bytes) into a new NUL-terminated buffer *OUT, *LEN bytes. */
 int dl__remote_get_text(dl__dataset *ds, const char *url, const dl__options *o, size_t max, char **out, size_t *len);
 /* The s3:// objects (ListObjectsV2) or hf:// files (the Hub's tree API) a pattern with wildcards

@@ -585,7 +585,10 @@ static int unpack(int in, const char *name, uint64_t expect, int *out) {
  * reads as a local shard (fetched whole first when the dataset is remote). */
 static int load_zipped(dl__dataset *ds, const char *root, const shard *sh, const dl__options *o, scan_arg *arg) {
   char path[PATH_MAX * 2 + 2];
-  snprintf(path, sizeof path, "%s/%s", root, sh->zip);
+  int rc = dl__is_url(root) ? dl__remote_join(path, sizeof path, root, sh->zip)
+                            : (snprintf(path, sizeof path, "%s/%s", root, sh->zip), 0);
+  if (rc)
+    return rc;
   const char *how = sh->compression[0] ? sh->compression : "an unnamed compression";
   if (strncmp(how, "zstd", 4) || (how[4] && how[4] != ':'))
     return dl__fail(DL_EUNSUPPORTED, "MDS shard %s is compressed with %s: zstd shards are read; decompress it once "
@@ -598,8 +601,8 @@ static int load_zipped(dl__dataset *ds, const char *root, const shard *sh, const
                     (unsigned long long)sh->raw_bytes);
   int in;
   uint64_t size;
-  int rc = dl__is_url(path) ? dl__remote_copy(path, o, true, &in, &size)
-                            : (in = dl__open_regular(path, "MDS shard", NULL)) < 0 ? in : 0;
+  rc = dl__is_url(path) ? dl__remote_copy(path, o, true, &in, &size)
+                        : (in = dl__open_regular(path, "MDS shard", NULL)) < 0 ? in : 0;
   if (rc)
     return rc;
   uint32_t file;
@@ -622,8 +625,11 @@ static int load_shard(dl__dataset *ds, const char *root, const shard *sh, const 
     return dl__fail(DL_ECORRUPT, "MDS index %s: shard '%s' lies outside the dataset's folder", index,
                     sh->basename[0] ? sh->basename : sh->zip);
   scan_arg arg = {sh, o->on_error};
-  snprintf(path, sizeof path, "%s/%s", root, sh->basename);
   bool remote = dl__is_url(root);
+  int rc = remote ? dl__remote_join(path, sizeof path, root, sh->basename)
+                  : (snprintf(path, sizeof path, "%s/%s", root, sh->basename), 0);
+  if (rc)
+    return rc;
   struct stat st;
   if (sh->zip[0] && (remote || stat(path, &st)))
     return load_zipped(ds, root, sh, o, &arg);
@@ -635,7 +641,7 @@ static int load_shard(dl__dataset *ds, const char *root, const shard *sh, const 
   uint32_t file;
   uint64_t size;
   dl__shard_id id;
-  int rc = dl__dataset_open_file(ds, path, &file, &size, &id);
+  rc = dl__dataset_open_file(ds, path, &file, &size, &id);
   if (rc)
     return rc;
   id.edges ^= salt;

@@ -380,6 +380,17 @@ int dl__remote_get_text(dl__dataset *ds, const char *url, const dl__options *o, 
   return 0;
 }
 
+int dl__remote_join(char *out, size_t cap, const char *root, const char *name) {
+  size_t at = (size_t)snprintf(out, cap, "%s/", root);
+  bool http = !strncmp(root, "http://", 7) || !strncmp(root, "https://", 8);
+  if (at >= cap)
+    return dl__fail(DL_ELIMIT, "source %s/%s: URL too long", root, name);
+  /* s3:// keys and hf:// paths are encoded where their requests are made. */
+  bool fits = http ? dl__url_encode(out, cap, &at, name, strlen(name), "/")
+                   : (size_t)snprintf(out + at, cap - at, "%s", name) < cap - at;
+  return fits ? 0 : dl__fail(DL_ELIMIT, "source %s/%s: URL too long", root, name);
+}
+
 /* An MDS dataset: its index.json, or the folder holding it (a URL ending in '/'). */
 static bool names_mds(const char *url) {
   size_t n = strlen(url);

@@ -115,6 +115,25 @@ def test_with_a_shard_cache_every_shard_is_fetched_once(served, tmp_path):
     assert warm["loader"]["requests"] == 0 and warm["loader"]["cache_fetches"] == 0
 
 
+def test_shard_names_that_are_not_url_safe_are_requested_as_named(served, tmp_path):
+    """A basename holding a space, '?' or '#' is a name to percent-encode, not a query or a fragment."""
+    root, server, _ = served
+    odd = root / "odd"
+    shutil.copytree(root / "images", odd)
+    index = json.loads((odd / "index.json").read_text())
+    for i, shard in enumerate(index["shards"]):
+        name = f"part {i}?#%.mds"
+        (odd / shard["raw_data"]["basename"]).rename(odd / name)
+        shard["raw_data"]["basename"] = name
+    (odd / "index.json").write_text(json.dumps(index))
+    for p in odd.iterdir():
+        p.chmod(0o644)
+    env = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
+    local = dlbench(str(root / "images"), *SMALL, env=env)
+    remote = dlbench(f"{server.url}/odd/", *SMALL, env=env)
+    assert remote["batch_digests"] == local["batch_digests"] and remote["errors"] == local["errors"]
+
+
 def test_what_is_missing_or_not_read_is_named(served, tmp_path):
     root, server, _ = served
     env = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
