@@ -82,6 +82,7 @@ class Nginx:
         if not shutil.which("nginx") and not os.path.exists("/usr/sbin/nginx"):
             raise RuntimeError("nginx is not installed")
         self.port = free_port()
+        self.root = root
         os.makedirs(work, exist_ok=True)
         tls = f"ssl http2; ssl_certificate {cert}; ssl_certificate_key {key};" if cert else ";"
         self.url = f"{'https' if cert else 'http'}://127.0.0.1:{self.port}"

@@ -94,6 +94,29 @@ def test_hf_urls_and_resolve_urls_read_with_the_token(hub):
     assert seen.with_token > 5 and seen.without == 0
 
 
+def test_an_mds_dataset_on_the_hub(hub, tmp_path):
+    """An MDS dataset in a dataset repository, read through hf://.../index.json with the token."""
+    folder = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "shared", "testdata", "mds",
+                          "naive_MDSdataset")
+    if not os.path.isdir(folder):
+        pytest.skip("the shared test data is not there")
+    target = os.path.join(hub["files"].root, "datasets", "org", "name", "resolve", "main", "mds")
+    shutil.copytree(folder, target)
+    for dirpath, dirs, files in os.walk(target):
+        os.chmod(dirpath, 0o755)
+        for name in files:
+            os.chmod(os.path.join(dirpath, name), 0o644)
+    seen = Seen(need=TOKEN)
+    proxy = FaultProxy(hub["files"].port, check=seen)
+    try:
+        local = dlbench(folder, "--batch", "2")
+        remote = dlbench("hf://datasets/org/name/mds/index.json", "--batch", "2", env=hub_env(proxy.url, hub["work"]))
+    finally:
+        proxy.stop()
+    assert remote["samples"] == local["samples"] == 5 and remote["batch_digests"] == local["batch_digests"]
+    assert seen.with_token > 0 and seen.without == 0
+
+
 def test_the_token_goes_to_the_hub_only(hub):
     """Not to another server, nor to the Hub's file storage on another host a redirect names."""
     work = hub["work"]
@@ -129,7 +152,7 @@ def test_a_refused_token_or_none_says_what_to_do(hub):
     assert "hf_wrong-secret" not in wrong.stderr + wrong.stdout
 
 
-@pytest.mark.parametrize("url", ["hf://datasets/org", "hf://datasets/org/name", "hf://datasets/org/name/",
+@pytest.mark.parametrize("url", ["hf://datasets/org", "hf://datasets/org/name", "hf://datasets/org/",
                                  "hf:///name/x.tar"])
 def test_a_malformed_hf_url_is_named(hub, url):
     out = run(url, "http://127.0.0.1:9", hub["work"], ok=False)
