@@ -398,9 +398,14 @@ static bool names_mds(const char *url) {
 }
 
 int dl__remote_load(dl__dataset *ds, const char *url, const dl__options *o) {
-  if (names_mds(url))
-    return dl__mds_load(ds, url, o);
   size_t n = strlen(url);
+  if (names_mds(url)) {
+    int rc = dl__mds_load(ds, url, o);
+    if (rc == -ENOENT && url[n - 1] == '/')
+      rc = dl__fail(-ENOENT, "source %s: no index.json there (a folder is read as an MDS dataset); give tar or "
+                    "ringfeed shards by name, brace range or, on s3:// and hf://, a pattern such as %s*.tar", url, url);
+    return rc;
+  }
   if (n > 4 && !strcmp(url + n - 4, ".mds"))
     return dl__fail(DL_EUNSUPPORTED, "source %s: an MDS shard is read through its dataset's index.json: give the "
                     "URL of that (or of its folder, ending in '/')", url);

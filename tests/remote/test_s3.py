@@ -135,6 +135,10 @@ def test_an_mds_dataset_in_a_bucket_is_the_local_stream(s3, tmp_path):
         remote = bench(source, env, "--batch", "2")
         assert remote["samples"] == local["samples"] == 5 and remote["batch_digests"] == local["batch_digests"]
     assert s3["seen"]["refused"] == before["refused"] and s3["seen"]["checked"] > before["checked"]
+    # A folder without index.json is no MDS dataset: what to give instead.
+    out = bench("s3://shards/rfs/", env, ok=False)
+    assert out.returncode == 1 and "s3://shards/rfs/: no index.json there" in out.stderr
+    assert "s3://shards/rfs/*.tar" in out.stderr
 
 
 def test_virtual_hosted_addressing(s3):
