@@ -112,6 +112,7 @@ DL_EXTERN const char *dl_last_error(void);
  * is written in double quotes (cache_dir="/mnt/My Drive/cache"):
  *   batch_size workers prefetch image_size(N or HxW) crop(random_resized|center|resize|none)
  *   flip channels(1|3) layout(NHWC|NCHW) seed shuffle shuffle_block(K shards) epochs(0 = forever)
+ *   repeat(R1,R2,...: each "::" part of the source R times an epoch; 0.5 a new half each epoch)
  *   start_epoch drop_last rank
  *   world_size device(cpu|cuda|cuda:N[,M...]) dtype(uint8|float32|float16|bfloat16) mean std
  *   device_slots on_error(skip|fail) io(auto|uring|pread|mmap) io_depth max_pixels max_member_bytes

@@ -190,6 +190,7 @@ void dl__dataset_free(dl__dataset *ds) {
   free(ds->pool);
   free(ds->refs);
   free(ds->mds);
+  free(ds->part_first);
   for (int i = 0; i < ds->nfield_names; i++)
     free(ds->field_names[i]);
   memset(ds, 0, sizeof *ds);

@@ -56,6 +56,8 @@ enum { DL__ON_ERROR_SKIP, DL__ON_ERROR_FAIL };
 enum { DL__IO_AUTO, DL__IO_URING, DL__IO_PREAD, DL__IO_MMAP };
 enum { DL__DECODE_AUTO, DL__DECODE_CPU, DL__DECODE_GPU, DL__DECODE_HYBRID };
 
+#define DL__MAX_PARTS 256 /* "::" parts of a source that repeat= can weigh */
+
 typedef struct dl__options {
   int batch_size;
   int workers;  /* 0: auto (dl_open chooses: choose_counts in loader.c) */
@@ -88,6 +90,8 @@ typedef struct dl__options {
   int timeout_ms;   /* remote sources: connecting, or a body that stops coming, for this long fails */
   char ca_file[512]; /* remote sources: a CA bundle for TLS (else the system's) */
   int shuffle_block; /* shuffle within blocks of this many shards (0: the whole dataset at once) */
+  double repeat[DL__MAX_PARTS]; /* repeat=: times each "::" part of the source is seen an epoch */
+  int nrepeat;                  /* values given (0: every part once) */
   char cache_dir[512]; /* remote sources: whole shards kept here (empty: no cache) */
   int64_t cache_limit; /* bytes the cache folder may hold */
   int64_t memory_budget; /* bytes the batch slots may take (prefetch=auto); 0: auto */
@@ -186,6 +190,8 @@ typedef struct dl__dataset {
   void *hub;    /* the Hugging Face Hub's endpoint and token (remote/hub.c), or NULL */
   int64_t cache_fetches, cache_fetch_bytes; /* remote tars downloaded into the shard cache to index them */
   char skipped_shard[DL__MSG_MAX]; /* the first shard skipped whole, and why: "no samples" says it */
+  int64_t *part_first; /* where each "::" part of the source starts in samples (nparts + 1) */
+  uint32_t nparts;
 } dl__dataset;
 
 /* Index of field NAME (LEN bytes), added when new; -1 past DL__MAX_FIELDS names or on ENOMEM. */
@@ -401,7 +407,22 @@ typedef struct dl__sampler {
   uint64_t fingerprint; /* of the dataset (its keys in order), carried by resume tokens */
   int64_t token_block;  /* the shuffle_block a resume token was saved with */
   struct dl__blocks *blocks; /* shuffle_block=K: the two-level order's tables, else NULL */
+  const struct dl__mix *mix; /* repeat=: positions run over copies of the source's parts, else NULL */
 } dl__sampler;
+
+/* repeat=: an epoch runs over copies of each "::" part of the source. Part P's samples are the
+ * dataset's FIRST[P] .. FIRST[P + 1] - 1, its copies the epoch's positions VFIRST[P] ..
+ * VFIRST[P + 1] - 1 (round(R x samples) of them: whole copies, then a subset). */
+typedef struct dl__mix {
+  uint32_t nparts;
+  int64_t *first, *vfirst; /* nparts + 1 each */
+} dl__mix;
+/* The mix of DS's parts under the factors R (NR of them: one per part), or an error naming what
+ * does not fit. */
+int dl__mix_init(dl__mix *m, const dl__dataset *ds, const double *r, int nr);
+void dl__mix_free(dl__mix *m);
+/* What the mix adds to a dataset's fingerprint: a token saved under other factors is refused. */
+uint64_t dl__mix_fingerprint(const dl__mix *m);
 
 int dl__sampler_init(dl__sampler *s, int64_t n, int world, int rank, int batch, int drop_last,
                      int shuffle, uint64_t seed, int64_t epochs, int64_t start_epoch, const char *resume,
@@ -419,8 +440,10 @@ uint64_t dl__dataset_fingerprint(const dl__dataset *ds);
 /* Batch K of the run: its epoch, index within the epoch, and the epoch's start offset. */
 void dl__sampler_locate(const dl__sampler *s, int64_t k, int64_t *epoch, int64_t *index, int64_t *off);
 int dl__sampler_batch_len(const dl__sampler *s, int64_t k);
-/* Dataset index of sample I of batch K. */
-int64_t dl__sampler_sample(const dl__sampler *s, int64_t k, int i, int64_t *epoch);
+/* Dataset index of sample I of batch K, its epoch, and (DRAW, may be NULL) what its random draws
+ * are keyed by: its place in the epoch's order of the dataset (of the parts' copies with repeat=,
+ * so that two copies of one sample are cropped apart). */
+int64_t dl__sampler_sample(const dl__sampler *s, int64_t k, int i, int64_t *epoch, int64_t *draw);
 /* Token for the state after batches [0, K) of the run were handed out. */
 int dl__sampler_token(const dl__sampler *s, int64_t k, char *buf, size_t cap);
 /* The index that position POS of epoch E's permutation holds. */
@@ -727,6 +750,7 @@ typedef struct dl__pace {
 struct dl_loader {
   dl__options o;
   dl__dataset ds;
+  dl__mix mix; /* repeat=: the parts' copies the samplers run over (nparts 0: none) */
   int nstreams;
   dl__stream streams[DL__MAX_DEVICES];
   size_t image_bytes; /* one batch's image bytes */
@@ -787,6 +811,7 @@ typedef struct dl__claim {
   dl_batch *slot;
   int i;
   int64_t index; /* dataset index */
+  int64_t draw;  /* what its random draws are keyed by (dl__sampler_sample) */
   int64_t epoch;
   uint8_t *arena; /* where the sample's bytes go when the GPU may decode it, else NULL */
   bool hybrid;    /* its batch is split between the workers and the GPU */

@@ -50,6 +50,7 @@ static void free_loader(dl_loader *l) {
     dl__host_free(l, l->host_mem, l->host_mem_bytes);
   dl__cuda_close(l);
   dl__dataset_free(&l->ds);
+  dl__mix_free(&l->mix);
   pthread_mutex_destroy(&l->mu);
   pthread_cond_destroy(&l->work_cv);
   pthread_cond_destroy(&l->ready_cv);
@@ -242,11 +243,24 @@ int dl_open(dl_loader **out, const char *source, const char *options) {
     snprintf(l->len_names[f], sizeof l->len_names[f], "%.72s_len", l->fields[f].name);
   l->nstreams = l->o.ndevices > 1 ? l->o.ndevices : 1;
   uint64_t fingerprint = dl__dataset_fingerprint(&l->ds);
+  int64_t epoch_len = (int64_t)l->ds.n;
+  if (l->o.nrepeat) {
+    if (l->o.shuffle_block) {
+      r = dl__fail(DL_EOPTION, "options repeat= and shuffle_block=%d do not go together: the parts' copies are "
+                   "shuffled over the whole epoch", l->o.shuffle_block);
+      goto fail;
+    }
+    if ((r = dl__mix_init(&l->mix, &l->ds, l->o.repeat, l->o.nrepeat)))
+      goto fail;
+    epoch_len = l->mix.vfirst[l->mix.nparts];
+    fingerprint = dl__hash3(fingerprint, dl__mix_fingerprint(&l->mix), 0x6d6978);
+  }
   for (int s = 0; s < l->nstreams; s++) {
     /* Several devices in one process split the data as if each were a rank of its own. */
-    r = dl__sampler_init(&l->streams[s].sm, (int64_t)l->ds.n, l->o.world_size * l->nstreams,
+    r = dl__sampler_init(&l->streams[s].sm, epoch_len, l->o.world_size * l->nstreams,
                          l->o.rank * l->nstreams + s, l->o.batch_size, l->o.drop_last, l->o.shuffle,
                          l->o.seed, l->o.epochs, l->o.start_epoch, l->o.resume, fingerprint);
+    l->streams[s].sm.mix = l->o.nrepeat ? &l->mix : NULL;
     if (r || (r = set_blocks(l, &l->streams[s].sm)))
       goto fail;
   }
@@ -837,7 +851,7 @@ int dl_stats_json(dl_loader *l, char *buf, size_t cap) {
       ",\"wall_s\":%.6f,\"first_batch_ms\":%.3f,\"open_ms\":%.3f,\"open_index_ms\":%.3f,\"open_cuda_ms\":%.3f"
       ",\"open_gpu_decode_ms\":%.3f,\"open_slots_ms\":%.3f,\"open_workers_ms\":%.3f,\"consumer_wait_s\":%.6f"
       ",\"consumer_wait_gpu_busy_s\":%.6f,\"decode_s\":%.6f"
-      ",\"read_wait_s\":%.6f,\"workers\":%d,\"workers_active\":%d,\"workers_active_why\":\"%s\",\"parked_s\":%.6f,\"prefetch\":%d,\"batch_size\":%d,\"dataset_samples\":%zu"
+      ",\"read_wait_s\":%.6f,\"workers\":%d,\"workers_active\":%d,\"workers_active_why\":\"%s\",\"parked_s\":%.6f,\"prefetch\":%d,\"batch_size\":%d,\"dataset_samples\":%zu,\"epoch_samples\":%" PRId64
       ",\"workers_reason\":\"%s\",\"prefetch_reason\":\"%s\",\"io_backend\":\"%s\",\"io_reason\":\"%s\",\"device\":\"%s\",\"decode_backend\":\"%s\""
       ",\"decode_reason\":\"%s\",\"cpu_decoded\":%" PRId64 ",\"gpu_decoded\":%" PRId64 ",\"gpu_fallbacks\":%" PRId64
       ",\"gpu_share\":%.4f,\"gpu_share_balanced\":%.4f,\"arena_mb\":%.1f,\"host_batch_bytes\":%zu"
@@ -849,7 +863,7 @@ int dl_stats_json(dl_loader *l, char *buf, size_t cap) {
       wall, first, l->st.open_ms, l->st.open_index_ms, l->st.open_cuda_ms, l->st.open_gpu_decode_ms,
       l->st.open_slots_ms, l->st.open_workers_ms, wait + wait_busy, wait_busy, atomic_load(&l->st.decode_ns) * 1e-9,
       atomic_load(&l->st.read_wait_ns) * 1e-9, l->o.workers, active, json_text(pace_why, active_why, sizeof active_why),
-      atomic_load(&l->st.parked_ns) * 1e-9, l->o.prefetch, l->o.batch_size, l->ds.n,
+      atomic_load(&l->st.parked_ns) * 1e-9, l->o.prefetch, l->o.batch_size, l->ds.n, l->streams[0].sm.n,
       json_text(l->workers_reason, workers_reason, sizeof workers_reason),
       json_text(l->prefetch_reason, prefetch_reason, sizeof prefetch_reason),
       l->o.io == DL__IO_MMAP ? "mmap" : l->io_ops->name, json_text(l->io_reason, io_reason, sizeof io_reason),

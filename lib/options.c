@@ -128,6 +128,25 @@ static int parse_floats3(const char *key, const char *v, float out[3]) {
   return 0;
 }
 
+/* repeat=R1,R2,...: one factor per "::" part of the source, each 0..1000. */
+static int parse_repeat(const char *key, const char *v, dl__options *o) {
+  const char *p = v;
+  o->nrepeat = 0;
+  for (;;) {
+    char *end;
+    errno = 0;
+    double x = strtod(p, &end);
+    if (errno || end == p || !(x >= 0 && x <= 1000) || (*end && *end != ','))
+      return bad(key, v, "expected a factor from 0 to 1000 for each '::' part of the source, such as 0.5,2");
+    if (o->nrepeat == DL__MAX_PARTS)
+      return bad(key, v, "more than 256 factors");
+    o->repeat[o->nrepeat++] = x;
+    if (!*end)
+      return 0;
+    p = end + 1;
+  }
+}
+
 static int parse_size(const char *key, const char *v, dl__options *o) {
   int64_t h, w;
   const char *x = strchr(v, 'x');
@@ -287,6 +306,8 @@ static int apply(dl__options *o, const char *key, const char *v) {
     return parse_bool(key, v, &o->pad);
   if (!strcmp(key, "mean"))
     return parse_floats3(key, v, o->mean);
+  if (!strcmp(key, "repeat"))
+    return parse_repeat(key, v, o);
   if (!strcmp(key, "std")) {
     if ((r = parse_floats3(key, v, o->std)))
       return r;

@@ -71,7 +71,7 @@ int dl__ring_claim(dl_loader *l, dl__claim *c, bool block, int worker) {
     if (best) {
       c->slot = slot;
       c->i = best->claim_i;
-      c->index = dl__sampler_sample(&best->sm, best->claim_k, best->claim_i, &c->epoch);
+      c->index = dl__sampler_sample(&best->sm, best->claim_k, best->claim_i, &c->epoch, &c->draw);
       c->arena = dl__gpu_arena_take(l, slot, c->i, &l->ds.samples[c->index]);
       c->hybrid = l->decode == DL__DECODE_HYBRID;
       if (++best->claim_i == slot->len) {

@@ -18,6 +18,7 @@
 #include <pthread.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -294,13 +295,71 @@ int dl__sampler_batch_len(const dl__sampler *s, int64_t k) {
   return (int)(left < s->batch ? left : s->batch);
 }
 
-int64_t dl__sampler_sample(const dl__sampler *s, int64_t k, int i, int64_t *epoch) {
+/* The dataset index of copy position V of EPOCH under repeat=. */
+static int64_t mix_sample(const dl__sampler *s, int64_t epoch, int64_t v) {
+  const dl__mix *m = s->mix;
+  uint32_t lo = 0, hi = m->nparts; /* the part whose copies hold V: the last starting at or before it */
+  while (hi - lo > 1) {
+    uint32_t mid = lo + (hi - lo) / 2;
+    if (m->vfirst[mid] <= v)
+      lo = mid;
+    else
+      hi = mid;
+  }
+  int64_t n = m->first[lo + 1] - m->first[lo], j = v - m->vfirst[lo];
+  if (!s->shuffle)
+    return m->first[lo] + j % n;
+  /* Each copy is a permutation of its own, so a part's last, partial copy is another subset of
+   * its samples every epoch. */
+  return m->first[lo] + dl__permute(dl__hash3(s->seed, lo, (uint64_t)(j / n)), epoch, n, j % n);
+}
+
+int64_t dl__sampler_sample(const dl__sampler *s, int64_t k, int i, int64_t *epoch, int64_t *draw) {
   int64_t j, off;
   dl__sampler_locate(s, k, epoch, &j, &off);
   int64_t pos = off + s->rank + (int64_t)s->world * (j * s->batch + i);
-  if (!s->shuffle)
-    return pos;
-  return s->blocks ? block_sample(s, *epoch, pos) : dl__permute(s->seed, *epoch, s->n, pos);
+  int64_t v = !s->shuffle ? pos : s->blocks ? block_sample(s, *epoch, pos) : dl__permute(s->seed, *epoch, s->n, pos);
+  if (draw)
+    *draw = v;
+  return s->mix ? mix_sample(s, *epoch, v) : v;
+}
+
+int dl__mix_init(dl__mix *m, const dl__dataset *ds, const double *r, int nr) {
+  *m = (dl__mix){0};
+  if ((uint32_t)nr != ds->nparts)
+    return dl__fail(DL_EOPTION, "option repeat= gives %d factor%s for a source of %u part%s (one for each "
+                    "'::'-separated part)", nr, nr == 1 ? "" : "s", ds->nparts, ds->nparts == 1 ? "" : "s");
+  m->first = malloc((ds->nparts + 1) * sizeof *m->first);
+  m->vfirst = malloc((ds->nparts + 1) * sizeof *m->vfirst);
+  if (!m->first || !m->vfirst) {
+    dl__mix_free(m);
+    return dl__fail(-ENOMEM, "out of memory");
+  }
+  m->nparts = ds->nparts;
+  m->first[0] = m->vfirst[0] = 0;
+  for (uint32_t p = 0; p < m->nparts; p++) {
+    int64_t n = ds->part_first[p + 1] - ds->part_first[p];
+    m->first[p + 1] = ds->part_first[p + 1];
+    m->vfirst[p + 1] = m->vfirst[p] + llround(r[p] * (double)n);
+  }
+  if (m->vfirst[m->nparts] == 0) {
+    dl__mix_free(m);
+    return dl__fail(DL_ENOSAMPLES, "option repeat=: no part is seen at these factors");
+  }
+  return 0;
+}
+
+void dl__mix_free(dl__mix *m) {
+  free(m->first);
+  free(m->vfirst);
+  *m = (dl__mix){0};
+}
+
+uint64_t dl__mix_fingerprint(const dl__mix *m) {
+  uint64_t h = 0x6d6978;
+  for (uint32_t p = 0; p <= m->nparts; p++)
+    h = dl__hash3(h, (uint64_t)m->first[p], (uint64_t)m->vfirst[p]);
+  return h;
 }
 
 int dl__sampler_token(const dl__sampler *s, int64_t k, char *buf, size_t cap) {

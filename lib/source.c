@@ -253,6 +253,18 @@ static int load_part(dl__dataset *ds, const char *part, const dl__options *o) {
   return r;
 }
 
+/* Where the part just loaded ends in the sample table (for repeat=). */
+static int note_part_end(dl__dataset *ds) {
+  int64_t *grown = realloc(ds->part_first, (ds->nparts + 2) * sizeof *grown);
+  if (!grown)
+    return dl__fail(-ENOMEM, "out of memory");
+  ds->part_first = grown;
+  if (!ds->nparts)
+    grown[0] = 0;
+  grown[++ds->nparts] = (int64_t)ds->n;
+  return 0;
+}
+
 int dl__source_load(dl__dataset *ds, const char *source, const dl__options *o) {
   if (!source || !*source)
     return dl__fail(DL_EOPTION, "no source given");
@@ -270,6 +282,8 @@ int dl__source_load(dl__dataset *ds, const char *source, const dl__options *o) {
       return dl__fail(-ENOMEM, "out of memory");
     int r = n ? load_part(ds, part, o) : 0;
     free(part);
+    if (!r && n && (r = note_part_end(ds)))
+      return r;
     if (r)
       return r;
     if (!sep)

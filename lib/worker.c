@@ -111,7 +111,7 @@ static void decode(struct dl__worker *w, inflight *f, bool verify, dl__err *e) {
     atomic_fetch_add_explicit(&l->st.decode_ns, ns_since(&t0), memory_order_relaxed);
     return;
   }
-  uint64_t key = dl__sample_key(l, c->epoch, c->index);
+  uint64_t key = dl__sample_key(l, c->epoch, c->draw);
   const uint8_t *image = f->data + f->s->image_at;
   size_t image_len = f->s->image_len;
   if (f->s->flags & DL__SAMPLE_IMAGE_ZST) {

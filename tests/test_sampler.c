@@ -21,7 +21,7 @@ static int64_t run(dl__sampler *s, int64_t *out, int64_t cap) {
     for (int i = 0; i < len; i++) {
       int64_t epoch;
       ASSERT_LT(n, cap);
-      out[n++] = dl__sampler_sample(s, k, i, &epoch);
+      out[n++] = dl__sampler_sample(s, k, i, &epoch, NULL);
     }
   }
   return n;
@@ -49,7 +49,7 @@ static void check_blocks(void) {
     int64_t block_shards[F];
     for (int64_t pos = 0; pos < n; pos++) {
       int64_t k = pos / B, e;
-      int64_t v = dl__sampler_sample(&s, k + epoch * s.nb, (int)(pos % B), &e);
+      int64_t v = dl__sampler_sample(&s, k + epoch * s.nb, (int)(pos % B), &e, NULL);
       ASSERT_EQ(e, epoch);
       ASSERT(v >= 0 && v < n);
       ASSERT_EQ(seen[v], 0);
@@ -72,7 +72,7 @@ static void check_blocks(void) {
     int64_t e;
     int same = 0;
     for (int i = 0; i < B; i++)
-      same += dl__sampler_sample(&s, 0, i, &e) == dl__permute(5, 0, n, i);
+      same += dl__sampler_sample(&s, 0, i, &e, NULL) == dl__permute(5, 0, n, i);
     ASSERT_LT(same, B);
     dl__sampler_free(&s);
   }
@@ -89,7 +89,7 @@ static void check_blocks(void) {
   for (int64_t k = 0; k < b.total; k++)
     for (int i = 0; i < dl__sampler_batch_len(&b, k); i++) {
       int64_t e1, e2;
-      ASSERT_EQ(dl__sampler_sample(&b, k, i, &e1), dl__sampler_sample(&a, k + 9, i, &e2));
+      ASSERT_EQ(dl__sampler_sample(&b, k, i, &e1, NULL), dl__sampler_sample(&a, k + 9, i, &e2, NULL));
     }
   dl__sampler_free(&b);
   ASSERT_EQ(dl__sampler_init(&b, n, 2, 1, B, 0, 1, 5, 2, 0, tok, 0), 0);
@@ -161,7 +161,7 @@ int main(void) {
         dl__sampler_init(&sr, N, W, r, B, 0, 1, 3, 2, 0, NULL, 0);
         for (int64_t k = 0; k < c; k++)
           for (int i = 0; i < dl__sampler_batch_len(&sr, k); i++) {
-            int64_t e, v = dl__sampler_sample(&sr, k, i, &e);
+            int64_t e, v = dl__sampler_sample(&sr, k, i, &e, NULL);
             ASSERT_EQ(seen[v], 0);
             seen[v] = 1;
             before++;
@@ -174,7 +174,7 @@ int main(void) {
         ASSERT_EQ(s2.start_epoch, 0);
         for (int64_t k = 0; k < s2.nb_first; k++)
           for (int i = 0; i < dl__sampler_batch_len(&s2, k); i++) {
-            int64_t e, v = dl__sampler_sample(&s2, k, i, &e);
+            int64_t e, v = dl__sampler_sample(&s2, k, i, &e, NULL);
             ASSERT_EQ(e, 0);
             ASSERT_EQ(seen[v], 0);
             seen[v] = 1;
@@ -194,7 +194,7 @@ int main(void) {
           ASSERT_EQ(dl__sampler_batch_len(&b, k), dl__sampler_batch_len(&a, k + c));
           for (int i = 0; i < dl__sampler_batch_len(&b, k); i++) {
             int64_t e1, e2;
-            ASSERT_EQ(dl__sampler_sample(&b, k, i, &e1), dl__sampler_sample(&a, k + c, i, &e2));
+            ASSERT_EQ(dl__sampler_sample(&b, k, i, &e1, NULL), dl__sampler_sample(&a, k + c, i, &e2, NULL));
             ASSERT_EQ(e1, e2);
           }
         }
@@ -258,8 +258,8 @@ int main(void) {
   ASSERT_EQ(dl__sampler_init(&s, 95, 1, 0, 10, 0, 0, 0, 0, 0, NULL, 0), 0);
   ASSERT_EQ(s.total, -1);
   int64_t e;
-  ASSERT_EQ(dl__sampler_sample(&s, 3, 4, &e), 34);
-  ASSERT_EQ(dl__sampler_sample(&s, 12, 0, &e), 20);
+  ASSERT_EQ(dl__sampler_sample(&s, 3, 4, &e, NULL), 34);
+  ASSERT_EQ(dl__sampler_sample(&s, 12, 0, &e, NULL), 20);
   ASSERT_EQ(e, 1);
   ASSERT_EQ(dl__sampler_batch_len(&s, 9), 5);
   ASSERT_EQ(dl__sampler_init(&s, 95, 1, 0, 10, 1, 0, 0, 1, 0, NULL, 0), 0);

@@ -327,7 +327,7 @@ static void plan(struct dl__cache *c) {
       int len = dl__sampler_batch_len(sm, k);
       for (int i = k == claim[st] ? claim_i[st] : 0; i < len; i++, seen++) {
         int64_t epoch;
-        uint32_t f = l->ds.samples[dl__sampler_sample(sm, k, i, &epoch)].file;
+        uint32_t f = l->ds.samples[dl__sampler_sample(sm, k, i, &epoch, NULL)].file;
         if (c->s[f].wanted || (int64_t)l->ds.remote[f].size > budget)
           continue;
         c->s[f].wanted = true;

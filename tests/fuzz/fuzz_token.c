@@ -28,7 +28,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       if (len < 1 || len > batch)
         abort();
       for (int i = 0; i < len; i++) {
-        int64_t epoch, index = dl__sampler_sample(&s, k, i, &epoch);
+        int64_t epoch, index = dl__sampler_sample(&s, k, i, &epoch, NULL);
         if (index < 0 || index >= n || epoch < s.start_epoch || epoch >= 3)
           abort();
       }
