@@ -1,6 +1,6 @@
 """Remote shards against local disk, side by side in one run on this machine: images/s of dlbench
 (W workers, RandomResizedCrop 224 + flip) over the synthetic set as tar and as ringfeed shards,
-from local disk, from nginx and from an S3 server (s3rver) over loopback, each without and with
+and as an MDS dataset (uncompressed, and zstd-compressed shards decompressed at open), from local disk, from nginx and from an S3 server (s3rver) over loopback, each without and with
 added latency per request (a pass-through proxy that holds every request LATENCY ms), with the
 shard cache off, cold (first run into an empty folder) and warm; and requests per sample.
 
@@ -42,7 +42,25 @@ subprocess.run([dlshard, "create", os.path.join(root, "rfs", "syn"), tars, "--sa
                capture_output=True, check=True)
 ntar = len(glob.glob(os.path.join(root, "*.tar")))
 nrfs = len(glob.glob(os.path.join(root, "rfs", "*.rfs")))
-sets = {"tar": f"synth-{{000000..{ntar - 1:06d}}}.tar", "rfs": f"rfs/syn-{{000000..{nrfs - 1:06d}}}.rfs"}
+# MDS copies of the same samples, as MDSWriter writes them: uncompressed, and zstd-compressed
+# (only the .mds.zstd files kept, as Streaming's compression='zstd' leaves a remote).
+import compare_torch  # noqa: E402
+compare_torch.write_mds(compare_torch.member_index(compare_torch.expand(tars)), os.path.join(root, "mds"))
+shutil.copytree(os.path.join(root, "mds"), os.path.join(root, "mdsz"))
+index_path = os.path.join(root, "mdsz", "index.json")
+index = json.load(open(index_path))
+for sh in index["shards"]:
+    raw = os.path.join(root, "mdsz", sh["raw_data"]["basename"])
+    subprocess.run(["zstd", "-q", "--rm", raw, "-o", raw + ".zstd"], check=True)
+    sh.update(compression="zstd", zip_data={"basename": sh["raw_data"]["basename"] + ".zstd",
+                                             "bytes": os.path.getsize(raw + ".zstd"), "hashes": {}})
+json.dump(index, open(index_path, "w"))
+for dirpath, _, files in os.walk(root):
+    os.chmod(dirpath, 0o755)
+    for name in files:
+        os.chmod(os.path.join(dirpath, name), 0o644)
+sets = {"tar": f"synth-{{000000..{ntar - 1:06d}}}.tar", "rfs": f"rfs/syn-{{000000..{nrfs - 1:06d}}}.rfs",
+        "mds": "mds/", "mds zstd": "mdsz/"}
 
 
 def bench(source, *extra, repeat=None):
@@ -72,8 +90,9 @@ try:
         client = botocore.session.get_session().create_client(
             "s3", endpoint_url=s3.url, aws_access_key_id="S3RVER", aws_secret_access_key="S3RVER",
             region_name="us-east-1")
-        for kind in sets:
-            for path in glob.glob(os.path.join(root, "*.tar" if kind == "tar" else "rfs/*.rfs")):
+        for dirpath, _, files in os.walk(root):
+            for name in files:
+                path = os.path.join(dirpath, name)
                 with open(path, "rb") as f:
                     client.put_object(Bucket="bench", Key=os.path.relpath(path, root), Body=f.read())
         env.update(AWS_ACCESS_KEY_ID="S3RVER", AWS_SECRET_ACCESS_KEY="S3RVER", AWS_REGION="us-east-1")
@@ -83,7 +102,7 @@ try:
 
     local = {}
     for kind, path in sets.items():
-        bench(os.path.join(root, path), repeat=1)  # page cache
+        bench(os.path.join(root, path), repeat=1)  # page cache, and each index cache made
         local[kind] = bench(os.path.join(root, path))
         rows.append((kind, "local disk", "-", "-", local[kind], local[kind]))
     for name, port, pattern in endpoints:

@@ -401,9 +401,12 @@ int dl__remote_load(dl__dataset *ds, const char *url, const dl__options *o) {
   size_t n = strlen(url);
   if (names_mds(url)) {
     int rc = dl__mds_load(ds, url, o);
-    if (rc == -ENOENT && url[n - 1] == '/')
-      rc = dl__fail(-ENOENT, "source %s: no index.json there (a folder is read as an MDS dataset); give tar or "
-                    "ringfeed shards by name, brace range or, on s3:// and hf://, a pattern such as %s*.tar", url, url);
+    if (rc == -ENOENT && url[n - 1] == '/') {
+      char why[DL__MSG_MAX];
+      snprintf(why, sizeof why, "%s", dl_last_error());
+      rc = dl__fail(-ENOENT, "%s; a folder is read as an MDS dataset: give tar or ringfeed shards by name, brace "
+                    "range or, on s3:// and hf://, a pattern such as %s*.tar", why, url);
+    }
     return rc;
   }
   if (n > 4 && !strcmp(url + n - 4, ".mds"))

@@ -139,6 +139,7 @@ def test_what_is_missing_or_not_read_is_named(served, tmp_path):
     env = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
     out = dlbench(f"{server.url}/none/", *SMALL, env=env, ok=False)
     assert out.returncode == 1 and f"{server.url}/none/index.json: HTTP 404" in out.stderr
+    assert f"a folder is read as an MDS dataset: give tar or ringfeed shards" in out.stderr
     broken = root / "broken"
     shutil.copytree(root / "images", broken)
     (broken / "shard.00001.mds").unlink()

@@ -137,7 +137,7 @@ def test_an_mds_dataset_in_a_bucket_is_the_local_stream(s3, tmp_path):
     assert s3["seen"]["refused"] == before["refused"] and s3["seen"]["checked"] > before["checked"]
     # A folder without index.json is no MDS dataset: what to give instead.
     out = bench("s3://shards/rfs/", env, ok=False)
-    assert out.returncode == 1 and "s3://shards/rfs/: no index.json there" in out.stderr
+    assert out.returncode == 1 and "s3://shards/rfs/index.json: HTTP 404" in out.stderr
     assert "s3://shards/rfs/*.tar" in out.stderr
 
 
