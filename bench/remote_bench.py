@@ -60,7 +60,7 @@ for dirpath, _, files in os.walk(root):
     for name in files:
         os.chmod(os.path.join(dirpath, name), 0o644)
 sets = {"tar": f"synth-{{000000..{ntar - 1:06d}}}.tar", "rfs": f"rfs/syn-{{000000..{nrfs - 1:06d}}}.rfs",
-        "mds": "mds/", "mds zstd": "mdsz/"}
+        "mds": "mds/", "mds-zstd": "mdsz/"}
 
 
 def bench(source, *extra, repeat=None):

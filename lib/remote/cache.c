@@ -458,8 +458,16 @@ int dl__cache_start(dl_loader *l) {
   const dl__options *o = &l->o;
   if (!o->cache_dir[0])
     return 0;
-  if (!l->remote)
-    return dl__fail(DL_EOPTION, "option cache_dir keeps remote shards; the source is on local disk");
+  if (!l->remote) {
+    bool named_remote = false; /* compressed MDS shards, fetched at open and read from local copies */
+    for (uint32_t f = 0; f < l->ds.nfiles && !named_remote; f++)
+      named_remote = dl__is_url(l->ds.files[f]);
+    if (!named_remote)
+      return dl__fail(DL_EOPTION, "option cache_dir keeps remote shards; the source is on local disk");
+    dl__log(DL__LOG_INFO, "cache_dir %s: not used: every shard of this source was fetched whole at open and is read "
+            "from a local copy", o->cache_dir);
+    return 0;
+  }
   struct dl__cache *c = calloc(1, sizeof *c);
   if (!c)
     return dl__fail(-ENOMEM, "out of memory");

@@ -159,3 +159,7 @@ def test_zstd_compressed_shards_over_http(served, tmp_path):
     remote = dlbench(f"{server.url}/third-party/my-copy-arxiv/", "--batch", "16", "--option", "pad=1", env=env)
     assert remote["samples"] == local["samples"] == 173 and remote["batch_digests"] == local["batch_digests"]
     assert remote["io_backend"] != "http" and len(whole_gets(server.access_log, "my-copy-arxiv/shard.00000.mds.zstd")) == 1
+    # A shard cache asked for is not refused as one for local shards: the source is remote.
+    cached = dlbench(f"{server.url}/third-party/my-copy-arxiv/", "--batch", "16", "--option", "pad=1", "--option",
+                     f"cache_dir={tmp_path / 'shards'}", env=env)
+    assert cached["batch_digests"] == local["batch_digests"]
