@@ -523,9 +523,11 @@ static int scan_shard(dl__dataset *ds, uint32_t file, int fd, uint64_t size, voi
   free(offsets);
   if (!rc && d.count && on_error == DL__ON_ERROR_FAIL)
     rc = dl__fail(DL_ECORRUPT, "MDS shard %s sample %llu: %s", path, (unsigned long long)d.first, d.why);
-  else if (!rc && d.count)
+  else if (!rc && d.count) {
+    ds->left_out += d.count;
     dl__log(DL__LOG_WARN, "MDS shard %s: %llu of its %llu samples left out (sample %llu: %s)", path,
             (unsigned long long)d.count, (unsigned long long)n, (unsigned long long)d.first, d.why);
+  }
   return rc ? rc : d.count ? 1 : 0;
 }
 

@@ -33,6 +33,7 @@ static void usage(FILE *f) {
           "  dlshard verify SHARD...    read and decode everything, check every checksum;\n"
           "                             exits 1 naming each bad record\n"
           "  dlshard ls SHARD [-v]      records, fields, sizes and codecs (-v: every record)\n"
+          "  verify and ls also take an MDS dataset's folder (or its index.json) and an ImageFolder root\n"
           "  dlshard --version\n"
           "  SHARD arguments of index and verify take brace ranges and globs, as the loader does;\n"
           "  any SHARD may be an http(s)://, s3:// or hf:// URL (globs on s3:// and hf:// only).\n");
@@ -635,6 +636,64 @@ static int verify_tar(const char *path, int fd, uint64_t size, dl__image_decoder
   return 0;
 }
 
+/* A dataset that is not one shard file (an MDS dataset, an ImageFolder): loaded as the loader
+ * loads it, each sample then read and its image and MDS values decoded. Samples the load left out
+ * are named by its warnings and counted as bad. */
+static void verify_dataset(const char *path, dl__image_decoder *d, long *bad, long *files) {
+  dl__options o;
+  dl__options_parse(&o, "on_error=skip");
+  dl__dataset ds = {0};
+  int quiet = dl__log_level;
+  dl__log_level = DL__LOG_WARN; /* what the load leaves out, named on stderr */
+  int rc = dl__source_load(&ds, path, &o);
+  dl__log_level = quiet;
+  if (rc) {
+    printf("%s\n", dl_last_error());
+    (*bad)++;
+    dl__dataset_free(&ds);
+    return;
+  }
+  if (ds.left_out)
+    printf("%s: %llu sample%s left out as damaged (named above)\n", path, (unsigned long long)ds.left_out,
+           ds.left_out == 1 ? "" : "s");
+  *bad += (long)ds.left_out;
+  *files += ds.nfiles;
+  dl__buf buf = {0}, raw = {0};
+  for (size_t i = 0; i < ds.n; i++) {
+    const dl__sample *s = &ds.samples[i];
+    dl__err e = {0};
+    if (s->codec == DL__CODEC_NONE && !s->nrefs)
+      continue;
+    if (read_sample(&ds, s, &buf)) {
+      dl__err_set(&e, DL_ECORRUPT, "%s", dl_last_error());
+    } else if (s->codec != DL__CODEC_NONE && !(s->flags & DL__SAMPLE_IMAGE_ZST)) {
+      dl__decode_job job = {.src = buf.p + s->image_at, .len = s->image_len, .channels = 3, .out_w = 1 << 30,
+                            .out_h = 1 << 30, .max_pixels = 1ll << 28, .plan = plan_full,
+                            .scratch = &d->scratch, .pil = s->codec == DL__CODEC_PIL};
+      dl__image_decode_job(d, &job, &e);
+    }
+    for (uint8_t r = 0; r < s->nrefs && !e.code; r++) {
+      const dl__fref *ref = &ds.refs[s->first_ref + r];
+      size_t len;
+      if (ref->kind == DL__REF_MDS && npy_of_mds(&ds.mds[ref->name], buf.p + ref->at, ref->len, &raw, &len, &e))
+        dl__err_set(&e, e.code, "field %s: %s", ds.field_names[ref->name], e.msg);
+    }
+    if (e.code) {
+      printf("%s: sample %s: %s\n", ds.files[s->file], ds.pool + s->key, e.msg);
+      (*bad)++;
+    }
+  }
+  dl__buf_free(&buf);
+  dl__buf_free(&raw);
+  dl__dataset_free(&ds);
+}
+
+/* An MDS dataset or ImageFolder named by PATH, rather than a shard file. */
+static bool is_dataset(const char *path) {
+  struct stat st;
+  return dl__mds_is(path) || (!stat(path, &st) && S_ISDIR(st.st_mode));
+}
+
 static int cmd_verify(int argc, char **argv) {
   if (argc < 2) {
     usage(stderr);
@@ -655,6 +714,15 @@ static int cmd_verify(int argc, char **argv) {
       continue;
     }
     for (size_t i = 0; i < n; i++) {
+      if (!dl__is_url(paths[i]) && is_dataset(paths[i])) {
+        verify_dataset(paths[i], &d, &bad, &shards);
+        continue;
+      }
+      if (dl__is_url(paths[i]) && (dl__mds_is(paths[i]) || paths[i][strlen(paths[i]) - 1] == '/')) {
+        printf("%s: an MDS dataset on a server: verify a local copy of its folder\n", paths[i]);
+        unread++;
+        continue;
+      }
       uint64_t size;
       int fd = open_shard(paths[i], true, &size, stdout);
       if (fd < 0) {
@@ -710,6 +778,38 @@ static int cmd_index(int argc, char **argv) {
   return rc;
 }
 
+/* ls of an MDS dataset or an ImageFolder: what the loader reads of it. */
+static int ls_dataset(const char *path, bool verbose) {
+  dl__options o;
+  dl__options_parse(&o, "on_error=skip");
+  dl__dataset ds = {0};
+  if (dl__source_load(&ds, path, &o)) {
+    fprintf(stderr, "dlshard: %s\n", dl_last_error());
+    dl__dataset_free(&ds);
+    return 1;
+  }
+  uint64_t bytes = 0, images = 0;
+  for (size_t i = 0; i < ds.n; i++) {
+    bytes += ds.samples[i].size;
+    images += ds.samples[i].codec != DL__CODEC_NONE;
+  }
+  printf("%s: %s, %zu samples (%llu with an image) in %u files, %llu bytes", path,
+         dl__mds_is(path) ? "MDS dataset" : "image folder", ds.n, (unsigned long long)images, ds.nfiles,
+         (unsigned long long)bytes);
+  if (ds.left_out)
+    printf(", %llu left out as damaged", (unsigned long long)ds.left_out);
+  printf("\n");
+  for (int f = 0; f < ds.nfield_names; f++)
+    printf("  field %s\n", ds.field_names[f]);
+  for (size_t i = 0; verbose && i < ds.n; i++) {
+    const dl__sample *s = &ds.samples[i];
+    printf("  %s label %lld %s offset %llu size %llu\n", ds.pool + s->key, (long long)s->label, ds.files[s->file],
+           (unsigned long long)s->offset, (unsigned long long)s->size);
+  }
+  dl__dataset_free(&ds);
+  return 0;
+}
+
 static int cmd_ls(int argc, char **argv) {
   /* -v before or after the shard, as "ls -v" is typed; one shard. */
   bool verbose = false;
@@ -729,6 +829,8 @@ static int cmd_ls(int argc, char **argv) {
     usage(stderr);
     return 2;
   }
+  if (!dl__is_url(shard) && is_dataset(shard))
+    return ls_dataset(shard, verbose);
   uint64_t size;
   int fd = open_shard(shard, false, &size, stderr);
   if (fd < 0)

@@ -436,3 +436,63 @@ def test_dlshard_converts_an_mds_dataset_to_the_same_stream(tmp_path):
     fields = everything(ringfeed.Loader(str(tmp_path / "rfs" / "x-000000.rfs"), **dict(KW, image_size=16)))
     assert [int(r["label"]) for r in fields] == [i % 5 for i in range(9)]
     assert np.array_equal(fields[4]["box"], np.full((2, 2), 4, np.int16)) and fields[4]["vec"][0] == 4
+
+
+def test_dlshard_verify_and_ls_read_an_mds_dataset(tmp_path):
+    pytest.importorskip("PIL")
+    dlshard = os.environ.get("DL_DLSHARD")
+    if not dlshard:
+        pytest.skip("DL_DLSHARD not set")
+    run = lambda *a: subprocess.run([dlshard, *a], capture_output=True, text=True)
+    good = str(tmp_path / "good")
+    write_mds(good, COLUMNS, rows(9))
+    v = run("verify", good)
+    assert v.returncode == 0 and v.stdout.splitlines()[-1] == "3 shards verified: ok", v.stdout + v.stderr
+    assert run("verify", os.path.join(good, "index.json")).returncode == 0
+    ls = run("ls", good, "-v")
+    assert ls.returncode == 0 and ls.stdout.startswith(f"{good}: MDS dataset, 9 samples (9 with an image) in 3 files")
+    assert "  field vec" in ls.stdout and len([x for x in ls.stdout.splitlines() if " label " in x]) == 9
+
+    # Damage of three kinds: a record past the end of its shard, a JPEG cut short, an ndarray's dtype.
+    bad = str(tmp_path / "bad")
+    shards = write_mds(bad, {"image": "jpeg", "label": "int", "vec": "ndarray"},
+                       [{"image": jpeg(i), "label": i, "vec": np.ones(2, np.float32)} for i in range(8)])
+    first, second = (os.path.join(bad, s["raw_data"]["basename"]) for s in shards)
+    data = bytearray(open(first, "rb").read())
+    offsets = struct.unpack_from("<5I", data, 4)
+    open(first, "wb").write(data[:offsets[3] + 10])  # samples 3 gone past the end
+    data = bytearray(open(second, "rb").read())
+    offsets = struct.unpack_from("<5I", data, 4)
+    # Sample 5 (the second shard's 1): its JPEG's entropy-coded data overwritten near its end;
+    # sample 6: the ndarray's dtype number (after two sizes, the image and the label) made unknown.
+    image_at = offsets[1] + 8
+    size = struct.unpack_from("<I", data, offsets[1])[0]
+    data[image_at + size // 2:image_at + size - 2] = b"\xff" * (size - 2 - size // 2)
+    image6 = struct.unpack_from("<I", data, offsets[2])[0]
+    data[offsets[2] + 8 + image6 + 8] = 99
+    open(second, "wb").write(data)
+    v = run("verify", bad)
+    assert v.returncode == 1, v.stdout + v.stderr
+    assert "shard.00000.mds: 1 of its 4 samples left out (sample 3: past the end of the file)" in v.stderr
+    lines = v.stdout.splitlines()
+    assert any("shard.00001.mds: sample shard.00001.mds:1: " in x for x in lines), v.stdout
+    assert any("sample shard.00001.mds:2: field vec: " in x and "dtype" in x for x in lines), v.stdout
+    assert lines[-1] == "3 bad records", v.stdout
+    ls = run("ls", bad)
+    assert ls.returncode == 0 and "7 samples" in ls.stdout and "1 left out as damaged" in ls.stdout
+
+
+def test_dlshard_verify_reads_an_image_folder(tmp_path):
+    pytest.importorskip("PIL")
+    dlshard = os.environ.get("DL_DLSHARD")
+    if not dlshard:
+        pytest.skip("DL_DLSHARD not set")
+    for c in ("cat", "dog"):
+        (tmp_path / c).mkdir()
+        for i in range(3):
+            (tmp_path / c / f"{i}.jpg").write_bytes(jpeg(i))
+    v = subprocess.run([dlshard, "verify", str(tmp_path)], capture_output=True, text=True)
+    assert v.returncode == 0 and v.stdout.strip() == "6 shards verified: ok", v.stdout + v.stderr
+    (tmp_path / "dog" / "1.jpg").write_bytes(jpeg(1)[:200])
+    v = subprocess.run([dlshard, "verify", str(tmp_path)], capture_output=True, text=True)
+    assert v.returncode == 1 and "1.jpg" in v.stdout and v.stdout.splitlines()[-1] == "1 bad record", v.stdout
