@@ -321,6 +321,14 @@ int64_t dl__remote_read(const dl__dataset *ds, uint32_t file, const dl__options 
 /* A temporary copy of the remote object URL (deleted when *FD closes): the whole object, or with
  * WHOLE false and a ringfeed shard, its head and index only; *SIZE is the object's size. */
 int dl__remote_copy(const char *url, const dl__options *o, bool whole, int *fd, uint64_t *size);
+/* The size and version (a hash of URL, size and ETag) of the remote object URL, from one probe. */
+int dl__remote_version(const char *url, const dl__options *o, uint64_t *size, uint64_t *version);
+/* The copy of the remote object URL (of VERSION) that MAKE writes into FD, SIZE bytes, kept in
+ * cache_dir (remote/cache.c): a read-only descriptor holding a shared lock that keeps it from
+ * eviction, found there or made now; -EBUSY while another process makes it, -ENOSPC when it does
+ * not fit in cache_limit, or another error with its message. */
+int dl__cache_keep(const dl__options *o, const char *url, uint64_t version, uint64_t size,
+                   int (*make)(int fd, void *arg), void *arg);
 /* Uploads SIZE bytes of FD as URL (s3://bucket/key). */
 int dl__remote_put(const char *url, const dl__options *o, int fd, uint64_t size);
 /* What dl__remote_load kept in DS (URLs, credentials). */

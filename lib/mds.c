@@ -15,7 +15,8 @@
  * Index and shards are untrusted: every size and offset is checked before it is used. A sample
  * whose sizes do not add up to its length, or that lies past the end of its file, is left out and
  * named once per shard (with on_error=fail the open fails instead). Shards kept only compressed
- * (zip_data) are decompressed at open into temporary files when zstd, else named with what to do.
+ * (zip_data) are decompressed at open into temporary files when zstd (kept in cache_dir when the
+ * dataset is remote and one is given), else named with what to do.
  * A remote dataset (the URL of its index.json) is read the same way, each shard downloaded once
  * to read its samples' sizes; sample tables are kept in the index cache.
  */
@@ -531,13 +532,10 @@ static int scan_shard(dl__dataset *ds, uint32_t file, int fd, uint64_t size, voi
   return rc ? rc : d.count ? 1 : 0;
 }
 
-/* The zstd frames of IN (a compressed shard, NAME in messages) into a new temporary file *OUT,
- * which must come to exactly EXPECT bytes. */
-static int unpack(int in, const char *name, uint64_t expect, int *out) {
+/* The zstd frames of IN (a compressed shard, NAME in messages) written into FD from its start;
+ * they must come to exactly EXPECT bytes. */
+static int unpack(int in, const char *name, uint64_t expect, int fd) {
   enum { CHUNK = 1 << 17 };
-  int fd = dl__scratch_file(0, name);
-  if (fd < 0)
-    return fd;
   ZSTD_DStream *z = ZSTD_createDStream();
   uint8_t *src = malloc(CHUNK), *dst = malloc(CHUNK);
   int rc = z && src && dst ? 0 : dl__fail(-ENOMEM, "out of memory");
@@ -576,11 +574,48 @@ static int unpack(int in, const char *name, uint64_t expect, int *out) {
   ZSTD_freeDStream(z);
   free(src);
   free(dst);
-  if (rc)
-    close(fd);
-  else
-    *out = fd;
   return rc;
+}
+
+typedef struct zipped {
+  const char *path; /* the compressed shard: a file, or a URL fetched whole first */
+  const dl__options *o;
+  uint64_t raw_bytes;
+} zipped;
+
+/* The uncompressed copy of shard Z into FD. */
+static int unpack_into(int fd, void *arg) {
+  const zipped *z = arg;
+  int in;
+  uint64_t size;
+  int rc = dl__is_url(z->path) ? dl__remote_copy(z->path, z->o, true, &in, &size)
+                               : (in = dl__open_regular(z->path, "MDS shard", NULL)) < 0 ? in : 0;
+  if (rc)
+    return rc;
+  rc = unpack(in, z->path, z->raw_bytes, fd);
+  close(in);
+  return rc;
+}
+
+/* The uncompressed copy of remote shard Z (RAW_NAME: the URL of its uncompressed basename) kept
+ * in cache_dir, made once, into *FD; -1 there when none can be kept now (another process makes
+ * it, or no room), so that the caller makes a temporary one. */
+static int kept_copy(const zipped *z, const char *raw_name, int *fd) {
+  uint64_t size, version;
+  *fd = -1;
+  int rc = dl__remote_version(z->path, z->o, &size, &version);
+  if (rc)
+    return rc;
+  /* Named as the raw shard, of the compressed object's version and the size it unpacks to. */
+  int got = dl__cache_keep(z->o, raw_name, version ^ z->raw_bytes, z->raw_bytes, unpack_into, (void *)z);
+  if (got >= 0)
+    *fd = got;
+  else if (got == -EBUSY || got == -ENOSPC)
+    dl__log(DL__LOG_INFO, "MDS shard %s: its uncompressed copy is not kept in cache_dir (%s); a temporary one is made",
+            z->path, got == -EBUSY ? "another process is making it" : "no room within cache_limit");
+  else
+    return got;
+  return 0;
 }
 
 /* A shard kept compressed (zip_data): decompressed at open into a temporary file that the loader
@@ -601,20 +636,27 @@ static int load_zipped(dl__dataset *ds, const char *root, const shard *sh, const
   if (sh->raw_bytes > UINT32_MAX) /* a shard's offsets are 32-bit */
     return dl__fail(DL_ECORRUPT, "MDS index: shard %s: an uncompressed size of %llu bytes, above 4 GiB", path,
                     (unsigned long long)sh->raw_bytes);
-  int in;
-  uint64_t size;
-  rc = dl__is_url(path) ? dl__remote_copy(path, o, true, &in, &size)
-                        : (in = dl__open_regular(path, "MDS shard", NULL)) < 0 ? in : 0;
-  if (rc)
-    return rc;
-  uint32_t file;
+  zipped z = {path, o, sh->raw_bytes};
   int fd = -1;
-  rc = unpack(in, path, sh->raw_bytes, &fd);
-  close(in);
-  if (!rc && (rc = dl__dataset_add_file(ds, path, &file)))
+  if (dl__is_url(path) && o->cache_dir[0]) {
+    char raw[PATH_MAX * 2 + 2];
+    rc = dl__remote_join(raw, sizeof raw, root, sh->basename[0] ? sh->basename : sh->zip);
+    if (rc || (rc = kept_copy(&z, raw, &fd)))
+      return rc;
+  }
+  if (fd < 0) {
+    if ((fd = dl__scratch_file(0, path)) < 0)
+      return fd;
+    if ((rc = unpack_into(fd, &z))) {
+      close(fd);
+      return rc;
+    }
+  }
+  uint32_t file;
+  if ((rc = dl__dataset_add_file(ds, path, &file))) {
     close(fd);
-  if (rc)
     return rc;
+  }
   ds->fds[file] = fd;
   rc = scan_shard(ds, file, fd, sh->raw_bytes, arg);
   return rc < 0 ? rc : 0;

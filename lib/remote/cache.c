@@ -208,9 +208,15 @@ static bool is_named(const dl__cache_dir *d, const char *name, int fd) {
          a.st_dev == b.st_dev;
 }
 
-static int fill(dl__cache_dir *d, const dl__dataset *ds, uint32_t f, const char *name, const dl__options *o,
-                const _Atomic int *cancel) {
-  const dl__remote_file *rf = &ds->remote[f];
+/* How an entry's bytes are written: into FD, which is already SIZE bytes long (sparse). */
+typedef struct writer {
+  int (*write)(int fd, void *arg);
+  void *arg;
+  const char *what; /* the entry's source, in messages */
+} writer;
+
+/* Entry NAME (SIZE bytes) written by W into NAME.part, then renamed: its read-locked descriptor. */
+static int fill(dl__cache_dir *d, const char *name, uint64_t size, const writer *w) {
   char part[160];
   snprintf(part, sizeof part, "%s.part", name);
   int fd = openat(d->dirfd, part, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
@@ -218,17 +224,17 @@ static int fill(dl__cache_dir *d, const dl__dataset *ds, uint32_t f, const char 
     return dl__fail(-errno, "shard cache %s: cannot create %s: %s", d->path, part, strerror(errno));
   if (flock(fd, LOCK_EX | LOCK_NB) || !is_named(d, part, fd)) {
     close(fd);
-    return -EBUSY; /* another process downloads it (or just finished) */
+    return -EBUSY; /* another process writes it (or just finished) */
   }
-  int r = open_entry(d, name, rf->size); /* finished by another process meanwhile */
+  int r = open_entry(d, name, size); /* finished by another process meanwhile */
   if (r >= 0 || r == -EBUSY) {
     unlinkat(d->dirfd, part, 0);
     close(fd);
     return r; /* the copy, or one held for a moment by its writer or an eviction: look again */
   }
   int lock = lock_folder(d);
-  r = lock < 0 ? lock : ftruncate(fd, 0) ? -errno : make_room(d, (int64_t)rf->size);
-  if (!r && ftruncate(fd, (off_t)rf->size))
+  r = lock < 0 ? lock : ftruncate(fd, 0) ? -errno : make_room(d, (int64_t)size);
+  if (!r && ftruncate(fd, (off_t)size))
     r = -errno;
   if (lock >= 0)
     unlock_folder(lock);
@@ -237,14 +243,13 @@ static int fill(dl__cache_dir *d, const dl__dataset *ds, uint32_t f, const char 
     close(fd);
     return -ENOSPC;
   }
-  dl__target t = {ds->files[f], rf->url, ds->s3, rf->headers};
   if (r)
-    r = dl__fail(r, "shard cache %s: cannot make room for %s: %s", d->path, t.name, strerror(-r));
-  else if ((r = dl__http_download(o, &t, fd, rf->size, cancel)) == 0 && fdatasync(fd))
-    r = dl__fail(-errno, "shard cache %s: cannot write %s: %s", d->path, t.name, strerror(errno));
+    r = dl__fail(r, "shard cache %s: cannot make room for %s: %s", d->path, w->what, strerror(-r));
+  else if ((r = w->write(fd, w->arg)) == 0 && fdatasync(fd))
+    r = dl__fail(-errno, "shard cache %s: cannot write %s: %s", d->path, w->what, strerror(errno));
   /* Renamed while still locked exclusively: no process sees it whole but unlocked. */
   if (!r && renameat(d->dirfd, part, d->dirfd, name))
-    r = dl__fail(-errno, "shard cache %s: cannot store %s: %s", d->path, t.name, strerror(errno));
+    r = dl__fail(-errno, "shard cache %s: cannot store %s: %s", d->path, w->what, strerror(errno));
   if (r) {
     unlinkat(d->dirfd, part, 0);
     close(fd);
@@ -252,6 +257,18 @@ static int fill(dl__cache_dir *d, const dl__dataset *ds, uint32_t f, const char 
   }
   flock(fd, LOCK_SH);
   return fd;
+}
+
+typedef struct download_job {
+  const dl__options *o;
+  const dl__target *t;
+  uint64_t size;
+  const _Atomic int *cancel;
+} download_job;
+
+static int download(int fd, void *arg) {
+  const download_job *j = arg;
+  return dl__http_download(j->o, j->t, fd, j->size, j->cancel);
 }
 
 int dl__cache_dir_get(dl__cache_dir *d, const dl__dataset *ds, uint32_t f, const dl__options *o, bool fetch,
@@ -262,10 +279,28 @@ int dl__cache_dir_get(dl__cache_dir *d, const dl__dataset *ds, uint32_t f, const
   int fd = open_entry(d, name, ds->remote[f].size);
   if (fd >= 0 || fd == -EBUSY || !fetch)
     return fd;
-  if ((int64_t)ds->remote[f].size > d->limit)
+  const dl__remote_file *rf = &ds->remote[f];
+  if ((int64_t)rf->size > d->limit)
     return -ENOSPC;
-  fd = fill(d, ds, f, name, o, cancel);
+  dl__target t = {ds->files[f], rf->url, ds->s3, rf->headers};
+  download_job j = {o, &t, rf->size, cancel};
+  fd = fill(d, name, rf->size, &(writer){download, &j, t.name});
   *fetched = fd >= 0;
+  return fd;
+}
+
+int dl__cache_keep(const dl__options *o, const char *url, uint64_t version, uint64_t size,
+                   int (*make)(int fd, void *arg), void *arg) {
+  dl__cache_dir d;
+  int rc = dl__cache_dir_open(o, &d);
+  if (rc)
+    return rc;
+  char name[128];
+  entry_name(&(dl__remote_file){.url = (char *)url, .version = version}, name, sizeof name);
+  int fd = open_entry(&d, name, size);
+  if (fd == -ENOENT || fd == -ESTALE)
+    fd = (int64_t)size > d.limit ? -ENOSPC : fill(&d, name, size, &(writer){make, arg, url});
+  dl__cache_dir_close(&d);
   return fd;
 }
 
@@ -464,8 +499,8 @@ int dl__cache_start(dl_loader *l) {
       named_remote = dl__is_url(l->ds.files[f]);
     if (!named_remote)
       return dl__fail(DL_EOPTION, "option cache_dir keeps remote shards; the source is on local disk");
-    dl__log(DL__LOG_INFO, "cache_dir %s: not used: every shard of this source was fetched whole at open and is read "
-            "from a local copy", o->cache_dir);
+    dl__log(DL__LOG_INFO, "cache_dir %s: holds the uncompressed copies of this source's zstd shards, made at open; "
+            "every sample is read from them", o->cache_dir);
     return 0;
   }
   struct dl__cache *c = calloc(1, sizeof *c);

@@ -311,6 +311,32 @@ int dl__remote_put(const char *url, const dl__options *o, int fd, uint64_t size)
   return rc;
 }
 
+/* The version of the object URL of SIZE bytes, whose probe gave ETAG and HEAD_LEN first bytes: a
+ * cached index or copy is the object's while its size and ETag are (or, with no ETag, its first
+ * bytes). *EDGES: what stands for the ETag in index cache keys. */
+static uint64_t version_of(const char *url, uint64_t size, const char *etag, const uint8_t *head, size_t head_len,
+                           uint64_t *edges) {
+  *edges = etag[0] ? XXH64(etag, strlen(etag), 1) : XXH64(head, head_len, 2);
+  return XXH64(url, strlen(url), *edges ^ size);
+}
+
+int dl__remote_version(const char *url, const dl__options *o, uint64_t *size, uint64_t *version) {
+  dl__dataset tmp = {0};
+  char http[8192], etag[128] = "";
+  dl__target t = {0};
+  uint8_t *head = malloc(PROBE);
+  size_t head_len = 0;
+  uint64_t edges;
+  int rc = !head ? dl__fail(-ENOMEM, "out of memory") : target_of(&tmp, url, o, http, sizeof http, &t);
+  if (!rc)
+    rc = explained(&tmp, &t, dl__http_probe(o, &t, size, etag, sizeof etag, head, PROBE, &head_len));
+  if (!rc)
+    *version = version_of(url, *size, etag, head, head_len, &edges);
+  free(head);
+  dl__remote_free(&tmp);
+  return rc;
+}
+
 /* Probes URL and adds it to DS as *FILE, with its size, version (*ID) and the headers its later
  * requests carry; T (its HTTP URL in HTTP, CAP bytes) is set up for them. Its first bytes go to
  * HEAD (PROBE bytes), *HEAD_LEN of them. */
@@ -322,10 +348,7 @@ static int add_object(dl__dataset *ds, const char *url, const dl__options *o, ch
   char etag[128] = "";
   *head_len = 0;
   rc = explained(ds, t, dl__http_probe(o, t, size, etag, sizeof etag, head, PROBE, head_len));
-  /* A cached index or copy is the object's while its size and ETag are (or, with no ETag, its
-   * first bytes). */
-  uint64_t edges = etag[0] ? XXH64(etag, strlen(etag), 1) : XXH64(head, *head_len, 2);
-  uint64_t version = XXH64(url, strlen(url), edges ^ *size);
+  uint64_t edges, version = version_of(url, *size, etag, head, *head_len, &edges);
   *id = (dl__shard_id){.size = *size, .edges = edges};
   if (!rc)
     rc = dl__dataset_add_file(ds, url, file);

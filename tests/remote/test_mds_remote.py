@@ -7,6 +7,7 @@ import os
 import pathlib
 import shutil
 import struct
+import subprocess
 import sys
 import tarfile
 import tempfile
@@ -63,6 +64,10 @@ def served(tmp_path_factory):
     yield root, server, images
     server.stop()
     shutil.rmtree(root)
+
+
+def zstd_d(path):
+    return subprocess.run(["zstd", "-dc", str(path)], check=True, capture_output=True).stdout
 
 
 def whole_gets(log, name):
@@ -159,7 +164,19 @@ def test_zstd_compressed_shards_over_http(served, tmp_path):
     remote = dlbench(f"{server.url}/third-party/my-copy-arxiv/", "--batch", "16", "--option", "pad=1", env=env)
     assert remote["samples"] == local["samples"] == 173 and remote["batch_digests"] == local["batch_digests"]
     assert remote["io_backend"] != "http" and len(whole_gets(server.access_log, "my-copy-arxiv/shard.00000.mds.zstd")) == 1
-    # A shard cache asked for is not refused as one for local shards: the source is remote.
-    cached = dlbench(f"{server.url}/third-party/my-copy-arxiv/", "--batch", "16", "--option", "pad=1", "--option",
-                     f"cache_dir={tmp_path / 'shards'}", env=env)
-    assert cached["batch_digests"] == local["batch_digests"]
+    # With a shard cache, the uncompressed copy is made once and kept there: later opens (other
+    # processes) download nothing more, and read the same stream from it.
+    zst = "my-copy-arxiv/shard.00000.mds.zstd"
+    before = len(whole_gets(server.access_log, zst))
+    for _ in range(3):
+        cached = dlbench(f"{server.url}/third-party/my-copy-arxiv/", "--batch", "16", "--option", "pad=1", "--option",
+                         f"cache_dir={tmp_path / 'shards'}", env=env)
+        assert cached["batch_digests"] == local["batch_digests"]
+    assert len(whole_gets(server.access_log, zst)) == before + 1
+    kept = [p for p in (tmp_path / "shards").iterdir() if p.name.endswith("-shard.00000.mds")]
+    assert len(kept) == 1 and kept[0].stat().st_size == 1419310
+    assert kept[0].read_bytes() == zstd_d(TESTDATA / "my-copy-arxiv" / "shard.00000.mds.zstd")
+    # cache_limit below the copy's size: a temporary copy as before, said at info level.
+    small = dlbench(f"{server.url}/third-party/my-copy-arxiv/", "--batch", "16", "--option", "pad=1", "--option",
+                    f"cache_dir={tmp_path / 'small'}", "--option", "cache_limit=1M", env=env)
+    assert small["batch_digests"] == local["batch_digests"] and not list((tmp_path / "small").glob("*.mds"))
