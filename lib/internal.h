@@ -191,6 +191,7 @@ typedef struct dl__dataset {
   int64_t cache_fetches, cache_fetch_bytes; /* remote tars downloaded into the shard cache to index them */
   char skipped_shard[DL__MSG_MAX]; /* the first shard skipped whole, and why: "no samples" says it */
   uint64_t left_out; /* samples an MDS index lists but whose records are damaged (on_error=skip) */
+  uint32_t unpacked; /* zstd MDS shards read from uncompressed copies made at open */
   int64_t *part_first; /* where each "::" part of the source starts in samples (nparts + 1) */
   uint32_t nparts;
 } dl__dataset;

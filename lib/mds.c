@@ -15,8 +15,8 @@
  * Index and shards are untrusted: every size and offset is checked before it is used. A sample
  * whose sizes do not add up to its length, or that lies past the end of its file, is left out and
  * named once per shard (with on_error=fail the open fails instead). Shards kept only compressed
- * (zip_data) are decompressed at open into temporary files when zstd (kept in cache_dir when the
- * dataset is remote and one is given), else named with what to do.
+ * (zip_data) are decompressed at open into temporary files when zstd (kept in cache_dir when one
+ * is given), else named with what to do.
  * A remote dataset (the URL of its index.json) is read the same way, each shard downloaded once
  * to read its samples' sizes; sample tables are kept in the index cache.
  */
@@ -31,6 +31,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 #include <zstd.h>
 
 #define INDEX_MAX (64u << 20) /* an index.json larger than this is not one */
@@ -597,13 +599,27 @@ static int unpack_into(int fd, void *arg) {
   return rc;
 }
 
-/* The uncompressed copy of remote shard Z (RAW_NAME: the URL of its uncompressed basename) kept
+/* The version of compressed shard Z: of the remote object, or of the file as it is now. */
+static int zipped_version(const zipped *z, uint64_t *version) {
+  uint64_t size;
+  if (dl__is_url(z->path))
+    return dl__remote_version(z->path, z->o, &size, version);
+  struct stat st;
+  if (stat(z->path, &st))
+    return dl__fail(-errno, "MDS shard %s: %s", z->path, strerror(errno));
+  uint64_t id[4] = {(uint64_t)st.st_size, (uint64_t)st.st_ino, (uint64_t)st.st_mtim.tv_sec,
+                    (uint64_t)st.st_mtim.tv_nsec};
+  *version = XXH64(id, sizeof id, XXH64(z->path, strlen(z->path), 3));
+  return 0;
+}
+
+/* The uncompressed copy of shard Z (RAW_NAME: the path or URL of its uncompressed basename) kept
  * in cache_dir, made once, into *FD; -1 there when none can be kept now (another process makes
  * it, or no room), so that the caller makes a temporary one. */
 static int kept_copy(const zipped *z, const char *raw_name, int *fd) {
-  uint64_t size, version;
+  uint64_t version;
   *fd = -1;
-  int rc = dl__remote_version(z->path, z->o, &size, &version);
+  int rc = zipped_version(z, &version);
   if (rc)
     return rc;
   /* Named as the raw shard, of the compressed object's version and the size it unpacks to. */
@@ -638,9 +654,11 @@ static int load_zipped(dl__dataset *ds, const char *root, const shard *sh, const
                     (unsigned long long)sh->raw_bytes);
   zipped z = {path, o, sh->raw_bytes};
   int fd = -1;
-  if (dl__is_url(path) && o->cache_dir[0]) {
+  if (o->cache_dir[0]) {
     char raw[PATH_MAX * 2 + 2];
-    rc = dl__remote_join(raw, sizeof raw, root, sh->basename[0] ? sh->basename : sh->zip);
+    const char *base = sh->basename[0] ? sh->basename : sh->zip;
+    rc = dl__is_url(root) ? dl__remote_join(raw, sizeof raw, root, base)
+                          : (snprintf(raw, sizeof raw, "%s/%s", root, base), 0);
     if (rc || (rc = kept_copy(&z, raw, &fd)))
       return rc;
   }
@@ -658,6 +676,7 @@ static int load_zipped(dl__dataset *ds, const char *root, const shard *sh, const
     return rc;
   }
   ds->fds[file] = fd;
+  ds->unpacked++;
   rc = scan_shard(ds, file, fd, sh->raw_bytes, arg);
   return rc < 0 ? rc : 0;
 }

@@ -494,11 +494,9 @@ int dl__cache_start(dl_loader *l) {
   if (!o->cache_dir[0])
     return 0;
   if (!l->remote) {
-    bool named_remote = false; /* compressed MDS shards, fetched at open and read from local copies */
-    for (uint32_t f = 0; f < l->ds.nfiles && !named_remote; f++)
-      named_remote = dl__is_url(l->ds.files[f]);
-    if (!named_remote)
-      return dl__fail(DL_EOPTION, "option cache_dir keeps remote shards; the source is on local disk");
+    if (!l->ds.unpacked)
+      return dl__fail(DL_EOPTION, "option cache_dir keeps remote shards (and uncompressed copies of zstd MDS "
+                      "shards); the source is on local disk");
     dl__log(DL__LOG_INFO, "cache_dir %s: holds the uncompressed copies of this source's zstd shards, made at open; "
             "every sample is read from them", o->cache_dir);
     return 0;

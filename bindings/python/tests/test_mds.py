@@ -392,6 +392,33 @@ def test_zstd_compressed_shards_are_read_as_their_uncompressed_copy(tmp_path):
     assert [g["key"] for g in got] == [g["key"] for g in everything(ringfeed.Loader(str(plain), **KW))]
 
 
+def test_with_cache_dir_the_uncompressed_copy_is_made_once(tmp_path):
+    """cache_dir keeps the uncompressed copies (local datasets too): a later open reads the same
+    entry (not rewritten: the same inode, its use time renewed); a changed shard gets a new one."""
+    zipped = tmp_path / "zipped"
+    shutil.copytree(os.path.join(MDS, "my-copy-arxiv"), zipped)
+    cache = tmp_path / "cache"
+    want = everything(ringfeed.Loader(str(zipped), **KW))
+    got = everything(ringfeed.Loader(str(zipped), cache_dir=str(cache), **KW))
+    assert [g["key"] for g in got] == [w["key"] for w in want]
+    assert all(np.array_equal(g["tokens"], w["tokens"]) for g, w in zip(got, want))
+    entries = [p for p in cache.iterdir() if p.name.endswith("-shard.00000.mds")]
+    assert len(entries) == 1
+    unpacked = subprocess.run(["zstd", "-dc", str(zipped / "shard.00000.mds.zstd")], check=True,
+                              capture_output=True).stdout
+    assert entries[0].read_bytes() == unpacked
+    inode = entries[0].stat().st_ino
+    os.utime(entries[0], (1000, 1000))
+    again = everything(ringfeed.Loader(str(zipped), cache_dir=str(cache), **KW))
+    assert [g["key"] for g in again] == [w["key"] for w in want]
+    assert entries[0].stat().st_ino == inode and entries[0].stat().st_mtime > 1000
+    os.utime(zipped / "shard.00000.mds.zstd", (2000, 2000))  # another version of the shard
+    ringfeed.Loader(str(zipped), cache_dir=str(cache), **KW).close()
+    assert len([p for p in cache.iterdir() if p.name.endswith("-shard.00000.mds")]) == 2
+    with pytest.raises(ringfeed.Error, match="the source is on local disk"):  # nothing to keep
+        ringfeed.Loader(os.path.join(MDS, "naive_MDSdataset"), cache_dir=str(cache), **KW)
+
+
 def test_a_damaged_or_other_compression_is_named(tmp_path):
     write_mds(str(tmp_path / "ok"), {"label": "int", "caption": "str"}, [{"label": i, "caption": "x" * i} for i in range(4)])
     index = json.loads((tmp_path / "ok" / "index.json").read_text())
