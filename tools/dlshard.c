@@ -638,8 +638,8 @@ static int verify_tar(const char *path, int fd, uint64_t size, dl__image_decoder
 
 /* A dataset that is not one shard file (an MDS dataset, an ImageFolder): loaded as the loader
  * loads it, each sample then read and its image and MDS values decoded. Samples the load left out
- * are named by its warnings and counted as bad. */
-static void verify_dataset(const char *path, dl__image_decoder *d, long *bad, long *files) {
+ * are named by its warnings and counted as bad. Its files count as shards (MDS) or images. */
+static void verify_dataset(const char *path, dl__image_decoder *d, long *bad, long *shards, long *images) {
   dl__options o;
   dl__options_parse(&o, "on_error=skip");
   dl__dataset ds = {0};
@@ -657,7 +657,7 @@ static void verify_dataset(const char *path, dl__image_decoder *d, long *bad, lo
     printf("%s: %llu sample%s left out as damaged (named above)\n", path, (unsigned long long)ds.left_out,
            ds.left_out == 1 ? "" : "s");
   *bad += (long)ds.left_out;
-  *files += ds.nfiles;
+  *(dl__mds_is(path) ? shards : images) += ds.nfiles;
   dl__buf buf = {0}, raw = {0};
   for (size_t i = 0; i < ds.n; i++) {
     const dl__sample *s = &ds.samples[i];
@@ -705,7 +705,7 @@ static int cmd_verify(int argc, char **argv) {
     return 1;
   }
   dl__log_level = DL__LOG_QUIET;
-  long bad = 0, shards = 0, unread = 0;
+  long bad = 0, shards = 0, images = 0, unread = 0;
   for (int a = 1; a < argc; a++) {
     size_t n = 0;
     char **paths = paths_of(argv[a], &n);
@@ -715,7 +715,7 @@ static int cmd_verify(int argc, char **argv) {
     }
     for (size_t i = 0; i < n; i++) {
       if (!dl__is_url(paths[i]) && is_dataset(paths[i])) {
-        verify_dataset(paths[i], &d, &bad, &shards);
+        verify_dataset(paths[i], &d, &bad, &shards, &images);
         continue;
       }
       if (dl__is_url(paths[i]) && (dl__mds_is(paths[i]) || paths[i][strlen(paths[i]) - 1] == '/')) {
@@ -738,8 +738,15 @@ static int cmd_verify(int argc, char **argv) {
     free_paths(paths, n);
   }
   dl__image_decoder_free(&d);
-  printf("%ld shard%s verified%s\n", shards, shards == 1 ? "" : "s",
-         bad ? ": damaged (see above)" : shards ? ": ok" : "");
+  char what[96];
+  if (images && !shards) /* an ImageFolder's files are images, not shards */
+    snprintf(what, sizeof what, "%ld image%s", images, images == 1 ? "" : "s");
+  else if (images)
+    snprintf(what, sizeof what, "%ld shard%s and %ld image%s", shards, shards == 1 ? "" : "s", images,
+             images == 1 ? "" : "s");
+  else
+    snprintf(what, sizeof what, "%ld shard%s", shards, shards == 1 ? "" : "s");
+  printf("%s verified%s\n", what, bad ? ": damaged (see above)" : shards || images ? ": ok" : "");
   if (bad)
     printf("%ld bad record%s\n", bad, bad == 1 ? "" : "s");
   if (unread) /* missing or unreadable: named above, not counted as records */

@@ -519,7 +519,12 @@ def test_dlshard_verify_reads_an_image_folder(tmp_path):
         for i in range(3):
             (tmp_path / c / f"{i}.jpg").write_bytes(jpeg(i))
     v = subprocess.run([dlshard, "verify", str(tmp_path)], capture_output=True, text=True)
-    assert v.returncode == 0 and v.stdout.strip() == "6 shards verified: ok", v.stdout + v.stderr
+    assert v.returncode == 0 and v.stdout.strip() == "6 images verified: ok", v.stdout + v.stderr
     (tmp_path / "dog" / "1.jpg").write_bytes(jpeg(1)[:200])
     v = subprocess.run([dlshard, "verify", str(tmp_path)], capture_output=True, text=True)
     assert v.returncode == 1 and "1.jpg" in v.stdout and v.stdout.splitlines()[-1] == "1 bad record", v.stdout
+    # Beside shards: both counted, each by its name.
+    mds = str(tmp_path.parent / (tmp_path.name + "-mds"))
+    write_mds(mds, COLUMNS, rows(9))
+    v = subprocess.run([dlshard, "verify", mds, str(tmp_path)], capture_output=True, text=True)
+    assert "3 shards and 6 images verified: damaged (see above)" in v.stdout, v.stdout
