@@ -110,13 +110,19 @@ static int parse_choice(const char *key, const char *v, const char *const *names
   return bad(key, v, why);
 }
 
+/* Whether strtod/strtof read only a plain decimal number from P up to END: not hex (0x10 is 16 to
+ * strtod), inf or nan, nor spaces before it. */
+static bool decimal(const char *p, const char *end) {
+  return end > p && end <= p + strspn(p, "0123456789.eE+-");
+}
+
 static int parse_floats3(const char *key, const char *v, float out[3]) {
   const char *p = v;
   for (int i = 0; i < 3; i++) {
     char *end;
     errno = 0;
     float x = strtof(p, &end);
-    if (errno || end == p || !(x == x))
+    if (errno || !decimal(p, end) || !(x == x))
       return bad(key, v, "expected three numbers a,b,c");
     out[i] = x;
     if (i < 2 && *end != ',')
@@ -136,7 +142,7 @@ static int parse_repeat(const char *key, const char *v, dl__options *o) {
     char *end;
     errno = 0;
     double x = strtod(p, &end);
-    if (errno || end == p || !(x >= 0 && x <= 1000) || (*end && *end != ','))
+    if (errno || !decimal(p, end) || !(x >= 0 && x <= 1000) || (*end && *end != ','))
       return bad(key, v, "expected a factor from 0 to 1000 for each '::' part of the source, such as 0.5,2");
     if (o->nrepeat == DL__MAX_PARTS)
       return bad(key, v, "more than 256 factors");
@@ -289,7 +295,7 @@ static int apply(dl__options *o, const char *key, const char *v) {
     char *end;
     errno = 0;
     double x = strtod(v, &end);
-    if (errno || end == v || *end || !(x >= 0 && x <= 1))
+    if (errno || !decimal(v, end) || *end || !(x >= 0 && x <= 1))
       return bad(key, v, "expected auto or a fraction from 0 to 1");
     o->gpu_share = x;
     return 0;

@@ -112,6 +112,13 @@ int main(void) {
   expect_bad("device=gpu", "device=gpu");
   expect_bad("device=cuda:0,0", "listed twice");
   expect_bad("mean=1,2", "mean=1,2");
+  /* Numbers are plain decimals: strtod would read hex (0x10 as 16), inf and nan. */
+  expect_bad("mean=0x1p-1,0.5,0.5", "mean=0x1p-1,0.5,0.5: expected three numbers");
+  expect_bad("std=1,nan,1", "expected three numbers");
+  expect_bad("repeat=0x10", "repeat=0x10: expected a factor");
+  expect_bad("repeat=1,inf", "expected a factor");
+  expect_bad("gpu_share=0x0.8", "gpu_share=0x0.8: expected auto or a fraction");
+  expect_bad("gpu_share=\" 0.5\"", "expected auto or a fraction");
   expect_bad("std=1,0,1", "std must not be zero");
   expect_bad("rank=4 world_size=4", "rank=4");
   expect_bad("batch_size", "not key=value");
