@@ -316,6 +316,9 @@ static int check_columns(dl__dataset *ds, shard *sh, const char *index) {
                     sh->basename, sh->nnames, sh->ncols, sh->nsizes);
   for (int i = 0; i < sh->ncols; i++) {
     column *c = &sh->cols[i];
+    for (int j = 0; j < i; j++)
+      if (!strcmp(sh->cols[j].name, c->name)) /* MDSWriter's columns are a dict: one is hand-made */
+        return dl__fail(DL_ECORRUPT, "MDS index %s: shard %s names column %s twice", index, sh->basename, c->name);
     if (!classify(c))
       return dl__fail(DL_ECORRUPT, "MDS index %s: shard %s column %s: encoding '%s' (size %lld) is malformed", index,
                       sh->basename, c->name, c->encoding, (long long)c->size);

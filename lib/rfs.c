@@ -195,8 +195,9 @@ int dl__rfs_open(dl__rfs *r, int fd, uint64_t file_size, char *why, size_t cap) 
 /* The records of R as samples of FILE. */
 static int add_records(dl__dataset *ds, uint32_t file, const dl__rfs *r, const char *path) {
   int rc = 0;
-  bool left_out = false;
+  bool left_out = false, twice = false;
   for (uint64_t i = 0; i < r->nrecords && !rc; i++) {
+    uint32_t seen = 0; /* field indexes this record has given a value */
     const dl__rfs_record *rec = &r->records[i];
     dl__sample s = {.offset = rec->offset, .size = rec->size, .checksum = rec->checksum,
                     .label = rec->label, .file = file, .flags = DL__SAMPLE_CHECKSUM};
@@ -205,21 +206,35 @@ static int add_records(dl__dataset *ds, uint32_t file, const dl__rfs *r, const c
     for (uint16_t f = 0; f < rec->nfields; f++) {
       const dl__rfs_field *fd_ = &r->fields[rec->first_field + f];
       bool image = fd_->codec == DL__RFS_JPEG || fd_->codec == DL__RFS_PNG || fd_->codec == DL__RFS_WEBP;
-      if (image && (!img || !strcmp(r->names[fd_->name], "image")))
-        img = fd_;
-      if (!image && s.nrefs < DL__MAX_FIELDS) { /* tensors (NPY payloads, stored or zstd) and bytes */
-        const char *fname = r->names[fd_->name];
-        int idx = dl__dataset_field(ds, fname, strlen(fname));
-        if (idx < 0 && !left_out) {
+      if (image) {
+        if (!img || !strcmp(r->names[fd_->name], "image"))
+          img = fd_;
+        continue;
+      }
+      /* Tensors (NPY payloads, stored or zstd) and bytes. Each name once per record, so a record
+       * holds at most the DL__MAX_FIELDS a dataset does. */
+      const char *fname = r->names[fd_->name];
+      int idx = dl__dataset_field(ds, fname, strlen(fname));
+      if (idx < 0) {
+        if (!left_out)
           dl__log(DL__LOG_WARN, "shard %s record %llu field %s: left out, %s", path, (unsigned long long)i, fname,
                   dl__field_refusal(ds, strlen(fname)));
-          left_out = true; /* said once per shard */
-        }
-        uint8_t kind = fd_->codec == DL__RFS_ZSTD ? DL__REF_NPY_ZST : fd_->codec == DL__RFS_BYTES ? DL__REF_BYTES : DL__REF_NPY;
-        dl__fref ref = {.name = (uint16_t)idx, .kind = kind, .at = fd_->offset, .len = fd_->size};
-        if (idx >= 0 && dl__dataset_add_ref(ds, &ref) == 0)
-          s.nrefs++;
+        left_out = true; /* said once per shard */
+        continue;
       }
+      if (seen >> idx & 1) {
+        /* Another writer's record (ours refuses it): the first value is the one kept. */
+        if (!twice)
+          dl__log(DL__LOG_WARN, "shard %s record %llu field %s: given twice, the first value kept", path,
+                  (unsigned long long)i, fname);
+        twice = true;
+        continue;
+      }
+      seen |= 1u << idx;
+      uint8_t kind = fd_->codec == DL__RFS_ZSTD ? DL__REF_NPY_ZST : fd_->codec == DL__RFS_BYTES ? DL__REF_BYTES : DL__REF_NPY;
+      dl__fref ref = {.name = (uint16_t)idx, .kind = kind, .at = fd_->offset, .len = fd_->size};
+      if (dl__dataset_add_ref(ds, &ref) == 0)
+        s.nrefs++;
     }
     if (img) {
       s.image_at = img->offset;

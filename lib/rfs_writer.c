@@ -166,6 +166,13 @@ static int add_field(dl_writer *w, const char *name, const char *codec, const vo
   for (uint32_t i = 0; i < w->nnames; i++)
     if (!strcmp(w->names[i], name))
       name_idx = i;
+  for (int i = 0; i < w->nfields && name_idx < w->nnames; i++) {
+    uint16_t seen;
+    memcpy(&seen, w->fields[i], 2);
+    if (seen == name_idx) /* a reader would have to pick one of the two */
+      return dl__fail(DL_EOPTION, "%s: field '%s' given twice in record '%s'", w->path, name,
+                      (const char *)w->keys.p + w->key_off);
+  }
   if (name_idx == w->nnames) {
     if (w->nnames == 256 || !*name || strlen(name) > 255)
       return dl__fail(DL_ELIMIT, "%s: field name '%s' not accepted (256 names of 1..255 bytes)", w->path, name);

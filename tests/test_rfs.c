@@ -458,6 +458,107 @@ static void tensors_straight_into_slots(void) {
          "O_DIRECT), tar and rfs, a .npy with bytes after its data included; damage in one fails its checksum\n");
 }
 
+/* The opening of shard PATH's index: where its records' entries start (AT), found by walking
+ * its name table and key blob. */
+static size_t index_records_at(const uint8_t *idx, uint32_t nnames) {
+  size_t at = 8 + 8 + 4;
+  for (uint32_t i = 0; i < nnames; i++) {
+    uint16_t len;
+    memcpy(&len, idx + at, 2);
+    at += 2 + len;
+  }
+  uint64_t klen;
+  memcpy(&klen, idx + at, 8);
+  return at + 8 + klen;
+}
+
+/* What dl_open of SRC with OPTS writes to stderr, into TEXT; the loader stays open in *L. */
+static void open_logged(dl_loader **l, const char *src, const char *opts, char *text, size_t cap) {
+  char log[600];
+  snprintf(log, sizeof log, "%s/open.log", dir);
+  fflush(stderr);
+  int saved = dup(2), fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  ASSERT(saved >= 0 && fd >= 0);
+  ASSERT_EQ(dup2(fd, 2), 2);
+  close(fd);
+  int rc = dl_open(l, src, opts);
+  fflush(stderr);
+  ASSERT_EQ(dup2(saved, 2), 2);
+  close(saved);
+  ASSERT_EQ(rc, 0);
+  memset(text, 0, cap);
+  FILE *f = fopen(log, "r");
+  ASSERT(f);
+  ASSERT(fread(text, 1, cap - 1, f) < cap);
+  fclose(f);
+}
+
+/* A record names each field once: the writer refuses a second value under a name (a reader would
+ * have to pick one), and a shard from another writer that has one keeps the first, said at open.
+ * Fields past the 16 a dataset holds are left out and named too, on every open. */
+static void fields_given_twice_or_past_the_limit(void) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/twice.rfs", dir);
+  dl_writer *w;
+  ASSERT_EQ(dl_writer_open(&w, path, "align=1"), 0);
+  ASSERT_EQ(dl_writer_begin(w, "refused", 0), 0);
+  ASSERT_EQ(dl_writer_field(w, "f", "bytes", "A", 1), 0);
+  ASSERT_EQ(dl_writer_field(w, "f", "bytes", "B", 1), DL_EOPTION);
+  ASSERT_CONTAINS(dl_last_error(), "field 'f' given twice in record 'refused'");
+  ASSERT_EQ(dl_writer_end(w), -EINVAL); /* the record was dropped */
+  for (int r = 0; r < 2; r++) {
+    ASSERT_EQ(dl_writer_begin(w, r ? "k1" : "k0", r), 0);
+    ASSERT_EQ(dl_writer_field(w, "f", "bytes", r ? "first1" : "first0", 6), 0);
+    ASSERT_EQ(dl_writer_field(w, "g", "bytes", "second", 6), 0);
+    for (int k = 0; k < 16; k++) { /* with f, 17 distinct fields: x15 is one too many */
+      char name[8], value[8];
+      snprintf(name, sizeof name, "x%02d", k);
+      snprintf(value, sizeof value, "v%02d", k);
+      ASSERT_EQ(dl_writer_field(w, name, "bytes", value, 3), 0);
+    }
+    ASSERT_EQ(dl_writer_end(w), 0);
+  }
+  ASSERT_EQ(dl_writer_close(w), 0);
+  /* Another writer's shard: record 0's second field (g) renamed to f, the index hash made anew. */
+  struct stat st;
+  dl__rfs r;
+  uint8_t *copy = load_shard(path, &r, &st);
+  uint64_t ioff, isize;
+  memcpy(&ioff, copy + st.st_size - 32, 8);
+  memcpy(&isize, copy + st.st_size - 24, 8);
+  uint8_t *idx = copy + ioff;
+  size_t at = index_records_at(idx, r.nnames) + 34 + 20; /* record 0's second field entry */
+  uint16_t f_name = r.fields[r.records[0].first_field].name;
+  memcpy(idx + at, &f_name, 2);
+  uint64_t h = dl__rfs_checksum(idx, isize);
+  memcpy(copy + st.st_size - 16, &h, 8);
+  FILE *out = fopen(path, "wb");
+  fwrite(copy, 1, (size_t)st.st_size, out);
+  fclose(out);
+  free(copy);
+  dl__rfs_free(&r);
+  for (int open_no = 0; open_no < 2; open_no++) {
+    dl_loader *l;
+    char text[4096];
+    open_logged(&l, path, "batch_size=2 image_size=8 shuffle=0 workers=1 log=warn", text, sizeof text);
+    ASSERT_CONTAINS(text, "record 0 field f: given twice, the first value kept");
+    ASSERT_CONTAINS(text, "record 0 field x15: left out, a dataset has at most 16 distinct fields");
+    dl_batch *b;
+    ASSERT_EQ(dl_next_batch(l, &b), 0);
+    size_t n;
+    const void *p = dl_batch_bytes(b, "f", 0, &n);
+    ASSERT(p && n == 6 && !memcmp(p, "first0", 6));
+    p = dl_batch_bytes(b, "f", 1, &n);
+    ASSERT(p && n == 6 && !memcmp(p, "first1", 6));
+    p = dl_batch_bytes(b, "x14", 1, &n);
+    ASSERT(p && n == 3 && !memcmp(p, "v14", 3));
+    ASSERT(dl_batch_bytes(b, "x15", 0, &n) == NULL);
+    dl_batch_release(b, NULL);
+    dl_close(l);
+  }
+  printf("fields: one given twice refused by the writer, the first kept by the reader; past 16 named at every open\n");
+}
+
 int main(void) {
   dlshard = getenv("DL_DLSHARD");
   if (!dlshard || access(dlshard, X_OK)) {
@@ -474,6 +575,7 @@ int main(void) {
   conversions_keep_the_stream();
   damage_is_found();
   index_checksum_is_checked();
+  fields_given_twice_or_past_the_limit();
   tensors_straight_into_slots();
   char cmd[600];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);

@@ -354,6 +354,8 @@ def test_a_damaged_value_is_a_sample_error_naming_shard_and_sample(tmp_path, cap
     ('{"shards": [{"format": "mds", "version": 2, "column_names": ["a"], "column_encodings": ["str"],'
      ' "column_sizes": [null], "raw_data": {"basename": "s.mds"}, "zip_data": {"basename": "s.mds.zstd"},'
      ' "compression": "zstd", "samples": 1}]}', "gives no uncompressed size (raw_data bytes)"),
+    ('{"shards": [{"format": "mds", "version": 2, "column_names": ["a", "a"], "column_encodings": ["str", "int"],'
+     ' "column_sizes": [null, 4], "raw_data": {"basename": "s.mds"}, "samples": 1}]}', "names column a twice"),
 ])
 def test_a_bad_index_is_named_with_its_reason(tmp_path, index, why):
     (tmp_path / "index.json").write_text(index)
