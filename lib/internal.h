@@ -376,6 +376,11 @@ typedef struct dl__mds_spec {
 } dl__mds_spec;
 /* Whether PATH names a local MDS dataset: a folder holding index.json, or an index.json. */
 bool dl__mds_is(const char *path);
+/* inflate.c: whether COMPRESSION (as an MDS index names it: "zstd", "gz:6", "bz2") is read, and
+ * file IN's compressed streams decompressed into FD from its start; they must come to exactly
+ * EXPECT bytes. WHAT and NAME head the messages ("MDS shard", its path). */
+bool dl__unpack_reads(const char *compression);
+int dl__unpack(int in, const char *compression, uint64_t expect, int fd, const char *what, const char *name);
 /* Loads the MDS dataset at PATH: a local folder or index.json, or the URL of a remote one's
  * index.json (or of its folder, ending in '/'). */
 int dl__mds_load(dl__dataset *ds, const char *path, const dl__options *o);

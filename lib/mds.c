@@ -15,8 +15,8 @@
  * Index and shards are untrusted: every size and offset is checked before it is used. A sample
  * whose sizes do not add up to its length, or that lies past the end of its file, is left out and
  * named once per shard (with on_error=fail the open fails instead). Shards kept only compressed
- * (zip_data) are decompressed at open into temporary files when zstd (kept in cache_dir when one
- * is given), else named with what to do.
+ * (zip_data) are decompressed at open into temporary files when zstd, gz or bz2 (kept in cache_dir
+ * when one is given; inflate.c), else named with what to do.
  * A remote dataset (the URL of its index.json) is read the same way, each shard downloaded once
  * to read its samples' sizes; sample tables are kept in the index cache.
  */
@@ -33,7 +33,6 @@
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>
-#include <zstd.h>
 
 #define INDEX_MAX (64u << 20) /* an index.json larger than this is not one */
 #define MAX_COLUMNS 256
@@ -537,55 +536,11 @@ static int scan_shard(dl__dataset *ds, uint32_t file, int fd, uint64_t size, voi
   return rc ? rc : d.count ? 1 : 0;
 }
 
-/* The zstd frames of IN (a compressed shard, NAME in messages) written into FD from its start;
- * they must come to exactly EXPECT bytes. */
-static int unpack(int in, const char *name, uint64_t expect, int fd) {
-  enum { CHUNK = 1 << 17 };
-  ZSTD_DStream *z = ZSTD_createDStream();
-  uint8_t *src = malloc(CHUNK), *dst = malloc(CHUNK);
-  int rc = z && src && dst ? 0 : dl__fail(-ENOMEM, "out of memory");
-  uint64_t at = 0, made = 0;
-  size_t left = 0; /* nonzero while a frame is not complete */
-  while (!rc) {
-    int64_t got = dl__pread_full(in, src, CHUNK, at);
-    if (got <= 0) {
-      if (got < 0)
-        rc = dl__fail((int)got, "MDS shard %s: %s", name, strerror((int)-got));
-      break;
-    }
-    at += (uint64_t)got;
-    ZSTD_inBuffer zin = {src, (size_t)got, 0};
-    bool full; /* the output filled: zstd may hold more of it */
-    do {
-      ZSTD_outBuffer zout = {dst, CHUNK, 0};
-      left = ZSTD_decompressStream(z, &zout, &zin);
-      if (ZSTD_isError(left))
-        rc = dl__fail(DL_ECORRUPT, "MDS shard %s: zstd: %s", name, ZSTD_getErrorName(left));
-      else if (made + zout.pos > expect)
-        rc = dl__fail(DL_ECORRUPT, "MDS shard %s: decompresses to more than the %llu bytes its index gives", name,
-                      (unsigned long long)expect);
-      else if (zout.pos && pwrite(fd, dst, zout.pos, (off_t)made) != (ssize_t)zout.pos)
-        rc = dl__fail(-(errno ? errno : EIO), "MDS shard %s: writing its uncompressed copy: %s", name,
-                      strerror(errno ? errno : EIO));
-      made += zout.pos;
-      full = zout.pos == zout.size;
-    } while (!rc && (zin.pos < zin.size || full));
-  }
-  if (!rc && left)
-    rc = dl__fail(DL_ECORRUPT, "MDS shard %s: its zstd data ends early (truncated?)", name);
-  if (!rc && made != expect)
-    rc = dl__fail(DL_ECORRUPT, "MDS shard %s: decompresses to %llu bytes, its index gives %llu", name,
-                  (unsigned long long)made, (unsigned long long)expect);
-  ZSTD_freeDStream(z);
-  free(src);
-  free(dst);
-  return rc;
-}
-
 typedef struct zipped {
   const char *path; /* the compressed shard: a file, or a URL fetched whole first */
   const dl__options *o;
   uint64_t raw_bytes;
+  const char *compression; /* as the index names it: "zstd", "gz:6", ... */
 } zipped;
 
 /* The uncompressed copy of shard Z into FD. */
@@ -597,7 +552,7 @@ static int unpack_into(int fd, void *arg) {
                                : (in = dl__open_regular(z->path, "MDS shard", NULL)) < 0 ? in : 0;
   if (rc)
     return rc;
-  rc = unpack(in, z->path, z->raw_bytes, fd);
+  rc = dl__unpack(in, z->compression, z->raw_bytes, fd, "MDS shard", z->path);
   close(in);
   return rc;
 }
@@ -646,16 +601,16 @@ static int load_zipped(dl__dataset *ds, const char *root, const shard *sh, const
   if (rc)
     return rc;
   const char *how = sh->compression[0] ? sh->compression : "an unnamed compression";
-  if (strncmp(how, "zstd", 4) || (how[4] && how[4] != ':'))
-    return dl__fail(DL_EUNSUPPORTED, "MDS shard %s is compressed with %s: zstd shards are read; decompress it once "
-                    "into %s/%s, or write the dataset with compression='zstd' or none", path, how, root,
-                    sh->basename[0] ? sh->basename : "its raw_data name");
+  if (!dl__unpack_reads(how))
+    return dl__fail(DL_EUNSUPPORTED, "MDS shard %s is compressed with %s: zstd, gz and bz2 shards are read; "
+                    "decompress it once into %s/%s, or write the dataset with compression='zstd' or none", path,
+                    how, root, sh->basename[0] ? sh->basename : "its raw_data name");
   if (!sh->raw_bytes)
     return dl__fail(DL_ECORRUPT, "MDS index: shard %s: the index gives no uncompressed size (raw_data bytes)", path);
   if (sh->raw_bytes > UINT32_MAX) /* a shard's offsets are 32-bit */
     return dl__fail(DL_ECORRUPT, "MDS index: shard %s: an uncompressed size of %llu bytes, above 4 GiB", path,
                     (unsigned long long)sh->raw_bytes);
-  zipped z = {path, o, sh->raw_bytes};
+  zipped z = {path, o, sh->raw_bytes, how};
   int fd = -1;
   if (o->cache_dir[0]) {
     char raw[PATH_MAX * 2 + 2];

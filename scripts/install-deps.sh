@@ -3,7 +3,7 @@
 # Usage: scripts/install-deps.sh [build|test|bench] (bench: also the resamplers bench/resize_compare
 # measures ringfeed's against)
 set -eu
-want="build-essential cmake pkg-config libjpeg62-turbo-dev libpng-dev zlib1g-dev liburing-dev libzstd-dev libwebp-dev libcurl4-openssl-dev
+want="build-essential cmake pkg-config libjpeg62-turbo-dev libpng-dev zlib1g-dev libbz2-dev liburing-dev libzstd-dev libwebp-dev libcurl4-openssl-dev
       libxxhash-dev libdlpack-dev tar"
 if [ "${1:-build}" = bench ]; then
   want="$want libyuv-dev libstb-dev libswscale-dev"

@@ -1,6 +1,8 @@
 """MosaicML Streaming's MDS datasets read in place: the third-party shards of ../shared/testdata
 decoded here by the format's description, datasets written here as MDSWriter writes them (images,
 labels, text, JSON, numbers, arrays), and damaged ones, each named."""
+import bz2
+import gzip
 import io
 import json
 import os
@@ -421,33 +423,47 @@ def test_with_cache_dir_the_uncompressed_copy_is_made_once(tmp_path):
         ringfeed.Loader(os.path.join(MDS, "naive_MDSdataset"), cache_dir=str(cache), **KW)
 
 
-def test_a_damaged_or_other_compression_is_named(tmp_path):
+def zstd_bytes(data):
+    return subprocess.run(["zstd", "-q", "-c"], input=data, check=True, capture_output=True).stdout
+
+
+# Each as Streaming compresses a shard for compression='zstd', 'gz' and 'bz2'.
+CODECS = {"zstd": zstd_bytes, "gz": gzip.compress, "bz2": bz2.compress}
+
+
+@pytest.mark.parametrize("codec", sorted(CODECS))
+def test_a_damaged_or_other_compression_is_named(tmp_path, codec):
     write_mds(str(tmp_path / "ok"), {"label": "int", "caption": "str"}, [{"label": i, "caption": "x" * i} for i in range(4)])
     index = json.loads((tmp_path / "ok" / "index.json").read_text())
     raw = (tmp_path / "ok" / "shard.00000.mds").read_bytes()
-    subprocess.run(["zstd", "-q", "-k", str(tmp_path / "ok" / "shard.00000.mds"), "-o",
-                    str(tmp_path / "ok" / "shard.00000.mds.zstd")], check=True)
-    zipped = (tmp_path / "ok" / "shard.00000.mds.zstd").read_bytes()
+    zipped = CODECS[codec](raw)
+    name = f"shard.00000.mds.{codec}"
 
-    def dataset(name, data, compression="zstd", raw_bytes=len(raw)):
-        folder = tmp_path / name
+    def dataset(folder, data, compression=codec, raw_bytes=len(raw)):
+        folder = tmp_path / folder
         folder.mkdir()
         sh = dict(index["shards"][0], compression=compression,
                   raw_data={"basename": "shard.00000.mds", "bytes": raw_bytes, "hashes": {}},
-                  zip_data={"basename": "shard.00000.mds.zstd", "bytes": len(data), "hashes": {}})
+                  zip_data={"basename": name, "bytes": len(data), "hashes": {}})
         (folder / "index.json").write_text(json.dumps({"shards": [sh], "version": 2}))
-        (folder / "shard.00000.mds.zstd").write_bytes(data)
+        (folder / name).write_bytes(data)
         return str(folder)
 
-    assert [int(r["label"]) for r in everything(ringfeed.Loader(dataset("good", zipped, "zstd:7"), **KW))] == [0, 1, 2, 3]
-    for name, data, kw, why in [
-            ("cut", zipped[:-9], {}, "shard.00000.mds.zstd: its zstd data ends early (truncated?)"),
-            ("noise", zipped[:20] + bytes(40) + zipped[60:], {}, "shard.00000.mds.zstd: zstd: "),
+    labels = lambda src: [int(r["label"]) for r in everything(ringfeed.Loader(src, **KW))]
+    assert labels(dataset("good", zipped, codec + ":7")) == [0, 1, 2, 3]
+    # Two streams one after the other (zstd frames, gzip members, bzip2 streams) are one shard.
+    half = len(raw) // 2
+    assert labels(dataset("two", CODECS[codec](raw[:half]) + CODECS[codec](raw[half:]))) == [0, 1, 2, 3]
+    other = "gz" if codec != "gz" else "bz2"
+    for folder, data, kw, why in [
+            ("cut", zipped[:-9], {}, f"{name}: its {codec} data ends early (truncated?)"),
+            ("noise", zipped[:20] + bytes(40) + zipped[60:], {}, f"{name}: {codec}: "),
             ("small", zipped, {"raw_bytes": len(raw) - 1}, "decompresses to more than the"),
             ("large", zipped, {"raw_bytes": len(raw) + 1}, f"decompresses to {len(raw)} bytes, its index gives"),
-            ("gz", zipped, {"compression": "gz"}, "is compressed with gz: zstd shards are read")]:
+            ("other", CODECS[other](raw), {}, f"{name}: {codec}: "),
+            ("br", zipped, {"compression": "br"}, "is compressed with br: zstd, gz and bz2 shards are read")]:
         with pytest.raises(ringfeed.Error, match=re.escape(why)):
-            ringfeed.Loader(dataset(name, data, **kw), **KW)
+            ringfeed.Loader(dataset(folder, data, **kw), **KW)
 
 
 def test_dlshard_converts_an_mds_dataset_to_the_same_stream(tmp_path):
