@@ -81,6 +81,11 @@ int main(void) {
   ASSERT_EQ(o.io, DL__IO_PREAD);
   ASSERT_EQ(o.layout, DL__LAYOUT_NCHW);
   ASSERT_EQ(o.channels, 1);
+  /* A zero-padded seed is decimal (not octal); hex only after 0x. */
+  ASSERT_EQ(dl__options_parse(&o, "seed=010"), 0);
+  ASSERT_EQ(o.seed, 10);
+  ASSERT_EQ(dl__options_parse(&o, "seed=0x10"), 0);
+  ASSERT_EQ(o.seed, 16);
   ASSERT_EQ(dl__options_parse(&o, "device=cuda:0,2,3 dtype=bfloat16 mean=0.5,0.5,0.5 std=1,0.25,-0.5"), 0);
   ASSERT_EQ(o.ndevices, 3);
   ASSERT_EQ(o.device_ids[2], 3);
@@ -119,6 +124,8 @@ int main(void) {
   expect_bad("repeat=1,inf", "expected a factor");
   expect_bad("gpu_share=0x0.8", "gpu_share=0x0.8: expected auto or a fraction");
   expect_bad("gpu_share=\" 0.5\"", "expected auto or a fraction");
+  expect_bad("seed=-1", "seed=-1: expected a non-negative integer");
+  expect_bad("seed=0x", "seed=0x: expected a non-negative integer");
   expect_bad("std=1,0,1", "std must not be zero");
   expect_bad("rank=4 world_size=4", "rank=4");
   expect_bad("batch_size", "not key=value");

@@ -7,13 +7,14 @@
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
-/* TEXT as a number, all of it. */
+/* TEXT as a plain decimal number, all of it: strtod alone would also take hex (0x10), inf and nan. */
 static inline bool cli_number(const char *text, double *out) {
   char *end;
   errno = 0;
   *out = strtod(text, &end);
-  return end != text && !*end && !errno;
+  return end != text && !*end && !errno && strspn(text, "0123456789.eE+-") == strlen(text);
 }
 
 /* The whole number TEXT of flag FLAG of tool TOOL, at least MIN; false (said on stderr) otherwise. */

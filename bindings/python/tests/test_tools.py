@@ -87,7 +87,7 @@ def test_step_kernel_length_must_be_a_positive_number():
 @needs_tools
 def test_counts_are_whole_numbers_and_the_synthetic_set_takes_no_source():
     for flag, bad, least in (("--stop-after", "-3", 0), ("--stop-after", "1.5", 0), ("--synthetic", "10abc", 1),
-                             ("--synthetic", "0", 1), ("--quality", "9x", 1)):
+                             ("--synthetic", "0", 1), ("--quality", "9x", 1), ("--synthetic", "0x10", 1)):
         out = run(DLBENCH, *((WDS,) if flag == "--stop-after" else ()), flag, bad, "--make-synthetic", ok=False)
         assert out.returncode == 2 and f"{flag} {bad}: expected a whole number of at least {least}" in out.stderr
     for flags in (("--synthetic", "20"), ("--quality", "96"), ("--subsampling", "444")):
@@ -121,7 +121,7 @@ def test_dlshard_ls_takes_its_flag_on_either_side():
 
 @needs_tools
 def test_step_needs_a_positive_length_and_a_gpu():
-    for bad in ("0", "-5", "abc", "5x"):
+    for bad in ("0", "-5", "abc", "5x", "inf", "0x10"):
         out = run(DLBENCH, WDS, *SMALL, "--step-ms", bad, ok=False)
         assert out.returncode == 2 and f"--step-ms {bad}: a length in ms above 0" in out.stderr, out.stderr
     # The consumer is a GPU's: on the CPU it would silently run no step at all.
