@@ -2,10 +2,12 @@
 #ifndef RINGFEED_TEST_H
 #define RINGFEED_TEST_H
 
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define TEST_SKIP 77
 
@@ -60,6 +62,24 @@ __attribute__((constructor)) static void test_unbuffered_stdout(void) { setvbuf(
     if (r_)                                                                                        \
       FAIL_AT("dl_open(%s, \"%s\"): %s: %s", (src), (opts), dl_errname(r_), dl_last_error());      \
   } while (0)
+
+/* What the library writes to stderr, into the file PATH from now on; returns the descriptor that
+ * stderr_back() puts back. */
+static inline int stderr_into(const char *path) {
+  fflush(stderr);
+  int saved = dup(2), fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (saved < 0 || fd < 0 || dup2(fd, 2) != 2)
+    FAIL_AT("cannot send stderr to %s", path);
+  close(fd);
+  return saved;
+}
+
+static inline void stderr_back(int saved) {
+  fflush(stderr);
+  if (dup2(saved, 2) != 2)
+    FAIL_AT("cannot put stderr back");
+  close(saved);
+}
 
 /* The folder that make_shards.sh filled, or skip when the third-party test data is not there. */
 static inline const char *test_shards(void) {

@@ -523,11 +523,7 @@ static void held_by_another_thread(void) {
   ASSERT_EQ(dl_next_batch(l, &kept), 0);
   char log[600];
   snprintf(log, sizeof log, "%s/held.log", dir);
-  fflush(stderr);
-  int saved = dup(2), fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  ASSERT(saved >= 0 && fd >= 0);
-  ASSERT_EQ(dup2(fd, 2), 2);
-  close(fd);
+  int saved = stderr_into(log);
   static consumer c;
   memset(&c, 0, sizeof c);
   c.l = l;
@@ -536,9 +532,7 @@ static void held_by_another_thread(void) {
   sleep(6);
   dl_batch_release(kept, NULL);
   pthread_join(t, NULL);
-  fflush(stderr);
-  ASSERT_EQ(dup2(saved, 2), 2);
-  close(saved);
+  stderr_back(saved);
   ASSERT_EQ(c.result, DL_EOF);
   ASSERT_EQ(c.batches, dl_batches_per_epoch(l) - 1);
   dl_close(l);

@@ -303,6 +303,38 @@ static void damage_is_found(void) {
   printf("damage: flipped bytes and truncation named by verify and by the loader\n");
 }
 
+/* The index of shard COPY (SIZE bytes in memory) and its length, for tests that edit it. */
+static uint8_t *index_of(uint8_t *copy, off_t size, uint64_t *isize) {
+  uint64_t ioff;
+  memcpy(&ioff, copy + size - 32, 8);
+  memcpy(isize, copy + size - 24, 8);
+  return copy + ioff;
+}
+
+/* Where the index IDX of a shard with NNAMES field names lists its records, past its name table
+ * and key blob. */
+static size_t index_records_at(const uint8_t *idx, uint32_t nnames) {
+  size_t at = 8 + 8 + 4;
+  for (uint32_t i = 0; i < nnames; i++) {
+    uint16_t len;
+    memcpy(&len, idx + at, 2);
+    at += 2 + len;
+  }
+  uint64_t klen;
+  memcpy(&klen, idx + at, 8);
+  return at + 8 + klen;
+}
+
+/* Writes COPY to PATH with its index hash made anew, so that only what a test changed is wrong. */
+static void write_edited(const char *path, uint8_t *copy, off_t size) {
+  uint64_t isize;
+  uint8_t *idx = index_of(copy, size, &isize);
+  uint64_t h = dl__rfs_checksum(idx, isize);
+  memcpy(copy + size - 16, &h, 8);
+  FILE *f = fopen(path, "wb");
+  ASSERT(f && fwrite(copy, 1, (size_t)size, f) == (size_t)size && fclose(f) == 0);
+}
+
 static void index_checksum_is_checked(void) {
   char src[700], bad[700];
   snprintf(src, sizeof src, "%s/conv-000001.rfs", dir);
@@ -311,30 +343,16 @@ static void index_checksum_is_checked(void) {
   dl__rfs r;
   uint8_t *copy = load_shard(src, &r, &st);
   /* Change record 5's stored checksum and fix up the index hash, so only the record check fails. */
-  uint64_t ioff, isize;
-  memcpy(&ioff, copy + st.st_size - 32, 8);
-  memcpy(&isize, copy + st.st_size - 24, 8);
-  uint8_t *idx = copy + ioff;
-  size_t at = 8 + 8 + 4;
-  for (uint32_t i = 0; i < r.nnames; i++) {
-    uint16_t len;
-    memcpy(&len, idx + at, 2);
-    at += 2 + len;
-  }
-  uint64_t klen;
-  memcpy(&klen, idx + at, 8);
-  at += 8 + klen;
+  uint64_t isize;
+  uint8_t *idx = index_of(copy, st.st_size, &isize);
+  size_t at = index_records_at(idx, r.nnames);
   for (int i = 0; i < 5; i++) {
     uint16_t nf;
     memcpy(&nf, idx + at + 32, 2);
     at += 34 + 20 * (size_t)nf;
   }
   idx[at + 24] ^= 0xff;
-  uint64_t h = dl__rfs_checksum(idx, isize);
-  memcpy(copy + st.st_size - 16, &h, 8);
-  FILE *f = fopen(bad, "wb");
-  fwrite(copy, 1, (size_t)st.st_size, f);
-  fclose(f);
+  write_edited(bad, copy, st.st_size);
   char cmd[2048];
   snprintf(cmd, sizeof cmd, "'%s' verify '%s' | grep -c 'record 5 .*checksum mismatch' | grep -qx 1", dlshard, bad);
   ASSERT_EQ(system(cmd), 0);
@@ -458,33 +476,13 @@ static void tensors_straight_into_slots(void) {
          "O_DIRECT), tar and rfs, a .npy with bytes after its data included; damage in one fails its checksum\n");
 }
 
-/* The opening of shard PATH's index: where its records' entries start (AT), found by walking
- * its name table and key blob. */
-static size_t index_records_at(const uint8_t *idx, uint32_t nnames) {
-  size_t at = 8 + 8 + 4;
-  for (uint32_t i = 0; i < nnames; i++) {
-    uint16_t len;
-    memcpy(&len, idx + at, 2);
-    at += 2 + len;
-  }
-  uint64_t klen;
-  memcpy(&klen, idx + at, 8);
-  return at + 8 + klen;
-}
-
 /* What dl_open of SRC with OPTS writes to stderr, into TEXT; the loader stays open in *L. */
 static void open_logged(dl_loader **l, const char *src, const char *opts, char *text, size_t cap) {
   char log[600];
   snprintf(log, sizeof log, "%s/open.log", dir);
-  fflush(stderr);
-  int saved = dup(2), fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  ASSERT(saved >= 0 && fd >= 0);
-  ASSERT_EQ(dup2(fd, 2), 2);
-  close(fd);
+  int saved = stderr_into(log);
   int rc = dl_open(l, src, opts);
-  fflush(stderr);
-  ASSERT_EQ(dup2(saved, 2), 2);
-  close(saved);
+  stderr_back(saved);
   ASSERT_EQ(rc, 0);
   memset(text, 0, cap);
   FILE *f = fopen(log, "r");
@@ -523,18 +521,12 @@ static void fields_given_twice_or_past_the_limit(void) {
   struct stat st;
   dl__rfs r;
   uint8_t *copy = load_shard(path, &r, &st);
-  uint64_t ioff, isize;
-  memcpy(&ioff, copy + st.st_size - 32, 8);
-  memcpy(&isize, copy + st.st_size - 24, 8);
-  uint8_t *idx = copy + ioff;
+  uint64_t isize;
+  uint8_t *idx = index_of(copy, st.st_size, &isize);
   size_t at = index_records_at(idx, r.nnames) + 34 + 20; /* record 0's second field entry */
   uint16_t f_name = r.fields[r.records[0].first_field].name;
   memcpy(idx + at, &f_name, 2);
-  uint64_t h = dl__rfs_checksum(idx, isize);
-  memcpy(copy + st.st_size - 16, &h, 8);
-  FILE *out = fopen(path, "wb");
-  fwrite(copy, 1, (size_t)st.st_size, out);
-  fclose(out);
+  write_edited(path, copy, st.st_size);
   free(copy);
   dl__rfs_free(&r);
   for (int open_no = 0; open_no < 2; open_no++) {
