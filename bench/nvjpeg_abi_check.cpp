@@ -49,6 +49,7 @@ SAME_VALUE(NVJPEG_CSS_410)
 SAME_VALUE(NVJPEG_CSS_GRAY)
 SAME_VALUE(NVJPEG_OUTPUT_YUV)
 SAME_VALUE(NVJPEG_OUTPUT_Y)
+SAME_VALUE(NVJPEG_OUTPUT_RGB)
 SAME_VALUE(NVJPEG_OUTPUT_RGBI)
 static_assert(NVJPEG_FLAGS_BITSTREAM_STRICT == real_flag_strict, "NVJPEG_FLAGS_BITSTREAM_STRICT");
 static_assert(NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION == real_flag_interp, "NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION");
@@ -88,6 +89,6 @@ SAME_SIGNATURE(DecodeParamsDestroy, nvjpegDecodeParamsDestroy)
 SAME_SIGNATURE(DecodeParamsSetROI, nvjpegDecodeParamsSetROI)
 
 int main() {
-  std::printf("nvjpeg.h agrees with ringfeed's declarations: 23 values, 4 flags, 7 layouts, 12 signatures\n");
+  std::printf("nvjpeg.h agrees with ringfeed's declarations: 24 values, 4 flags, 7 layouts, 12 signatures\n");
   return 0;
 }

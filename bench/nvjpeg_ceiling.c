@@ -10,7 +10,8 @@
  *                           asks for; none: neither
  *   --pipelined             nvJPEG's own default for the engine: further images buffered between
  *                           calls, which the loader turns off (a busy GPU held each call back)
- *   --format rgbi|yuv       interleaved RGB (the loader's), or the planes as coded (no conversion)
+ *   --format rgbi|rgb|yuv   interleaved RGB (the loader's), RGB planes, or the planes as coded (no
+ *                           conversion)
  *   --busy                  beside kernels that keep every SM busy, as training does
  *                           (bench/busy_gpu.cu): what a busy GPU costs the decode
  *   --prealloc WxH          the engine's buffers sized once, for a batch of W x H images
@@ -142,9 +143,9 @@ static void *run(void *arg) {
       data[i] = j->p;
       lens[i] = j->n;
       /* Planes: each as large as the image, whatever its sampling. */
-      for (int c = 0; c < (format == NVJPEG_OUTPUT_YUV ? 3 : 1); c++) {
+      for (int c = 0; c < (format == NVJPEG_OUTPUT_RGBI ? 1 : 3); c++) {
         img[i].channel[c] = out + (size_t)i * most + (size_t)c * (most / 3);
-        img[i].pitch[c] = format == NVJPEG_OUTPUT_YUV ? (size_t)w : (size_t)w * 3;
+        img[i].pitch[c] = format == NVJPEG_OUTPUT_RGBI ? (size_t)w * 3 : (size_t)w;
       }
       bool whole = j->roi[2] == j->w && j->roi[3] == j->h;
       if (roi)
@@ -174,8 +175,8 @@ int main(int argc, char **argv) {
       busy = 1;
     else if (!strcmp(a, "--pipelined"))
       pipelined = 1;
-    else if (!strcmp(a, "--format") && (!strcmp(v, "rgbi") || !strcmp(v, "yuv")))
-      format = !strcmp(v, "yuv") ? NVJPEG_OUTPUT_YUV : NVJPEG_OUTPUT_RGBI, i++;
+    else if (!strcmp(a, "--format") && (!strcmp(v, "rgbi") || !strcmp(v, "rgb") || !strcmp(v, "yuv")))
+      format = !strcmp(v, "yuv") ? NVJPEG_OUTPUT_YUV : !strcmp(v, "rgb") ? NVJPEG_OUTPUT_RGB : NVJPEG_OUTPUT_RGBI, i++;
     else if (!strcmp(a, "--batch"))
       batch = atoi(v), i++;
     else if (!strcmp(a, "--prealloc") && sscanf(v, "%dx%d", &pre_w, &pre_h) == 2 && pre_w > 0 && pre_h > 0)
@@ -192,7 +193,7 @@ int main(int argc, char **argv) {
               : !strcmp(v, "strict") ? NVJPEG_FLAGS_BITSTREAM_STRICT
                                      : NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION;
     } else {
-      fprintf(stderr, "usage: nvjpeg_ceiling [--backend hw|cuda] [--roi] [--flags none|strict|interp] [--format rgbi|yuv] "
+      fprintf(stderr, "usage: nvjpeg_ceiling [--backend hw|cuda] [--roi] [--flags none|strict|interp] [--format rgbi|rgb|yuv] "
                       "[--pipelined] [--busy] [--prealloc WxH] [--threads T] "
                       "[--batch B] [--seconds S] SHARD...\n");
       return 2;
@@ -236,7 +237,7 @@ int main(int argc, char **argv) {
   printf("{\"backend\":\"%s\",\"roi\":%s,\"format\":\"%s\",\"busy\":%s,\"flags\":\"%s\",\"pipelined\":%s,\"threads\":%d,\"batch\":%d,"
          "\"prealloc\":\"%dx%d\",\"images\":%ld,\"seconds\":%.3f,\"images_per_s\":%.1f,\"host_ms_per_call\":%.3f,\"nvjpeg\":\"%s\"}\n",
          backend == NVJPEG_BACKEND_HARDWARE ? "hw" : "cuda", roi ? "true" : "false",
-         format == NVJPEG_OUTPUT_YUV ? "yuv" : "rgbi", busy ? "true" : "false", flag_name,
+         format == NVJPEG_OUTPUT_YUV ? "yuv" : format == NVJPEG_OUTPUT_RGB ? "rgb" : "rgbi", busy ? "true" : "false", flag_name,
          pipelined ? "true" : "false", threads,
          batch, pre_w, pre_h, images, wall, images / wall, calls ? host / calls * 1e3 : 0.0, nv->version);
   return 0;

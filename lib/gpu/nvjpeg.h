@@ -50,6 +50,7 @@ typedef enum {
 typedef enum {
   NVJPEG_OUTPUT_YUV = 1, /* planes at the file's own sampling (bench/nvjpeg_ceiling --format yuv) */
   NVJPEG_OUTPUT_Y = 2,
+  NVJPEG_OUTPUT_RGB = 3, /* three planes (bench/nvjpeg_ceiling --format rgb) */
   NVJPEG_OUTPUT_RGBI = 5,
 } nvjpegOutputFormat_t;
 
