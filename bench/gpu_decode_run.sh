@@ -126,8 +126,8 @@ fi
 if has ceiling; then
   for set in q90 q96; do
     eval src=\$$set
-    # (more than two host threads of hardware decode hung in nvJPEG 13.0 on an H200, and so did two
-    # beside a busy GPU: not tried). --busy: beside kernels holding every SM, as training does.
+    # (more than two host threads of hardware decode hung in nvJPEG 13.0 on an H200; two beside a
+    # busy GPU ran at a third of one thread's rate, so that is not run here). --busy: beside kernels holding every SM, as training does.
     # --pipelined: nvJPEG's own engine pipeline, which the loader turns off; beside the busy kernels
     # it stayed inside nvjpegDecodeBatched (in cuMemFree, called from libnvcuvid) until killed, in
     # every run on H200 hosts with driver 580.159.04: not run here. The shorter limit stays for
