@@ -337,43 +337,47 @@ int dl__remote_version(const char *url, const dl__options *o, uint64_t *size, ui
   return rc;
 }
 
-/* Probes URL and adds it to DS as *FILE, with its size, version (*ID) and the headers its later
- * requests carry; T (its HTTP URL in HTTP, CAP bytes) is set up for them. Its first bytes go to
- * HEAD (PROBE bytes), *HEAD_LEN of them. */
-static int add_object(dl__dataset *ds, const char *url, const dl__options *o, char *http, size_t cap, dl__target *t,
-                      uint32_t *file, uint64_t *size, dl__shard_id *id, uint8_t *head, size_t *head_len) {
-  int rc = target_of(ds, url, o, http, cap, t);
+/* A remote shard as its probe found it. */
+typedef struct object {
+  char http[8192]; /* its HTTP URL, which T's requests use */
+  dl__target t;
+  uint8_t *head; /* its first bytes (PROBE at most, HEAD_LEN of them); the caller frees it */
+  size_t head_len;
+  uint32_t file;
+  uint64_t size;
+  dl__shard_id id; /* its version, for the index cache */
+} object;
+
+/* Probes URL and adds it to DS as OB->file, with its size, version and the headers its later
+ * requests carry; OB->t is set up for them. */
+static int add_object(dl__dataset *ds, const char *url, const dl__options *o, object *ob) {
+  *ob = (object){.head = malloc(PROBE)};
+  if (!ob->head)
+    return dl__fail(-ENOMEM, "out of memory");
+  int rc = target_of(ds, url, o, ob->http, sizeof ob->http, &ob->t);
   if (rc)
     return rc;
   char etag[128] = "";
-  *head_len = 0;
-  rc = explained(ds, t, dl__http_probe(o, t, size, etag, sizeof etag, head, PROBE, head_len));
-  uint64_t edges, version = version_of(url, *size, etag, head, *head_len, &edges);
-  *id = (dl__shard_id){.size = *size, .edges = edges};
+  rc = explained(ds, &ob->t, dl__http_probe(o, &ob->t, &ob->size, etag, sizeof etag, ob->head, PROBE, &ob->head_len));
+  uint64_t edges, version = version_of(url, ob->size, etag, ob->head, ob->head_len, &edges);
+  ob->id = (dl__shard_id){.size = ob->size, .edges = edges};
   if (!rc)
-    rc = dl__dataset_add_file(ds, url, file);
+    rc = dl__dataset_add_file(ds, url, &ob->file);
   if (!rc)
-    rc = set_remote(ds, *file, t, *size, version, etag);
+    rc = set_remote(ds, ob->file, &ob->t, ob->size, version, etag);
   if (!rc)
-    t->headers = ds->remote[*file].headers; /* what loading it still reads is of the version probed */
+    ob->t.headers = ds->remote[ob->file].headers; /* what loading it still reads is of the version probed */
   return rc;
 }
 
 int dl__remote_load_scanned(dl__dataset *ds, const char *url, const dl__options *o, dl__scan_fn scan, void *arg,
                             uint64_t salt) {
-  char http[8192];
-  dl__target t;
-  uint8_t *head = malloc(PROBE);
-  uint32_t file;
-  uint64_t size = 0;
-  size_t head_len;
-  dl__shard_id id;
-  int rc = head ? add_object(ds, url, o, http, sizeof http, &t, &file, &size, &id, head, &head_len)
-                : dl__fail(-ENOMEM, "out of memory");
-  id.edges ^= salt;
+  object ob;
+  int rc = add_object(ds, url, o, &ob);
+  ob.id.edges ^= salt;
   if (!rc)
-    rc = load_scanned(ds, file, &t, o, size, &id, scan, arg);
-  free(head);
+    rc = load_scanned(ds, ob.file, &ob.t, o, ob.size, &ob.id, scan, arg);
+  free(ob.head);
   return rc;
 }
 
@@ -435,19 +439,12 @@ int dl__remote_load(dl__dataset *ds, const char *url, const dl__options *o) {
   if (n > 4 && !strcmp(url + n - 4, ".mds"))
     return dl__fail(DL_EUNSUPPORTED, "source %s: an MDS shard is read through its dataset's index.json: give the "
                     "URL of that (or of its folder, ending in '/')", url);
-  char http[8192];
-  dl__target t;
-  uint8_t *head = malloc(PROBE);
-  uint32_t file;
-  uint64_t size = 0;
-  size_t head_len;
-  dl__shard_id id;
-  int rc = head ? add_object(ds, url, o, http, sizeof http, &t, &file, &size, &id, head, &head_len)
-                : dl__fail(-ENOMEM, "out of memory");
-  if (!rc && head_len >= 8 && !memcmp(head, "RFSHARD1", 8))
-    rc = load_rfs(ds, file, &t, o, size, head, head_len);
+  object ob;
+  int rc = add_object(ds, url, o, &ob);
+  if (!rc && ob.head_len >= 8 && !memcmp(ob.head, "RFSHARD1", 8))
+    rc = load_rfs(ds, ob.file, &ob.t, o, ob.size, ob.head, ob.head_len);
   else if (!rc)
-    rc = load_scanned(ds, file, &t, o, size, &id, scan_tar, (void *)&o->on_error);
-  free(head);
+    rc = load_scanned(ds, ob.file, &ob.t, o, ob.size, &ob.id, scan_tar, (void *)&o->on_error);
+  free(ob.head);
   return rc;
 }
