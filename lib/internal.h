@@ -555,6 +555,19 @@ typedef struct dl__decoder_ops {
 
 extern const dl__decoder_ops dl__jpeg_ops;
 extern const dl__decoder_ops dl__pil_ops;
+/* Grey from RGB as PIL's convert("L") and libjpeg take it (ITU-R 601-2 luma), for every decoder. */
+static inline uint8_t dl__luma(unsigned r, unsigned g, unsigned b) {
+  return (uint8_t)((19595u * r + 38470u * g + 7471u * b + 32768u) >> 16);
+}
+/* A Streaming "pil" value (pil_raw.c) of mode RGB, RGBA, L or LA: BPP bytes a pixel from PIXELS,
+ * rows without padding; anything else, or a size that does not add up, is an error in E. */
+typedef struct dl__pil_image {
+  uint32_t width, height;
+  int bpp;
+  char mode[16];
+  const uint8_t *pixels;
+} dl__pil_image;
+int dl__pil_header(const uint8_t *p, size_t len, int64_t max_pixels, dl__pil_image *im, dl__err *e);
 extern const dl__decoder_ops dl__png_ops;
 extern const dl__decoder_ops dl__webp_ops;
 /* The codec of an image by its leading bytes, or by a name's last extension (image.c). */

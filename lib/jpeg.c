@@ -117,7 +117,7 @@ static void cmyk_to_out(uint8_t *row, int width, bool inverted, int channels) {
       row[3 * i + 1] = (uint8_t)g;
       row[3 * i + 2] = (uint8_t)b;
     } else {
-      row[i] = (uint8_t)((r * 19595 + g * 38470 + b * 7471 + 32768) >> 16);
+      row[i] = dl__luma((unsigned)r, (unsigned)g, (unsigned)b);
     }
   }
 }

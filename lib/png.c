@@ -126,13 +126,14 @@ static int png_decode(void *p, dl__decode_job *job, dl__err *e) {
   bool is_color = (color & PNG_COLOR_MASK_COLOR) != 0;
   if (job->channels == 3 && !is_color)
     png_set_gray_to_rgb(png);
-  if (job->channels == 1 && is_color)
-    png_set_rgb_to_gray_fixed(png, 1, -1, -1);
+  /* Colour to grey is done here, after decoding to RGB: libpng's own conversion weighs the channels
+   * as Rec. 709 (or the file's cHRM says), not as PIL and the other decoders do. */
+  bool to_grey = job->channels == 1 && is_color;
   int passes = png_set_interlace_handling(png);
   (void)passes;
   png_read_update_info(png, info);
   size_t stride = png_get_rowbytes(png, info);
-  if (stride != (size_t)w * (size_t)job->channels) {
+  if (stride != (size_t)w * (size_t)(to_grey ? 3 : job->channels)) {
     snprintf(x->msg, sizeof x->msg, "unexpected PNG row size %zu for %u pixels", stride, w);
     png_longjmp(png, 1);
   }
@@ -146,6 +147,12 @@ static int png_decode(void *p, dl__decode_job *job, dl__err *e) {
     rows[i] = job->scratch->p + (size_t)i * stride;
   png_read_image(png, rows);
   png_destroy_read_struct(&png, &info, NULL);
+  if (to_grey) { /* in place: each grey byte lands before the RGB it came from */
+    uint8_t *p = job->scratch->p;
+    for (size_t i = 0, n = (size_t)w * h; i < n; i++)
+      p[i] = dl__luma(p[3 * i], p[3 * i + 1], p[3 * i + 2]);
+    stride = w;
+  }
   job->pixels = job->scratch->p;
   job->width = (int)w;
   job->height = (int)h;

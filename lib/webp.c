@@ -65,7 +65,7 @@ static int webp_decode(void *ctx, dl__decode_job *job, dl__err *e) {
   if (job->channels == 1) { /* in place: each gray byte lands before the RGB it came from */
     uint8_t *p = job->scratch->p;
     for (size_t i = 0, n = (size_t)f.width * (size_t)f.height; i < n; i++)
-      p[i] = (uint8_t)((19595u * p[3 * i] + 38470u * p[3 * i + 1] + 7471u * p[3 * i + 2] + 32768u) >> 16);
+      p[i] = dl__luma(p[3 * i], p[3 * i + 1], p[3 * i + 2]);
     stride = (size_t)f.width;
   }
   job->pixels = job->scratch->p;

@@ -525,11 +525,17 @@ def _pil_reference(path):
 
 
 @pytest.mark.skipif(not os.path.isdir(PNGSUITE), reason="third-party test data absent")
-def test_pngsuite_pixels_against_pil(tmp_path):
+@pytest.mark.parametrize("channels", [3, 1])
+def test_pngsuite_pixels_against_pil(tmp_path, channels):
+    """Every PngSuite image against PIL's pixels: RGB, and grey as PIL's convert("L") makes it
+    (ITU-R 601-2 luma, as for JPEG, WebP and pil pixels; libpng's own conversion weighs otherwise)."""
+    Image = pytest.importorskip("PIL.Image")
     names = sorted(n for n in os.listdir(PNGSUITE) if n.endswith(".png") and not n.startswith("x"))
     by_size = {}
     for n in names:
         ref = _pil_reference(os.path.join(PNGSUITE, n))
+        if channels == 1:
+            ref = np.asarray(Image.fromarray(ref).convert("L"))[..., None]
         by_size.setdefault(ref.shape[:2], []).append((n, ref))
     checked = 0
     for (h, w), items in by_size.items():
@@ -537,7 +543,7 @@ def test_pngsuite_pixels_against_pil(tmp_path):
         _tar(shard, [(f"{i:04d}.png", open(os.path.join(PNGSUITE, n), "rb").read())
                      for i, (n, _) in enumerate(items)])
         loader = ringfeed.Loader(str(shard), batch_size=len(items), crop="none", image_size=(h, w),
-                                 shuffle=False, workers=2, framework="numpy")
+                                 shuffle=False, workers=2, framework="numpy", channels=channels)
         b = next(loader)
         assert "error" not in b, [items[i][0] for i, e in enumerate(b["error"]) if e]
         for i, (n, ref) in enumerate(items):
