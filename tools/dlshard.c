@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include <glob.h>
+#include <png.h>
 #include <zstd.h>
 
 static void usage(FILE *f) {
@@ -276,6 +277,29 @@ static int write_tensors(dl_writer *w, const dl__dataset *ds, const dl__sample *
   return 0;
 }
 
+/* Streaming's raw "pil" pixels as a PNG in OUT (*LEN bytes): lossless, so the ringfeed shard gives
+ * the loader the same pixels (alpha kept, and dropped at decode as for the pil value). */
+static int pil_to_png(const dl__sample *s, const dl__dataset *ds, const uint8_t *p, size_t len, dl__buf *out,
+                      size_t *png_len) {
+  dl__pil_image im;
+  dl__err e = {0};
+  if (dl__pil_header(p, len, INT64_C(1) << 31, &im, &e))
+    return dl__fail(e.code, "sample %s: %s", ds->pool + s->key, e.msg);
+  static const png_uint_32 formats[] = {0, PNG_FORMAT_GRAY, PNG_FORMAT_GA, PNG_FORMAT_RGB, PNG_FORMAT_RGBA};
+  png_image png = {.version = PNG_IMAGE_VERSION, .width = im.width, .height = im.height, .format = formats[im.bpp]};
+  png_alloc_size_t need = 0;
+  png_image_write_to_memory(&png, NULL, &need, 0, im.pixels, 0, NULL);
+  if (!need || dl__buf_reserve(out, need)) {
+    png_image_free(&png);
+    return dl__fail(need ? -ENOMEM : DL_ELIMIT, "sample %s: its %ux%u pil pixels cannot be a PNG%s", ds->pool + s->key,
+                    im.width, im.height, need ? " (out of memory)" : "");
+  }
+  if (!png_image_write_to_memory(&png, out->p, &need, 0, im.pixels, 0, NULL))
+    return dl__fail(DL_ELIMIT, "sample %s: writing its pil pixels as a PNG: %s", ds->pool + s->key, png.message);
+  *png_len = need;
+  return 0;
+}
+
 static int write_shard(create_job *j, size_t shard, dl__buf *buf, dl__buf *raw_) {
   char path[PATH_MAX];
   dl__buf raw = *raw_, zimage = {0};
@@ -290,19 +314,19 @@ static int write_shard(create_job *j, size_t shard, dl__buf *buf, dl__buf *raw_)
     r = dl_writer_begin(w, j->ds->pool + s->key, s->label);
     if (!r && (s->codec != DL__CODEC_NONE || s->nrefs))
       r = read_sample(j->ds, s, buf);
-    if (!r && s->codec == DL__CODEC_PIL)
-      r = dl__fail(DL_EUNSUPPORTED, "sample %s: its image is MDS pil pixels, which ringfeed shards do not store "
-                   "(read the MDS dataset in place)", j->ds->pool + s->key);
     if (!r && s->codec != DL__CODEC_NONE) {
       const uint8_t *img = buf->p + s->image_at;
       size_t len = s->image_len;
-      if (s->flags & DL__SAMPLE_IMAGE_ZST) { /* stored as the plain image it holds */
+      if (s->codec == DL__CODEC_PIL) { /* raw pixels, which ringfeed shards keep as PNG */
+        r = pil_to_png(s, j->ds, img, len, &zimage, &len);
+        img = zimage.p;
+      } else if (s->flags & DL__SAMPLE_IMAGE_ZST) { /* stored as the plain image it holds */
         dl__err e = {0};
         if (dl__zstd_inflate(&zctx, img, len, 1u << 30, &zimage, &len, &e))
           r = dl__fail(e.code, "sample %s image: %s", j->ds->pool + s->key, e.msg);
         img = zimage.p;
       }
-      int codec = dl__sniff_codec(img, len);
+      int codec = r ? DL__CODEC_NONE : dl__sniff_codec(img, len); /* IMG may be NULL after a failure */
       if (!r)
         r = dl_writer_field(w, "image", codec == DL__CODEC_PNG ? "png" : codec == DL__CODEC_WEBP ? "webp" : "jpeg",
                             img, len);

@@ -483,6 +483,34 @@ def test_dlshard_converts_an_mds_dataset_to_the_same_stream(tmp_path):
     assert np.array_equal(fields[4]["box"], np.full((2, 2), 4, np.int16)) and fields[4]["vec"][0] == 4
 
 
+@pytest.mark.parametrize("channels", [3, 1])
+def test_dlshard_converts_pil_pixels_to_png_with_the_same_stream(tmp_path, channels):
+    """Ringfeed shards keep a pil column's raw pixels as PNG (lossless): the converted shard gives
+    the same bytes as the MDS dataset, in all four modes; a mode the loader does not read stops the
+    conversion naming the sample."""
+    Image = pytest.importorskip("PIL.Image")
+    dlshard = os.environ.get("DL_DLSHARD")
+    if not dlshard:
+        pytest.skip("DL_DLSHARD not set")
+    rng = np.random.default_rng(3)
+    images = [Image.fromarray(rng.integers(0, 255, (20 + i, 30 + i, 4), dtype=np.uint8), "RGBA").convert(mode)
+              for i, mode in enumerate(["RGB", "RGBA", "L", "LA"] * 2)]
+    write_mds(str(tmp_path / "mds"), {"image": "pil", "label": "int"},
+              [{"image": pil_value(im), "label": i} for i, im in enumerate(images)])
+    subprocess.run([dlshard, "create", str(tmp_path / "rfs" / "x"), str(tmp_path / "mds")], check=True,
+                   capture_output=True)
+    kw = dict(KW, image_size=16, crop="random_resized", flip=True, seed=5, channels=channels)
+    got = everything(ringfeed.Loader(str(tmp_path / "rfs" / "x-000000.rfs"), **kw))
+    want = everything(ringfeed.Loader(str(tmp_path / "mds"), **kw))
+    assert len(got) == len(want) == 8 and all("error" not in g for g in got)
+    for g, w in zip(got, want):
+        assert int(g["label"]) == int(w["label"]) and np.array_equal(g["image"], w["image"])
+    write_mds(str(tmp_path / "bad"), {"image": "pil"}, [{"image": pil_value(images[0].convert("P"))}])
+    out = subprocess.run([dlshard, "create", str(tmp_path / "out" / "y"), str(tmp_path / "bad")],
+                         capture_output=True, text=True)
+    assert out.returncode != 0 and "shard.00000.mds:0" in out.stderr and "mode 'P'" in out.stderr, out.stderr
+
+
 def test_dlshard_verify_and_ls_read_an_mds_dataset(tmp_path):
     pytest.importorskip("PIL")
     dlshard = os.environ.get("DL_DLSHARD")

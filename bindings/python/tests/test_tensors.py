@@ -219,6 +219,16 @@ def test_any_zst_member_is_zstd_compressed(tmp_path):
     assert "error" not in y and np.array_equal(x["image"], y["image"]) and y["label"].tolist() == [3]
 
 
+def test_a_damaged_zst_image_stops_dlshard_create_with_its_name(tmp_path):
+    dlshard = os.environ.get("DL_DLSHARD")
+    if not dlshard:
+        pytest.skip("DL_DLSHARD not set")
+    packed = tmp_path / "z.tar"
+    write_tar(packed, [("a.jpg.zst", zstd(b"\xff\xd8" + bytes(5000))[:-7]), ("a.cls", b"3")])
+    out = subprocess.run([dlshard, "create", str(tmp_path / "o"), str(packed)], capture_output=True, text=True)
+    assert out.returncode != 0 and "sample a image:" in out.stderr, out.stderr
+
+
 def test_damaged_tensor_records_are_caught_while_copied(tmp_path):
     """Tensor-only records are checksummed during the copy into the batch: a flipped byte in the
     data or in the .npy header of a record fails that record alone."""
