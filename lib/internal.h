@@ -738,6 +738,7 @@ typedef struct dl__stats {
    * batches (a CUDA consumer queues ahead of its GPU): they left the GPU nothing to wait for. */
   double consumer_wait_gpu_busy_s;
   _Atomic int64_t release_wait_ns; /* copy threads waiting for the consumer's GPU to free a slot */
+  _Atomic int64_t copy_wait_workers_ns; /* copy threads waiting for the workers' next host batch */
   double first_batch_ms;
   double first_wait_s; /* of consumer_wait_s, waiting for the first batch (start-up) */
   double last_batch_s; /* when the last batch was handed out, from dl_open */

@@ -842,7 +842,7 @@ int dl_stats_json(dl_loader *l, char *buf, size_t cap) {
   verdict v; /* over the time batches were handed out: a run's stats read later say the same */
   judge(l, decode, batches, last, batches ? last - first / 1000 : 0, wait - first_wait, &v);
   char why[400];
-  char gpu[768] = "", io_reason[320], decode_reason[512], workers_reason[320], prefetch_reason[400], active_why[240];
+  char gpu[1024] = "", io_reason[320], decode_reason[512], workers_reason[320], prefetch_reason[400], active_why[240];
   if (l->cuda)
     dl__cuda_stats(l, gpu, sizeof gpu);
   int n = snprintf(

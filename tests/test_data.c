@@ -55,7 +55,7 @@ void test_tar_shard(const char *path, const char *prefix, int n, int images, lon
 void test_tar_synthetic(FILE *f, const char *key, long image_id, long label, int quality, int subsampling) {
   unsigned char *jpg;
   unsigned long len;
-  tar_sample(f, key, image_id, label, (synthetic_coding){quality, subsampling}, &jpg, &len);
+  tar_sample(f, key, image_id, label, (synthetic_coding){.quality = quality, .subsampling = subsampling}, &jpg, &len);
   free(jpg);
 }
 

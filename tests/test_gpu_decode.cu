@@ -11,6 +11,7 @@
 #include "cuda_batches.h"
 #include "entropy_damaged.h"
 #include "ringfeed.h"
+#include "synthetic.h"
 #include "tar_writer.h"
 #include "test.h"
 #include "test_data.h"
@@ -291,6 +292,61 @@ static void determinism(const char *dir) {
   }
 }
 
+// A pool of decoded regions smaller than a batch's (gpu_decode_mb=16, two halves of 8 MB taken in
+// turn): batches decoded in several calls, regions alternating between the halves, and regions
+// over half the pool (1800 x 1700 x 3 bytes) taking the whole of it. The same pixels as the CPU's,
+// the same bytes over worker counts.
+static void pool_halves(const char *dir) {
+  const int sizes[][2] = {{1800, 1700}, {1300, 1000}, {600, 450}, {1300, 1000}, {1800, 1700}, {900, 700}};
+  char path[600];
+  snprintf(path, sizeof path, "%s/large.tar", dir);
+  FILE *f = fopen(path, "wb");
+  ASSERT(f);
+  for (int i = 0; i < 24; i++) {
+    synthetic_coding coding = {90, 420, sizes[i % 6][0], sizes[i % 6][1]};
+    unsigned char *jpg;
+    unsigned long len;
+    ASSERT_EQ(synthetic_jpeg(2000 + i, coding, &jpg, &len), 0);
+    char name[32], label[16];
+    snprintf(name, sizeof name, "%05d.jpg", i);
+    ASSERT_EQ(tar_write_member(f, name, jpg, len), 0);
+    free(jpg);
+    snprintf(name, sizeof name, "%05d.cls", i);
+    int n = snprintf(label, sizeof label, "%d", i);
+    ASSERT_EQ(tar_write_member(f, name, label, (size_t)n), 0);
+  }
+  tar_write_end(f);
+  fclose(f);
+  const char *crops[] = {"crop=resize", "crop=random_resized"};
+  for (int c = 0; c < 2; c++) {
+    char opts[400];
+    stream_copy cpu, gpu, again;
+    snprintf(opts, sizeof opts, "batch_size=8 image_size=224 flip=1 seed=4 epochs=2 workers=3 %s decode=cpu", crops[c]);
+    collect_from(path, opts, &cpu);
+    snprintf(opts, sizeof opts, "batch_size=8 image_size=224 flip=1 seed=4 epochs=2 workers=3 %s device=cuda:0 "
+             "decode=gpu gpu_decode_mb=16", crops[c]);
+    collect_from(path, opts, &gpu);
+    snprintf(opts, sizeof opts, "batch_size=8 image_size=224 flip=1 seed=4 epochs=2 workers=1 %s device=cuda:0 "
+             "decode=gpu gpu_decode_mb=16", crops[c]);
+    collect_from(path, opts, &again);
+    diff_report d;
+    compare_runs(&cpu, &gpu, NULL, &d);
+    ASSERT_EQ(stat_of(&gpu, "gpu_decoded"), 48);
+    ASSERT(same_bytes(&gpu, &again));
+    printf("a 16 MB pool, %s: %.0f of %d decoded by nvJPEG, mean difference %.3f, worst %.3f (%s); the same bytes "
+           "with 1 and 3 workers\n", crops[c], stat_of(&gpu, "gpu_decoded"), d.compared, d.sum / d.compared, d.worst,
+           d.worst_key);
+    if (d.worst > 2.0) {
+      printf("FAILED: a 16 MB pool, %s: %s differs from the CPU's pixels by %.3f levels (limit 2)\n", crops[c],
+             d.worst_key, d.worst);
+      failures++;
+    }
+    free_copy(&cpu);
+    free_copy(&gpu);
+    free_copy(&again);
+  }
+}
+
 // The kernel's float outputs are its uint8 pixels, normalised, in either layout.
 static void float_outputs(const char *dir) {
   char source[600];
@@ -330,6 +386,7 @@ int main(void) {
   synthetic_sets(dir);
   determinism(dir);
   float_outputs(dir);
+  pool_halves(dir);
   char cmd[700];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
   ASSERT_EQ(system(cmd), 0);

@@ -70,6 +70,8 @@ static float octave_at(const octave *o, int x, int y) {
 int synthetic_jpeg(long i, synthetic_coding coding, unsigned char **out, unsigned long *len) {
   uint64_t s = mix((uint64_t)i * 7919 + 17);
   int w = 400 + (int)(mix(s ^ 1) % 201), h = 300 + (int)(mix(s ^ 2) % 151);
+  if (coding.width > 0 && coding.height > 0)
+    w = coding.width, h = coding.height;
   unsigned char *px = malloc((size_t)w * h * 3);
   if (!px)
     return -ENOMEM;

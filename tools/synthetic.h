@@ -8,12 +8,14 @@
 extern "C" {
 #endif
 
-/* How the synthetic JPEGs are encoded: quality 1..100, chroma subsampling 420 or 444. */
+/* How the synthetic JPEGs are encoded: quality 1..100, chroma subsampling 420 or 444; a size in
+ * pixels, or 0 x 0 for the one drawn from the image's number. */
 typedef struct synthetic_coding {
   int quality, subsampling;
+  int width, height;
 } synthetic_coding;
 /* The default set: ImageNet-like files (quality 90, 4:2:0). */
-#define SYNTHETIC_DEFAULT ((synthetic_coding){90, 420})
+#define SYNTHETIC_DEFAULT ((synthetic_coding){.quality = 90, .subsampling = 420})
 
 /*
  * Makes (once) N samples of 400-600 x 300-450 px JPEGs with photo-like texture and .cls labels, in

@@ -57,6 +57,10 @@ typedef struct gpu {
   double decode_ms;  /* GPU time of the JPEG decodes (engine, kernels) */
   double decode_host_ms; /* the copy thread's time queueing them (nvJPEG parses on the host, and waits) */
   int64_t decode_batches;
+  /* The copy thread's time waiting for a device slot the consumer had not given back (its
+   * release, then its GPU's work on it; its wait for the workers is l->st's); batches taken. */
+  double wait_consumer_ms;
+  int64_t batches;
   char error[256];
 } gpu;
 
@@ -339,6 +343,7 @@ static int enqueue(gpu *g, dl_batch *host, int slot, dl_batch *dev) {
     double t = dl__now();
     e = cudaEventSynchronize(gs->released);
     atomic_fetch_add_explicit(&l->st.release_wait_ns, (int64_t)((dl__now() - t) * 1e9), memory_order_relaxed);
+    g->wait_consumer_ms += (dl__now() - t) * 1e3;
   } else if (gs->release_pending) {
     e = cudaStreamWaitEvent(g->copy, gs->released, 0);
   }
@@ -424,6 +429,7 @@ static void *copy_thread(void *arg) {
         pthread_mutex_unlock(&l->mu);
         break;
       }
+      double t0 = dl__now();
       if (g->qlen) {
         /* Copies in flight: look again soon, to give their host slots back, without blocking on
          * the GPU (the next host batch may be ready first, and the engines should not wait). */
@@ -437,9 +443,15 @@ static void *copy_thread(void *arg) {
         pthread_cond_wait(&l->ready_cv, &l->mu);
       }
       pthread_mutex_unlock(&l->mu);
+      if (host_ok)
+        g->wait_consumer_ms += (dl__now() - t0) * 1e3;
+      else
+        atomic_fetch_add_explicit(&l->st.copy_wait_workers_ns, (int64_t)((dl__now() - t0) * 1e9),
+                                  memory_order_relaxed);
     }
     if (stop)
       break;
+    g->batches++;
     /* A batch that failed on the workers (on_error=fail) is not copied; one that fails in the
      * GPU decode is copied and then reported: its host slot returns through reap. */
     if (host->err && has_gpu_jobs(host) && g->dec)
@@ -655,14 +667,18 @@ bool dl__cuda_consumer_busy_locked(dl_loader *l, int stream) {
 
 int dl__cuda_stats(dl_loader *l, char *buf, size_t cap) {
   cuda_state *c = l->cuda;
-  double ms = 0, decode_ms = 0, decode_host_ms = 0;
-  int64_t bytes = 0, decode_batches = 0;
+  double ms = 0, decode_ms = 0, decode_host_ms = 0, pool_wait_ms = 0, wait_consumer_ms = 0;
+  double wait_workers_ms = (double)atomic_load(&l->st.copy_wait_workers_ns) * 1e-6;
+  int64_t bytes = 0, decode_batches = 0, batches = 0;
   for (int i = 0; i < c->n; i++) {
     ms += c->g[i].copy_ms;
     bytes += c->g[i].copy_bytes;
     decode_ms += c->g[i].decode_ms;
     decode_host_ms += c->g[i].decode_host_ms;
     decode_batches += c->g[i].decode_batches;
+    pool_wait_ms += c->g[i].dec ? dl__gpu_decoder_pool_wait_ms(c->g[i].dec) : 0;
+    wait_consumer_ms += c->g[i].wait_consumer_ms;
+    batches += c->g[i].batches;
   }
   size_t pinned = l->host_mem_bytes;
   pthread_mutex_lock(&l->mu);
@@ -675,9 +691,12 @@ int dl__cuda_stats(dl_loader *l, char *buf, size_t cap) {
   double busy = life_ms > 0 ? (ms + decode_ms) / life_ms : 0;
   return snprintf(buf, cap,
                   ",\"gpu_stage_busy_frac\":%.4f,\"pin_ms\":%.3f,\"gpu_decoders_start_ms\":%.3f,\"h2d_bytes\":%lld,\"h2d_gpu_ms\":%.3f,\"h2d_gb_s\":%.3f,\"device_slots\":%d"
-                  ",\"gpu_decode_ms\":%.3f,\"gpu_decode_host_ms\":%.3f,\"gpu_decode_batches\":%lld,\"pinned_mb\":%.1f,\"device_mb\":%.1f",
+                  ",\"gpu_decode_ms\":%.3f,\"gpu_decode_host_ms\":%.3f,\"gpu_decode_pool_wait_ms\":%.3f,\"gpu_decode_batches\":%lld"
+                  ",\"gpu_stage_wait_workers_ms\":%.3f,\"gpu_stage_wait_consumer_ms\":%.3f,\"pinned_mb\":%.1f,\"device_mb\":%.1f",
                   busy, pin_ms, decoders_ms, (long long)bytes, ms, ms > 0 ? bytes / ms / 1e6 : 0.0, l->o.device_slots,
                   decode_batches ? decode_ms / (double)decode_batches : 0.0,
-                  decode_batches ? decode_host_ms / (double)decode_batches : 0.0, (long long)decode_batches,
+                  decode_batches ? decode_host_ms / (double)decode_batches : 0.0,
+                  decode_batches ? pool_wait_ms / (double)decode_batches : 0.0, (long long)decode_batches,
+                  batches ? wait_workers_ms / (double)batches : 0.0, batches ? wait_consumer_ms / (double)batches : 0.0,
                   (double)pinned / 1048576.0, (double)device_bytes / 1048576.0);
 }

@@ -32,12 +32,17 @@ struct dl__gpu_decoder {
   bool interpolates; /* chroma upsampling by interpolation (the flag nvJPEG took) */
   nvjpegOutputFormat_t format;
   int channels, batch;
-  uint8_t *pool; /* decoded regions of one chunk */
-  size_t pool_cap;
-  /* Recorded after the kernels that read the pool. nvJPEG's hardware decode writes its output
+  /* Decoded regions, in two halves taken in turn by the chunks of successive calls, so that the
+   * engines decode one batch while the kernels still read the one before (a chunk too large for
+   * a half takes the whole pool). */
+  uint8_t *pool;
+  size_t pool_cap, half_cap;
+  int half; /* the one the next chunk takes */
+  /* Recorded after the kernels that read each half. nvJPEG's hardware decode writes its output
    * when it is called, not in the stream's order, so the host waits for this before each one. */
-  cudaEvent_t pool_read;
-  bool pool_pending;
+  cudaEvent_t pool_read[2];
+  bool pool_pending[2];
+  double pool_wait_ms; /* the copy thread's time waiting for them */
   dl__resize_job *jobs_dev;  /* one chunk's jobs, for the kernel */
   dl__resize_job *jobs_host; /* pinned, a batch's worth per host slot: its copy may still be queued */
   /* The arrays of one nvJPEG call, and which jobs go to which decoder. */
@@ -51,6 +56,8 @@ struct dl__gpu_decoder {
 };
 
 bool dl__gpu_decoder_has_engine(const dl__gpu_decoder *d) { return d->hw.h != NULL; }
+
+double dl__gpu_decoder_pool_wait_ms(const dl__gpu_decoder *d) { return d->pool_wait_ms; }
 
 const char *dl__gpu_decoder_describe(const dl__gpu_decoder *d, char *buf, size_t cap) {
   const char *chroma = d->interpolates ? "chroma interpolated" : "chroma replicated (no interpolation flag)";
@@ -76,8 +83,9 @@ void dl__gpu_decoder_destroy(dl__gpu_decoder *d) {
     if (engines[i]->h)
       d->nv->Destroy(engines[i]->h);
   }
-  if (d->pool_read)
-    cudaEventDestroy(d->pool_read);
+  for (int h = 0; h < 2; h++)
+    if (d->pool_read[h])
+      cudaEventDestroy(d->pool_read[h]);
   cudaFree(d->pool);
   cudaFree(d->jobs_dev);
   cudaFreeHost(d->jobs_host);
@@ -170,6 +178,7 @@ int dl__gpu_decoder_create(dl_loader *l, int device, dl__gpu_decoder **out, size
   size_t B = (size_t)d->batch;
   d->pool_cap = (size_t)l->o.gpu_decode_mb << 20;
   d->pool_cap += 256; /* each region starts 256-aligned; a region of the pool's size still fits */
+  d->half_cap = d->pool_cap / 2 / 256 * 256;
   bool ok = (d->data = calloc(B, sizeof *d->data)) && (d->lens = calloc(B, sizeof *d->lens)) &&
             (d->images = calloc(B, sizeof *d->images)) && (d->params = calloc(B, sizeof *d->params)) &&
             (d->hw_list = calloc(B, sizeof *d->hw_list)) && (d->cuda_list = calloc(B, sizeof *d->cuda_list)) &&
@@ -178,7 +187,8 @@ int dl__gpu_decoder_create(dl_loader *l, int device, dl__gpu_decoder **out, size
     ok = nv->DecodeParamsCreate(d->hw.h, &d->params[d->nparams]) == NVJPEG_STATUS_SUCCESS;
   if (ok && ((ce = cudaMalloc((void **)&d->pool, d->pool_cap)) ||
              (ce = cudaMalloc((void **)&d->jobs_dev, B * sizeof *d->jobs_dev)) ||
-             (ce = cudaEventCreateWithFlags(&d->pool_read, cudaEventDisableTiming | cudaEventBlockingSync)) ||
+             (ce = cudaEventCreateWithFlags(&d->pool_read[0], cudaEventDisableTiming | cudaEventBlockingSync)) ||
+             (ce = cudaEventCreateWithFlags(&d->pool_read[1], cudaEventDisableTiming | cudaEventBlockingSync)) ||
              (ce = cudaHostAlloc((void **)&d->jobs_host, (size_t)l->o.prefetch * B * sizeof *d->jobs_host,
                                  cudaHostAllocPortable))))
     ok = false;
@@ -327,17 +337,36 @@ static dl__resize_job job_for(const dl__gpu_decoder *d, const dl__gpu_job *g, ui
 typedef struct chunk {
   int first, end; /* its jobs: kj[first, end) */
   int nhw, ncuda;
-  size_t used; /* of the pool */
+  int halves;     /* of the pool it takes: 1, 2, or 3 for the whole */
+  uint8_t *base;  /* where it starts */
+  size_t cap, used;
 } chunk;
+
+/* An empty chunk after FIRST in the next half of the pool, or in the whole pool for a region too
+ * large for a half. */
+static chunk chunk_at(dl__gpu_decoder *d, int first, size_t largest) {
+  if (largest > d->half_cap)
+    return (chunk){.first = first, .end = first, .halves = 3, .base = d->pool, .cap = d->pool_cap};
+  int h = d->half;
+  d->half ^= 1;
+  return (chunk){.first = first, .end = first, .halves = 1 << h, .base = d->pool + (h ? d->half_cap : 0),
+                 .cap = d->half_cap};
+}
 
 /* Decodes a chunk and queues the kernel that turns it into batch samples. */
 static int flush(dl__gpu_decoder *d, dl_loader *l, dl_batch *host, dl__resize_job *kj, chunk *c, bool scaled,
                  void *out, cudaStream_t s, char *why, size_t cap) {
   cudaError_t e = cudaSuccess;
-  if (c->nhw && d->pool_pending && (e = cudaEventSynchronize(d->pool_read)) != cudaSuccess) {
-    snprintf(why, cap, "JPEG decoding on cuda:%d failed: %s", d->device, cudaGetErrorString(e));
-    return -1;
-  }
+  for (int h = 0; h < 2 && c->nhw; h++)
+    if ((c->halves >> h & 1) && d->pool_pending[h]) {
+      double t0 = dl__now();
+      e = cudaEventSynchronize(d->pool_read[h]);
+      d->pool_wait_ms += (dl__now() - t0) * 1e3;
+      if (e != cudaSuccess) {
+        snprintf(why, cap, "JPEG decoding on cuda:%d failed: %s", d->device, cudaGetErrorString(e));
+        return -1;
+      }
+    }
   decode_list(d, l, host, &d->hw, true, kj, d->hw_list, c->nhw, s);
   decode_list(d, l, host, &d->cuda, false, kj, d->cuda_list, c->ncuda, s);
   int m = c->first;
@@ -352,9 +381,11 @@ static int flush(dl__gpu_decoder *d, dl_loader *l, dl_batch *host, dl__resize_jo
     if (e == cudaSuccess)
       e = (cudaError_t)dl__resize_launch(d->jobs_dev, n, out, l->o.height, l->o.width, l->o.channels,
                                          l->o.layout == DL__LAYOUT_NCHW, l->o.dtype, l->o.mean, l->o.std, s);
-    if (e == cudaSuccess)
-      e = cudaEventRecord(d->pool_read, s);
-    d->pool_pending = e == cudaSuccess;
+    for (int h = 0; h < 2 && e == cudaSuccess; h++)
+      if (c->halves >> h & 1) {
+        e = cudaEventRecord(d->pool_read[h], s);
+        d->pool_pending[h] = e == cudaSuccess;
+      }
   }
   if (e != cudaSuccess) {
     snprintf(why, cap, "JPEG decoding on cuda:%d failed: %s", d->device, cudaGetErrorString(e));
@@ -375,14 +406,16 @@ int dl__gpu_decode(dl__gpu_decoder *d, dl_loader *l, dl_batch *host, int slot, v
     if (!g->len)
       continue;
     size_t bytes = dl__gpu_job_bytes(g->roi, g->scale, d->channels);
-    if (c.used + bytes > d->pool_cap) { /* the pool is full: decode what it holds first */
+    if (c.end > c.first && c.used + bytes > c.cap) { /* its part of the pool is full: decode what it holds */
       int n = flush(d, l, host, kj, &c, any_scaled, out, s, why, cap);
       if (n < 0)
         return -1;
       decoded += n;
       any_scaled = false;
     }
-    kj[c.end] = job_for(d, g, d->pool + c.used, i);
+    if (c.end == c.first)
+      c = chunk_at(d, c.first, bytes);
+    kj[c.end] = job_for(d, g, c.base + c.used, i);
     any_scaled |= g->scale > 1;
     c.used += bytes;
     if (g->engine == DL__GPU_ENGINE_HW)

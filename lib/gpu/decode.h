@@ -20,6 +20,9 @@ void dl__gpu_decoder_destroy(dl__gpu_decoder *d);
 /* Which nvJPEG, from where, and which of its decoders run. */
 const char *dl__gpu_decoder_describe(const dl__gpu_decoder *d, char *buf, size_t cap);
 bool dl__gpu_decoder_has_engine(const dl__gpu_decoder *d);
+/* The copy thread's time so far waiting, before a hardware decode, for the kernels still reading
+ * the pool (nvJPEG's engine writes it when called, not in the stream's order). */
+double dl__gpu_decoder_pool_wait_ms(const dl__gpu_decoder *d);
 
 /* Queues on S the decode of HOST's GPU samples into OUT, the device batch (its final dtype and
  * layout); SLOT is HOST's index among its stream's host slots. A JPEG nvJPEG refuses is decoded on
