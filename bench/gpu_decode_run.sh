@@ -5,9 +5,10 @@
 # time limit and adds its output to $OUT/run.log and its row to $OUT/table.md as it finishes (so a
 # run cut short still tells where it was); the table is printed last.
 # Usage: bench/gpu_decode_run.sh [BUILD_DIR] [SHARDS_DIR] [PARTS]
-#   PARTS: any of abi tests start cpu ceiling bench train sanitize (default: all of them); N=images per
-#   synthetic set; SKIP=torch leaves out the PyTorch contenders; RF_WORKERS=N ringfeed's workers
-#   (default: workers=auto)
+#   PARTS: any of abi tests start cpu ceiling bench idle train sanitize (default: all but idle); N=images
+#   per synthetic set; SKIP=torch leaves out the PyTorch contenders; RF_WORKERS=N ringfeed's workers
+#   (default: workers=auto); IDLE_VARIANTS: environment assignments the idle part runs each under,
+#   side by side (e.g. "DL_LOG_LEVEL=1 DL_LOG_LEVEL=4"; default: one run as is)
 set -u
 build=${1:-build-device}
 shards=${2:-$build/tests/shards}
@@ -86,7 +87,7 @@ if has tests; then
 fi
 
 # The synthetic sets, made once.
-if has ceiling || has bench || has start; then
+if has ceiling || has bench || has start || has idle; then
   q90=$("$build/dlbench" --synthetic "$n" --make-synthetic 2> "$out/make-q90.log")
   q96=$("$build/dlbench" --synthetic "$n" --quality 96 --subsampling 444 --make-synthetic 2> "$out/make-q96.log")
 fi
@@ -211,6 +212,36 @@ if has bench; then
     guarded 90 "$j" "$out/$set-cpu-step.err" $bench --epochs 3 --decode cpu --step-ms "$cstep"
     keep "$j" "$out/$set-cpu-step.err"
     row "$set cpu, GPU consumer --step-ms $cstep (1.2 x cpu's batch time)" "gpu_idle_frac $(num "$j" gpu_idle_frac) in $(gaps "$j"), $(num "$j" samples_per_s) images/s, $(num "$j" workers_active) of $(num "$j" workers) workers at work at the end, $(num "$j" parked_s) s set aside"
+  done
+fi
+
+# 4b. Where hybrid's GPU idle under a consumer at 1.2x its batch time comes from: the copy thread's
+#    time per batch by what it waited for (the workers' batch, the consumer's slot, the kernels
+#    still reading the decode pool) and spent in nvJPEG, adaptive and at fixed splits, over 10
+#    epochs. The step is hybrid's own batch time (no consumer) x 1.2, measured under the first variant.
+if has idle; then
+  for set in q90 q96; do
+    eval src=\$$set
+    cat "$(dirname "$src")"/*.tar > /dev/null
+    bench="$build/dlbench $src ${RF_WORKERS:+--workers $RF_WORKERS} --batch 256 --size 224 --flip --device cuda:0 --json"
+    step=""
+    for variant in ${IDLE_VARIANTS:-DL_LOG_LEVEL=$DL_LOG_LEVEL}; do
+      tag=$(echo "$variant" | tr -c 'A-Za-z0-9\n' '_')
+      if [ -z "$step" ]; then
+        j="$out/$set-idle-free-$tag.json"
+        guarded 120 "$j" "$out/$set-idle-free-$tag.err" env "$variant" $bench --epochs 5 --decode hybrid
+        keep "$j"
+        step=$(awk -v s="$(num "$j" steady_samples_per_s)" 'BEGIN{ if (s > 0) printf "%.3f", 1.2 * 256 / s * 1000; else print 100 }')
+        row "$set hybrid, no consumer ($variant)" "$(num "$j" steady_samples_per_s) images/s steady, share $(num "$j" gpu_share): step $step ms"
+      fi
+      for share in auto 0.75 0.875; do
+        j="$out/$set-idle-$share-$tag.json"
+        guarded 90 "$j" "$out/$set-idle-$share-$tag.err" env "$variant" $bench --epochs 10 --decode hybrid \
+          --option gpu_share=$share --step-ms "$step"
+        keep "$j" "$out/$set-idle-$share-$tag.err"
+        row "$set hybrid gpu_share=$share, --step-ms $step, 10 epochs ($variant)" "gpu_idle_frac $(num "$j" gpu_idle_frac) in $(gaps "$j"); $(num "$j" samples_per_s) images/s, share $(num "$j" gpu_share); per batch: GPU decode $(num "$j" gpu_decode_ms) ms, the copy thread $(num "$j" gpu_decode_host_ms) ms in it ($(num "$j" gpu_decode_pool_wait_ms) waiting for the pool), $(num "$j" gpu_stage_wait_workers_ms) waiting for the workers, $(num "$j" gpu_stage_wait_consumer_ms) for the consumer; workers $(num "$j" workers_active) of $(num "$j" workers), decoding $(num "$j" worker_decode_frac), waiting for slots $(num "$j" worker_slot_wait_frac)"
+      done
+    done
   done
 fi
 
