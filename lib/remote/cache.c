@@ -215,10 +215,12 @@ typedef struct writer {
   const char *what; /* the entry's source, in messages */
 } writer;
 
-/* Entry NAME (SIZE bytes) written by W into NAME.part, then renamed: its read-locked descriptor. */
-static int fill(dl__cache_dir *d, const char *name, uint64_t size, const writer *w) {
+/* Entry NAME (SIZE bytes) written by W into NAME.part, then renamed: its read-locked descriptor.
+ * *WROTE says whether W wrote it here: another process may have finished it meanwhile. */
+static int fill(dl__cache_dir *d, const char *name, uint64_t size, const writer *w, bool *wrote) {
   char part[160];
   snprintf(part, sizeof part, "%s.part", name);
+  *wrote = false;
   int fd = openat(d->dirfd, part, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
   if (fd < 0)
     return dl__fail(-errno, "shard cache %s: cannot create %s: %s", d->path, part, strerror(errno));
@@ -256,6 +258,7 @@ static int fill(dl__cache_dir *d, const char *name, uint64_t size, const writer 
     return r;
   }
   flock(fd, LOCK_SH);
+  *wrote = true;
   return fd;
 }
 
@@ -284,9 +287,7 @@ int dl__cache_dir_get(dl__cache_dir *d, const dl__dataset *ds, uint32_t f, const
     return -ENOSPC;
   dl__target t = {ds->files[f], rf->url, ds->s3, rf->headers};
   download_job j = {o, &t, rf->size, cancel};
-  fd = fill(d, name, rf->size, &(writer){download, &j, t.name});
-  *fetched = fd >= 0;
-  return fd;
+  return fill(d, name, rf->size, &(writer){download, &j, t.name}, fetched);
 }
 
 int dl__cache_keep(const dl__options *o, const char *url, uint64_t version, uint64_t size,
@@ -299,7 +300,7 @@ int dl__cache_keep(const dl__options *o, const char *url, uint64_t version, uint
   entry_name(&(dl__remote_file){.url = (char *)url, .version = version}, name, sizeof name);
   int fd = open_entry(&d, name, size);
   if (fd == -ENOENT || fd == -ESTALE)
-    fd = (int64_t)size > d.limit ? -ENOSPC : fill(&d, name, size, &(writer){make, arg, url});
+    fd = (int64_t)size > d.limit ? -ENOSPC : fill(&d, name, size, &(writer){make, arg, url}, &(bool){false});
   dl__cache_dir_close(&d);
   return fd;
 }
