@@ -265,6 +265,7 @@ def test_an_image_folder_names_the_entries_it_cannot_read(tmp_path, capfd):
     assert f"1 entry could not be read and was left out ({flat / 'b.jpg'}: No such file" in capfd.readouterr().err
 
 
+@needs_testdata
 def test_an_empty_class_folder_is_named_and_keeps_its_label(tmp_path, capfd):
     """A class folder with no image (a copy cut short) was passed over in silence; torchvision's
     ImageFolder refuses it. Its label still counts, as in torchvision's class_to_idx."""
@@ -463,6 +464,7 @@ def test_tensors_outlive_the_loader_and_holding_every_slot_is_an_error():
     del held
 
 
+@needs_testdata
 def test_labels_kept_for_metrics_hold_no_slot():
     # As with DataLoader: an evaluation loop keeps every batch's labels; they are copies, so the
     # loader goes on. The images stay views of the slots (the test above holds them).

@@ -396,6 +396,7 @@ def test_zstd_compressed_shards_are_read_as_their_uncompressed_copy(tmp_path):
     assert [g["key"] for g in got] == [g["key"] for g in everything(ringfeed.Loader(str(plain), **KW))]
 
 
+@needs_testdata
 def test_with_cache_dir_the_uncompressed_copy_is_made_once(tmp_path):
     """cache_dir keeps the uncompressed copies (local datasets too): a later open reads the same
     entry (not rewritten: the same inode, its use time renewed); a changed shard gets a new one."""
