@@ -52,10 +52,10 @@ void test_tar_shard(const char *path, const char *prefix, int n, int images, lon
   fclose(f);
 }
 
-void test_tar_synthetic(FILE *f, const char *key, long image_id, long label, int quality, int subsampling) {
+void test_tar_synthetic(FILE *f, const char *key, long image_id, long label, synthetic_coding coding) {
   unsigned char *jpg;
   unsigned long len;
-  tar_sample(f, key, image_id, label, (synthetic_coding){.quality = quality, .subsampling = subsampling}, &jpg, &len);
+  tar_sample(f, key, image_id, label, coding, &jpg, &len);
   free(jpg);
 }
 

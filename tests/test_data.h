@@ -4,6 +4,8 @@
 
 #include <stdio.h>
 
+#include "synthetic.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -13,8 +15,8 @@ extern "C" {
 void test_tar_sample(FILE *f, const char *key, long image_id, long label, unsigned char **jpg,
                      unsigned long *len);
 
-/* The same with a synthetic image encoded at QUALITY with SUBSAMPLING (420 or 444). */
-void test_tar_synthetic(FILE *f, const char *key, long image_id, long label, int quality, int subsampling);
+/* The same with a synthetic image encoded as CODING says (quality, subsampling, size). */
+void test_tar_synthetic(FILE *f, const char *key, long image_id, long label, synthetic_coding coding);
 
 /* Writes a shard of N samples keyed PREFIX0000.. with labels BASE + i, made of IMAGES distinct
  * synthetic images repeated (making images is the slow part, above all under a sanitizer); ENDS,

@@ -11,7 +11,6 @@
 #include "cuda_batches.h"
 #include "entropy_damaged.h"
 #include "ringfeed.h"
-#include "synthetic.h"
 #include "tar_writer.h"
 #include "test.h"
 #include "test_data.h"
@@ -227,7 +226,7 @@ static void synthetic_sets(const char *dir) {
       for (int i = 0; i < 32; i++) {
         char key[32];
         snprintf(key, sizeof key, "%05d", s * 32 + i);
-        test_tar_synthetic(f, key, 1000 + s * 32 + i, i, codings[c][0], codings[c][1]);
+        test_tar_synthetic(f, key, 1000 + s * 32 + i, i, synthetic_coding{codings[c][0], codings[c][1], 0, 0});
       }
       tar_write_end(f);
       fclose(f);
@@ -303,17 +302,9 @@ static void pool_halves(const char *dir) {
   FILE *f = fopen(path, "wb");
   ASSERT(f);
   for (int i = 0; i < 24; i++) {
-    synthetic_coding coding = {90, 420, sizes[i % 6][0], sizes[i % 6][1]};
-    unsigned char *jpg;
-    unsigned long len;
-    ASSERT_EQ(synthetic_jpeg(2000 + i, coding, &jpg, &len), 0);
-    char name[32], label[16];
-    snprintf(name, sizeof name, "%05d.jpg", i);
-    ASSERT_EQ(tar_write_member(f, name, jpg, len), 0);
-    free(jpg);
-    snprintf(name, sizeof name, "%05d.cls", i);
-    int n = snprintf(label, sizeof label, "%d", i);
-    ASSERT_EQ(tar_write_member(f, name, label, (size_t)n), 0);
+    char key[16];
+    snprintf(key, sizeof key, "%05d", i);
+    test_tar_synthetic(f, key, 2000 + i, i, synthetic_coding{90, 420, sizes[i % 6][0], sizes[i % 6][1]});
   }
   tar_write_end(f);
   fclose(f);
