@@ -761,7 +761,7 @@ typedef struct dl__split {
   int votes;              /* batches since the last step: + the GPU should take more, - less */
   int64_t cpu_decoded, cpu_ns, starved, release_wait_ns; /* the counters at the last update */
   double t;                                              /* and its time */
-  int64_t updates;
+  int64_t updates, moves;
 } dl__split;
 
 /* workers=auto while running (ring.c, under l->mu): how many workers claim samples. Workers the

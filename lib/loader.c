@@ -831,7 +831,9 @@ int dl_stats_json(dl_loader *l, char *buf, size_t cap) {
   int64_t batches = l->st.batches;
   double wait = dl__consumer_idle_s(&l->st), first = l->st.first_batch_ms;
   double share = l->share, wait_busy = l->st.consumer_wait_gpu_busy_s;
-  double balanced = l->split.balanced, first_wait = l->st.first_wait_s, last = l->st.last_batch_s;
+  double balanced = l->split.balanced, split_gpu_ms = l->split.gpu_ms, split_cpu_ms = l->split.cpu_ms;
+  int64_t split_moves = l->split.moves;
+  double first_wait = l->st.first_wait_s, last = l->st.last_batch_s;
   int decode = l->decode; /* decode=auto changes it once nvJPEG has started */
   char decode_now[sizeof l->decode_reason], pace_why[sizeof l->pace.why];
   memcpy(decode_now, l->decode_reason, sizeof decode_now);
@@ -854,7 +856,8 @@ int dl_stats_json(dl_loader *l, char *buf, size_t cap) {
       ",\"read_wait_s\":%.6f,\"workers\":%d,\"workers_active\":%d,\"workers_active_why\":\"%s\",\"parked_s\":%.6f,\"prefetch\":%d,\"batch_size\":%d,\"dataset_samples\":%zu,\"epoch_samples\":%" PRId64
       ",\"workers_reason\":\"%s\",\"prefetch_reason\":\"%s\",\"io_backend\":\"%s\",\"io_reason\":\"%s\",\"device\":\"%s\",\"decode_backend\":\"%s\""
       ",\"decode_reason\":\"%s\",\"cpu_decoded\":%" PRId64 ",\"gpu_decoded\":%" PRId64 ",\"gpu_fallbacks\":%" PRId64
-      ",\"gpu_share\":%.4f,\"gpu_share_balanced\":%.4f,\"arena_mb\":%.1f,\"host_batch_bytes\":%zu"
+      ",\"gpu_share\":%.4f,\"gpu_share_balanced\":%.4f,\"gpu_share_moves\":%" PRId64
+      ",\"split_gpu_ms_per_image\":%.4f,\"split_cpu_ms_per_image\":%.4f,\"arena_mb\":%.1f,\"host_batch_bytes\":%zu"
       ",\"pinned_bytes_in_process\":%zu,\"requests\":%" PRId64 ",\"retries\":%" PRId64
       ",\"cache_hits\":%" PRId64 ",\"cache_fetches\":%" PRId64 ",\"cache_fetch_bytes\":%" PRId64
       ",\"tensors_read_in_place\":%" PRId64 ",\"tensors_read_again\":%" PRId64 ",\"slot_wait_s\":%.6f,\"bottleneck\":\"%s\",\"bottleneck_why\":\"%s\",\"consumer_wait_frac\":%.4f"
@@ -869,7 +872,7 @@ int dl_stats_json(dl_loader *l, char *buf, size_t cap) {
       l->o.io == DL__IO_MMAP ? "mmap" : l->io_ops->name, json_text(l->io_reason, io_reason, sizeof io_reason),
       device, decoders[decode], json_text(decode_now, decode_reason, sizeof decode_reason),
       atomic_load(&l->st.cpu_decoded), atomic_load(&l->st.gpu_decoded), atomic_load(&l->st.gpu_fallbacks),
-      decode == DL__DECODE_CPU ? 0.0 : share, balanced,
+      decode == DL__DECODE_CPU ? 0.0 : share, balanced, split_moves, split_gpu_ms, split_cpu_ms,
       (double)l->arena_bytes * l->o.prefetch * l->nstreams / 1048576.0, l->host_mem_bytes,
       atomic_load(&pinned_in_process), atomic_load(&l->st.requests), atomic_load(&l->st.retries),
       atomic_load(&l->st.cache_hits), atomic_load(&l->st.cache_fetches) + l->ds.cache_fetches,

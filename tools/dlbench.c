@@ -431,7 +431,7 @@ int main(int argc, char **argv) {
 #endif
   if (tty)
     fprintf(stderr, "\r%60s\r", "");
-  char stats[4096] = "{}";
+  char stats[8192] = "{}";
   dl_stats_json(l, stats, sizeof stats);
   char token[256] = "";
   dl_state_save(l, token, sizeof token);

@@ -203,9 +203,8 @@ bool dl__gpu_plan(const dl_loader *l, dl_batch *b, int i, int64_t index, uint8_t
   return true;
 }
 
+/* With gpu_share=S fixed the rates are still measured, for the stats: where the split would go. */
 void dl__gpu_share_update(dl_loader *l, int gpu_samples, double gpu_ms) {
-  if (l->o.gpu_share >= 0)
-    return;
   pthread_mutex_lock(&l->mu);
   if (l->decode != DL__DECODE_HYBRID) {
     pthread_mutex_unlock(&l->mu);
@@ -241,7 +240,9 @@ void dl__gpu_share_update(dl_loader *l, int gpu_samples, double gpu_ms) {
      * the CPU while the copy stage waits for the consumer's GPU over a quarter of the time (the
      * loader is well ahead): the GPU's time is then better left to training. Short of that it holds, rather
      * than drift until the consumer waits. */
-    if (!starved)
+    if (l->o.gpu_share >= 0)
+      s->votes = 0;
+    else if (!starved)
       s->votes = ahead > 0.25 ? s->votes - 1 : 0;
     else if (s->balanced > l->share + 1.0 / 64)
       s->votes++;
@@ -258,9 +259,10 @@ void dl__gpu_share_update(dl_loader *l, int gpu_samples, double gpu_ms) {
       double step = s->votes > 0 ? 1.0 / 32 : !starved && ahead > 0.5 ? -1.0 / 8 : -1.0 / 32, was = l->share;
       l->share = fmin(1, fmax(0, round((l->share + step) * 32) / 32));
       s->votes = 0;
-      dl__log(DL__LOG_DEBUG, "hybrid split: GPU share %.3f -> %.3f (balanced %.3f; the consumer %s; the copy stage "
-              "waited for it %.0f%% of the time)", was, l->share, s->balanced, starved ? "waited" : "kept up",
-              100 * ahead);
+      s->moves++;
+      dl__log(DL__LOG_DEBUG, "hybrid split: GPU share %.3f -> %.3f (balanced %.3f from %.3f ms an image on the GPU, "
+              "%.3f on a worker; the consumer %s; the copy stage waited for it %.0f%% of the time)", was, l->share,
+              s->balanced, s->gpu_ms, s->cpu_ms, starved ? "waited" : "kept up", 100 * ahead);
     }
   }
   pthread_mutex_unlock(&l->mu);
