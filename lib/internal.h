@@ -737,6 +737,14 @@ typedef struct dl__stats {
   /* Of consumer_wait_s: waits while the consumer's GPU still ran the work it had queued on earlier
    * batches (a CUDA consumer queues ahead of its GPU): they left the GPU nothing to wait for. */
   double consumer_wait_gpu_busy_s;
+  /* The consumer's stream, having reached dl_batch_wait, waiting there for the batch's copy and
+   * decode: its GPU idle for want of the batch although its thread had it (the copy thread hands a
+   * batch out as soon as its GPU work is queued). Measured device_slots batches later, when the
+   * slot is filled again. Only the verdict goes by it: counted by pacing and the hybrid split it
+   * made them worse (an H200 beside steps at 1.2x hybrid's batch time: the workers all kept at
+   * work slowed the copy thread's nvJPEG calls, and the split moved 16-17 times instead of 0-2,
+   * GPU idle 0.025-0.059 against 0.018-0.022). */
+  double consumer_stream_wait_s;
   _Atomic int64_t release_wait_ns; /* copy threads waiting for the consumer's GPU to free a slot */
   _Atomic int64_t copy_wait_workers_ns; /* copy threads waiting for the workers' next host batch */
   double first_batch_ms;
@@ -749,7 +757,8 @@ typedef struct dl__stats {
 } dl__stats;
 
 /* The consumer's waiting that could have left it idle: not a CUDA consumer's wait while its GPU
- * still ran earlier work. What pacing, the hybrid split and the verdict go by. */
+ * still ran earlier work. What pacing, the hybrid split and the verdict go by; the verdict adds
+ * the stream's wait. */
 static inline double dl__consumer_idle_s(const dl__stats *st) {
   return st->consumer_wait_s - st->consumer_wait_gpu_busy_s;
 }

@@ -830,7 +830,7 @@ int dl_stats_json(dl_loader *l, char *buf, size_t cap) {
   pthread_mutex_lock(&l->mu);
   int64_t batches = l->st.batches;
   double wait = dl__consumer_idle_s(&l->st), first = l->st.first_batch_ms;
-  double share = l->share, wait_busy = l->st.consumer_wait_gpu_busy_s;
+  double share = l->share, wait_busy = l->st.consumer_wait_gpu_busy_s, stream_wait = l->st.consumer_stream_wait_s;
   double balanced = l->split.balanced, split_gpu_ms = l->split.gpu_ms, split_cpu_ms = l->split.cpu_ms;
   int64_t split_moves = l->split.moves;
   double first_wait = l->st.first_wait_s, last = l->st.last_batch_s;
@@ -842,7 +842,8 @@ int dl_stats_json(dl_loader *l, char *buf, size_t cap) {
   pthread_mutex_unlock(&l->mu);
   double wall = dl__now() - l->open_time;
   verdict v; /* over the time batches were handed out: a run's stats read later say the same */
-  judge(l, decode, batches, last, batches ? last - first / 1000 : 0, wait - first_wait, &v);
+  /* A GPU that waited on its stream for a batch its thread had waited all the same. */
+  judge(l, decode, batches, last, batches ? last - first / 1000 : 0, wait - first_wait + stream_wait, &v);
   char why[400];
   char gpu[1024] = "", io_reason[320], decode_reason[512], workers_reason[320], prefetch_reason[400], active_why[240];
   if (l->cuda)
@@ -852,7 +853,7 @@ int dl_stats_json(dl_loader *l, char *buf, size_t cap) {
       "{\"samples\":%" PRId64 ",\"batches\":%" PRId64 ",\"errors\":%" PRId64 ",\"bytes_read\":%" PRId64
       ",\"wall_s\":%.6f,\"first_batch_ms\":%.3f,\"open_ms\":%.3f,\"open_index_ms\":%.3f,\"open_cuda_ms\":%.3f"
       ",\"open_gpu_decode_ms\":%.3f,\"open_slots_ms\":%.3f,\"open_workers_ms\":%.3f,\"consumer_wait_s\":%.6f"
-      ",\"consumer_wait_gpu_busy_s\":%.6f,\"decode_s\":%.6f"
+      ",\"consumer_wait_gpu_busy_s\":%.6f,\"consumer_stream_wait_s\":%.6f,\"decode_s\":%.6f"
       ",\"read_wait_s\":%.6f,\"workers\":%d,\"workers_active\":%d,\"workers_active_why\":\"%s\",\"parked_s\":%.6f,\"prefetch\":%d,\"batch_size\":%d,\"dataset_samples\":%zu,\"epoch_samples\":%" PRId64
       ",\"workers_reason\":\"%s\",\"prefetch_reason\":\"%s\",\"io_backend\":\"%s\",\"io_reason\":\"%s\",\"device\":\"%s\",\"decode_backend\":\"%s\""
       ",\"decode_reason\":\"%s\",\"cpu_decoded\":%" PRId64 ",\"gpu_decoded\":%" PRId64 ",\"gpu_fallbacks\":%" PRId64
@@ -864,7 +865,7 @@ int dl_stats_json(dl_loader *l, char *buf, size_t cap) {
       ",\"worker_decode_frac\":%.4f,\"worker_read_frac\":%.4f,\"worker_slot_wait_frac\":%.4f%s}",
       atomic_load(&l->st.samples), batches, atomic_load(&l->st.errors), atomic_load(&l->st.bytes_read),
       wall, first, l->st.open_ms, l->st.open_index_ms, l->st.open_cuda_ms, l->st.open_gpu_decode_ms,
-      l->st.open_slots_ms, l->st.open_workers_ms, wait + wait_busy, wait_busy, atomic_load(&l->st.decode_ns) * 1e-9,
+      l->st.open_slots_ms, l->st.open_workers_ms, wait + wait_busy, wait_busy, stream_wait, atomic_load(&l->st.decode_ns) * 1e-9,
       atomic_load(&l->st.read_wait_ns) * 1e-9, l->o.workers, active, json_text(pace_why, active_why, sizeof active_why),
       atomic_load(&l->st.parked_ns) * 1e-9, l->o.prefetch, l->o.batch_size, l->ds.n, l->streams[0].sm.n,
       json_text(l->workers_reason, workers_reason, sizeof workers_reason),

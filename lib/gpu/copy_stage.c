@@ -13,6 +13,7 @@
 #include "gpu/nvjpeg.h"
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +28,10 @@ typedef struct gpu_slot {
   cudaEvent_t copied;  /* recorded after the batch's copy (and conversion) */
   cudaEvent_t released;
   bool release_pending; /* released was recorded and the copy stream must wait on it */
+  /* Recorded on the consumer's stream by its first dl_batch_wait: from there to `copied` its GPU
+   * waited for the batch. */
+  cudaEvent_t reached;
+  atomic_bool reach_pending;
 } gpu_slot;
 
 /* A host batch whose copy is queued: its slot returns to the workers once DONE has passed. The
@@ -328,6 +333,20 @@ static bool has_gpu_jobs(const dl_batch *host) {
   return false;
 }
 
+/* How long the consumer's stream waited at dl_batch_wait for the slot's last batch, read before
+ * `copied` is recorded again. Its stream not there yet while the batch is complete: no wait. */
+static void count_stream_wait(dl_loader *l, gpu_slot *gs) {
+  if (!atomic_exchange(&gs->reach_pending, false))
+    return;
+  float ms = 0;
+  if (cudaEventQuery(gs->copied) != cudaSuccess || cudaEventQuery(gs->reached) != cudaSuccess ||
+      cudaEventElapsedTime(&ms, gs->reached, gs->copied) != cudaSuccess || ms <= 0)
+    return;
+  pthread_mutex_lock(&l->mu);
+  l->st.consumer_stream_wait_s += ms * 1e-3;
+  pthread_mutex_unlock(&l->mu);
+}
+
 static int enqueue(gpu *g, dl_batch *host, int slot, dl_batch *dev) {
   dl_loader *l = g->l;
   cuda_state *c = l->cuda;
@@ -348,6 +367,7 @@ static int enqueue(gpu *g, dl_batch *host, int slot, dl_batch *dev) {
     e = cudaStreamWaitEvent(g->copy, gs->released, 0);
   }
   gs->release_pending = false;
+  count_stream_wait(l, gs);
   /* The GPU's JPEGs first, so the engines start while the CPU samples are copied. A JPEG nvJPEG
    * refuses becomes a CPU sample here, before the copies below. */
   f->gpu_samples = -1;
@@ -551,7 +571,7 @@ int dl__cuda_start(dl_loader *l) {
       /* The copy thread waits on `released` from the host before nvJPEG writes the slot: a
        * blocking wait, not CUDA's default spin, which held a core for the whole of a slow
        * consumer's step. */
-      if ((e = cudaEventCreateWithFlags(&gs->copied, cudaEventDisableTiming)) ||
+      if ((e = cudaEventCreate(&gs->copied)) || (e = cudaEventCreate(&gs->reached)) ||
           (e = cudaEventCreateWithFlags(&gs->released, cudaEventDisableTiming | cudaEventBlockingSync)))
         return cuda_fail(e, "creating events");
     }
@@ -605,6 +625,8 @@ void dl__cuda_close(dl_loader *l) {
         cudaEventDestroy(gs->copied);
       if (gs->released)
         cudaEventDestroy(gs->released);
+      if (gs->reached)
+        cudaEventDestroy(gs->reached);
       if (s->dslots) {
         cudaFree(s->dslots[j].fields);
         free(s->dslots[j].key);
@@ -640,6 +662,12 @@ int dl__cuda_field(const dl_batch *b, const char *name, DLTensor *t) {
 
 int dl__cuda_wait(dl_batch *b, void *stream) {
   gpu_slot *gs = b->gpu;
+  /* (A stream of another device cannot record the slot's event: that wait goes unmeasured.) */
+  if (!atomic_load(&gs->reach_pending) && !atomic_exchange(&gs->reach_pending, true) &&
+      cudaEventRecord(gs->reached, (cudaStream_t)stream) != cudaSuccess) {
+    cudaGetLastError();
+    atomic_store(&gs->reach_pending, false);
+  }
   cudaError_t e = cudaStreamWaitEvent((cudaStream_t)stream, gs->copied, 0);
   return e ? cuda_fail(e, "waiting for the batch's copy") : 0;
 }
