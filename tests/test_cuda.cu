@@ -1,7 +1,8 @@
 // The GPU stage on a real device (skipped, exit 77, where there is none): device batches equal
 // host batches byte for byte; the conversion kernel against a float64 reference; a slow consumer
-// whose kernels still read batches it released never sees them overwritten; no device or pinned
-// memory leaks over many loaders and epochs.
+// whose kernels still read batches it released never sees them overwritten; the wait of a
+// consumer's stream for its batches as the loader counts it, against the consumer's own events; no
+// device or pinned memory leaks over many loaders and epochs.
 #include "cuda_batches.h"
 #include "members_check.h"
 #include "ringfeed.h"
