@@ -740,8 +740,7 @@ typedef struct dl__stats {
   /* The consumer's stream, having reached dl_batch_wait, waiting there for the batch's copy and
    * decode: its GPU idle for want of the batch although its thread had it (the copy thread hands a
    * batch out as soon as its GPU work is queued). Measured device_slots batches later, when the
-   * slot is filled again. Only the verdict goes by it: counted by pacing and the hybrid split it
-   * made them worse (an H200 beside steps at 1.2x hybrid's batch time: the workers all kept at
+   * slot is filled again. Reported apart: counted by pacing and the hybrid split it made them worse (an H200 beside steps at 1.2x hybrid's batch time: the workers all kept at
    * work slowed the copy thread's nvJPEG calls, and the split moved 16-17 times instead of 0-2,
    * GPU idle 0.025-0.059 against 0.018-0.022). */
   double consumer_stream_wait_s;
@@ -757,8 +756,7 @@ typedef struct dl__stats {
 } dl__stats;
 
 /* The consumer's waiting that could have left it idle: not a CUDA consumer's wait while its GPU
- * still ran earlier work. What pacing, the hybrid split and the verdict go by; the verdict adds
- * the stream's wait. */
+ * still ran earlier work. What pacing, the hybrid split and the verdict go by. */
 static inline double dl__consumer_idle_s(const dl__stats *st) {
   return st->consumer_wait_s - st->consumer_wait_gpu_busy_s;
 }

@@ -842,8 +842,9 @@ int dl_stats_json(dl_loader *l, char *buf, size_t cap) {
   pthread_mutex_unlock(&l->mu);
   double wall = dl__now() - l->open_time;
   verdict v; /* over the time batches were handed out: a run's stats read later say the same */
-  /* A GPU that waited on its stream for a batch its thread had waited all the same. */
-  judge(l, decode, batches, last, batches ? last - first / 1000 : 0, wait - first_wait + stream_wait, &v);
+  /* The stream's wait stays out: added to the thread's, a wait of both at once counts twice (an
+   * H200, a consumer with no GPU work of its own: 115% of the time). */
+  judge(l, decode, batches, last, batches ? last - first / 1000 : 0, wait - first_wait, &v);
   char why[400];
   char gpu[1024] = "", io_reason[320], decode_reason[512], workers_reason[320], prefetch_reason[400], active_why[240];
   if (l->cuda)
