@@ -252,7 +252,7 @@ int dl__rfs_load(dl__dataset *ds, const char *path, int direct);
 int dl__rfs_load_fd(dl__dataset *ds, uint32_t file, int fd, uint64_t size);
 
 /* A parsed .rfs index (rfs.c), for the loader, dlshard and the fuzz harness. */
-enum { DL__RFS_RAW, DL__RFS_ZSTD, DL__RFS_JPEG, DL__RFS_PNG, DL__RFS_WEBP, DL__RFS_BYTES };
+enum { DL__RFS_RAW, DL__RFS_ZSTD, DL__RFS_JPEG, DL__RFS_PNG, DL__RFS_WEBP, DL__RFS_BYTES, DL__RFS_TEXT, DL__RFS_JSON };
 typedef struct dl__rfs_field {
   uint16_t name;
   uint8_t codec;
@@ -293,7 +293,7 @@ void dl__hasher_reset(dl__hasher *h);
 void dl__hasher_update(dl__hasher *h, const void *p, size_t n);
 void dl__hasher_copy(dl__hasher *h, void *dst, const void *src, size_t n);
 uint64_t dl__hasher_digest(dl__hasher *h);
-extern const char *const dl__rfs_codec_names[6];
+extern const char *const dl__rfs_codec_names[8];
 /* Whether S names a remote object (http://, https://, s3://). */
 bool dl__is_url(const char *s);
 /* Adds the shard at URL to DS (remote/load.c): its index from the cache, or built from one

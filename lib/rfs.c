@@ -16,7 +16,9 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
-const char *const dl__rfs_codec_names[6] = {"raw", "zstd", "jpeg", "png", "webp", "bytes"};
+/* text and json: bytes whose kind the reader is told (a caption, a JSON document), as an MDS
+ * column's str and json encodings say it. */
+const char *const dl__rfs_codec_names[8] = {"raw", "zstd", "jpeg", "png", "webp", "bytes", "text", "json"};
 
 
 #define TRAILER 32
@@ -139,7 +141,7 @@ int dl__rfs_parse_index(dl__rfs *r, const uint8_t *p, size_t n, uint64_t first, 
       fd->offset = get32(q + 4);
       fd->size = get32(q + 8);
       fd->raw_size = get64(q + 12);
-      if (fd->name >= nnames || fd->codec > DL__RFS_BYTES || fd->offset > rec->size ||
+      if (fd->name >= nnames || fd->codec > DL__RFS_JSON || fd->offset > rec->size ||
           fd->size > rec->size - fd->offset)
         BAD("record %llu field %u is malformed", (unsigned long long)i, f);
     }
@@ -231,7 +233,11 @@ static int add_records(dl__dataset *ds, uint32_t file, const dl__rfs *r, const c
         continue;
       }
       seen |= 1u << idx;
-      uint8_t kind = fd_->codec == DL__RFS_ZSTD ? DL__REF_NPY_ZST : fd_->codec == DL__RFS_BYTES ? DL__REF_BYTES : DL__REF_NPY;
+      bool bytes = fd_->codec == DL__RFS_BYTES || fd_->codec == DL__RFS_TEXT || fd_->codec == DL__RFS_JSON;
+      uint8_t kind = fd_->codec == DL__RFS_ZSTD ? DL__REF_NPY_ZST : bytes ? DL__REF_BYTES : DL__REF_NPY;
+      /* bytes leaves the kind to the name's extension (caption.txt is text), as for tar members */
+      if (fd_->codec != DL__RFS_BYTES && bytes && ds->bytes_kind[idx] == DL__BYTES_BY_NAME)
+        ds->bytes_kind[idx] = fd_->codec == DL__RFS_TEXT ? DL__BYTES_TEXT : DL__BYTES_JSON;
       dl__fref ref = {.name = (uint16_t)idx, .kind = kind, .at = fd_->offset, .len = fd_->size};
       if (dl__dataset_add_ref(ds, &ref) == 0)
         s.nrefs++;

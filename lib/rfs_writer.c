@@ -159,7 +159,7 @@ static int add_field(dl_writer *w, const char *name, const char *codec, const vo
     if (!strcmp(codec, dl__rfs_codec_names[i]))
       c = i;
   if (c < 0)
-    return dl__fail(DL_EOPTION, "%s: unknown codec '%s' (raw, zstd, jpeg, png, webp, bytes)", w->path, codec);
+    return dl__fail(DL_EOPTION, "%s: unknown codec '%s' (raw, zstd, jpeg, png, webp, bytes, text, json)", w->path, codec);
   if (w->nfields == 64)
     return dl__fail(DL_ELIMIT, "%s: more than 64 fields in a record", w->path);
   uint32_t name_idx = w->nnames;

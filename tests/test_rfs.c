@@ -551,6 +551,53 @@ static void fields_given_twice_or_past_the_limit(void) {
   printf("fields: one given twice refused by the writer, the first kept by the reader; past 16 named at every open\n");
 }
 
+/* Bytes fields say what they hold: text and json by their codec whatever the name, bytes by the
+ * name's extension (a caption.txt is text, as a tar member). A codec past json is a malformed
+ * field, said at open. */
+static void bytes_kinds_by_codec(void) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/kinds.rfs", dir);
+  dl_writer *w;
+  ASSERT_EQ(dl_writer_open(&w, path, "align=1"), 0);
+  for (int r = 0; r < 2; r++) {
+    ASSERT_EQ(dl_writer_begin(w, r ? "k1" : "k0", r), 0);
+    ASSERT_EQ(dl_writer_field(w, "caption", "text", "a photo", 7), 0);
+    ASSERT_EQ(dl_writer_field(w, "meta", "json", "{\"i\": 1}", 8), 0);
+    ASSERT_EQ(dl_writer_field(w, "blob", "bytes", "\0\1", 2), 0);
+    ASSERT_EQ(dl_writer_field(w, "notes.txt", "bytes", "n", 1), 0);
+    ASSERT_EQ(dl_writer_end(w), 0);
+  }
+  ASSERT_EQ(dl_writer_close(w), 0);
+  dl_loader *l;
+  OPEN_OK(l, path, "batch_size=2 image_size=8 shuffle=0 workers=1");
+  dl_batch *b;
+  ASSERT_EQ(dl_next_batch(l, &b), 0);
+  const char *want[][2] = {{"caption", "text"}, {"meta", "json"}, {"blob", "bytes"}, {"notes.txt", "text"}};
+  ASSERT_EQ(dl_batch_bytes_count(b), 4);
+  for (int f = 0; f < 4; f++)
+    for (int k = 0; k < 4; k++)
+      if (!strcmp(dl_batch_bytes_name(b, f), want[k][0]))
+        ASSERT_STR_EQ(dl_batch_bytes_kind(b, f), want[k][1]);
+  size_t n;
+  const void *p = dl_batch_bytes(b, "meta", 1, &n);
+  ASSERT(p && n == 8 && !memcmp(p, "{\"i\": 1}", 8));
+  dl_batch_release(b, NULL);
+  dl_close(l);
+  /* Record 0's first field given codec 8, the index hash made anew. */
+  struct stat st;
+  dl__rfs r;
+  uint8_t *copy = load_shard(path, &r, &st);
+  uint64_t isize;
+  uint8_t *idx = index_of(copy, st.st_size, &isize);
+  idx[index_records_at(idx, r.nnames) + 34 + 2] = 8;
+  write_edited(path, copy, st.st_size);
+  free(copy);
+  dl__rfs_free(&r);
+  ASSERT(dl_open(&l, path, "batch_size=2 image_size=8 workers=1 log=quiet") != 0);
+  ASSERT_CONTAINS(dl_last_error(), "record 0 field 0 is malformed");
+  printf("bytes fields: text and json by their codec, bytes by the name; codec 8 named as a malformed field\n");
+}
+
 int main(void) {
   dlshard = getenv("DL_DLSHARD");
   if (!dlshard || access(dlshard, X_OK)) {
@@ -568,6 +615,7 @@ int main(void) {
   damage_is_found();
   index_checksum_is_checked();
   fields_given_twice_or_past_the_limit();
+  bytes_kinds_by_codec();
   tensors_straight_into_slots();
   char cmd[600];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);

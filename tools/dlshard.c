@@ -244,7 +244,14 @@ static int write_tensors(dl_writer *w, const dl__dataset *ds, const dl__sample *
       continue;
     }
     if (ref->kind == DL__REF_NPY || ref->kind == DL__REF_BYTES) {
-      int rc = dl_writer_field(w, name, ref->kind == DL__REF_BYTES ? "bytes" : "raw", p, ref->len);
+      /* An MDS str or json column keeps its kind; other bytes keep their names, whose extension
+       * says it (caption.txt). */
+      uint8_t bk = ds->bytes_kind[ref->name];
+      const char *codec = ref->kind == DL__REF_NPY        ? "raw"
+                          : bk == DL__BYTES_TEXT ? "text"
+                          : bk == DL__BYTES_JSON ? "json"
+                                                 : "bytes";
+      int rc = dl_writer_field(w, name, codec, p, ref->len);
       if (rc)
         return rc;
       continue;

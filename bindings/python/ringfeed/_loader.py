@@ -99,7 +99,9 @@ def _framework(name):
 
 class Writer:
     """Writes a ringfeed shard (.rfs): records of named fields, each "raw", "zstd" (compressed
-    here), "jpeg" or "png". Tensor fields are .npy payloads; numpy arrays are saved as such.
+    here), "jpeg", "png", "webp", "bytes", "text" (a str, read back as one) or "json" (any value
+    json.dumps takes, read back parsed). Tensor fields are .npy payloads; numpy arrays are saved
+    as such.
 
         with ringfeed.Writer("train-000000.rfs") as w:
             w.add("000123", label=7, fields={"image": ("jpeg", jpeg_bytes), "depth": ("zstd", array)})
@@ -111,9 +113,14 @@ class Writer:
         _check(lib.dl_writer_open(ctypes.byref(self._handle), os.fsencode(path), opts))
 
     @staticmethod
-    def _payload(value):
+    def _payload(value, codec="raw"):
         if isinstance(value, (bytes, bytearray, memoryview)):
             return bytes(value)
+        if codec == "text":
+            return str(value).encode()
+        if codec == "json":
+            import json
+            return json.dumps(value).encode()
         import io
         import numpy
         buf = io.BytesIO()
@@ -138,7 +145,7 @@ class Writer:
         parts = []  # every payload made before the record starts: a bad value leaves nothing open
         for name, value in (fields or {}).items():
             codec, data = value if isinstance(value, tuple) else ("raw", value)
-            parts.append((self._text("field name", name), codec.encode(), self._payload(data)))
+            parts.append((self._text("field name", name), codec.encode(), self._payload(data, codec)))
         key = self._text("key", key)
         # A field the library refuses drops the record, so the next add() starts afresh.
         _check(lib.dl_writer_begin(self._handle, key, int(label)))

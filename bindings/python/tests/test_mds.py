@@ -482,6 +482,11 @@ def test_dlshard_converts_an_mds_dataset_to_the_same_stream(tmp_path):
     fields = everything(ringfeed.Loader(str(tmp_path / "rfs" / "x-000000.rfs"), **dict(KW, image_size=16)))
     assert [int(r["label"]) for r in fields] == [i % 5 for i in range(9)]
     assert np.array_equal(fields[4]["box"], np.full((2, 2), 4, np.int16)) and fields[4]["vec"][0] == 4
+    # str and json columns keep their kind in the ringfeed shard; bytes stay bytes
+    want = rows(9)
+    assert [r["caption"] for r in fields] == [w["caption"] for w in want]
+    assert [r["meta"] for r in fields] == [w["meta"] for w in want]
+    assert [r["raw"] for r in fields] == [w["raw"] for w in want]
 
 
 @pytest.mark.parametrize("channels", [3, 1])

@@ -91,6 +91,23 @@ def test_raw_fields_of_ringfeed_shards(tmp_path):
     assert [k for b in got for k in b["key"]] == [f"rec{i}" for i in range(9)]
 
 
+def test_text_and_json_fields_of_ringfeed_shards_keep_their_kind(tmp_path):
+    """"text" and "json" fields come back as str and parsed JSON whatever their names; "bytes" by its
+    name's extension, as a tar member."""
+    path = tmp_path / "t.rfs"
+    with ringfeed.Writer(str(path)) as w:
+        for i in range(5):
+            w.add(f"rec{i}", label=i, fields={"caption": ("text", f"photo {i} \u00fc"), "meta": ("json", {"i": i, "t": [1] * i}),
+                                              "blob": ("bytes", bytes([i, 0])), "notes.txt": ("bytes", b"n%d" % i),
+                                              "given": ("text", "already %d" % i)})
+    got = [copies(b) for b in ringfeed.Loader(str(path), batch_size=5, shuffle=False, framework="numpy", workers=1)]
+    b = got[0]
+    assert b["caption"] == [f"photo {i} \u00fc" for i in range(5)]
+    assert b["meta"] == [{"i": i, "t": [1] * i} for i in range(5)]
+    assert b["blob"] == [bytes([i, 0]) for i in range(5)]
+    assert b["notes.txt"] == [f"n{i}" for i in range(5)] and b["given"] == [f"already {i}" for i in range(5)]
+
+
 def test_a_refused_record_is_dropped_and_the_writer_goes_on(tmp_path):
     path = tmp_path / "w.rfs"
     with ringfeed.Writer(str(path)) as w:
