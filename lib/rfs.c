@@ -233,7 +233,7 @@ static int add_records(dl__dataset *ds, uint32_t file, const dl__rfs *r, const c
         continue;
       }
       seen |= 1u << idx;
-      bool bytes = fd_->codec == DL__RFS_BYTES || fd_->codec == DL__RFS_TEXT || fd_->codec == DL__RFS_JSON;
+      bool bytes = fd_->codec >= DL__RFS_BYTES; /* bytes, text, json */
       uint8_t kind = fd_->codec == DL__RFS_ZSTD ? DL__REF_NPY_ZST : bytes ? DL__REF_BYTES : DL__REF_NPY;
       /* bytes leaves the kind to the name's extension (caption.txt is text), as for tar members */
       if (fd_->codec != DL__RFS_BYTES && bytes && ds->bytes_kind[idx] == DL__BYTES_BY_NAME)

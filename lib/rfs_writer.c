@@ -158,8 +158,12 @@ static int add_field(dl_writer *w, const char *name, const char *codec, const vo
   for (int i = 0; i < (int)DL__ARRAY_LEN(dl__rfs_codec_names); i++)
     if (!strcmp(codec, dl__rfs_codec_names[i]))
       c = i;
-  if (c < 0)
-    return dl__fail(DL_EOPTION, "%s: unknown codec '%s' (raw, zstd, jpeg, png, webp, bytes, text, json)", w->path, codec);
+  if (c < 0) {
+    char known[80] = "";
+    for (size_t i = 0, n = 0; i < DL__ARRAY_LEN(dl__rfs_codec_names) && n < sizeof known; i++)
+      n += (size_t)snprintf(known + n, sizeof known - n, "%s%s", i ? ", " : "", dl__rfs_codec_names[i]);
+    return dl__fail(DL_EOPTION, "%s: unknown codec '%s' (%s)", w->path, codec, known);
+  }
   if (w->nfields == 64)
     return dl__fail(DL_ELIMIT, "%s: more than 64 fields in a record", w->path);
   uint32_t name_idx = w->nnames;

@@ -117,7 +117,9 @@ class Writer:
         if isinstance(value, (bytes, bytearray, memoryview)):
             return bytes(value)
         if codec == "text":
-            return str(value).encode()
+            if not isinstance(value, str):
+                raise TypeError(f"ringfeed: a text field takes a str (or bytes), not {type(value).__name__}")
+            return value.encode()
         if codec == "json":
             import json
             return json.dumps(value).encode()
