@@ -2,7 +2,10 @@
  * The physical limit of the loader's work on this machine: bare libjpeg-turbo decoding every JPEG
  * member of the given tar shards, full size to RGB (the decoder's defaults: ISLOW IDCT, fancy
  * upsampling), on T threads, from memory. No I/O, no crop, no resize, no batching.
- * Usage: decode_ceiling [--threads T] [--seconds S] SHARD...
+ * Usage: decode_ceiling [--threads T] [--seconds S] [--band top|bottom] SHARD...
+ *   --band: only the top or the bottom half of each image's rows, as a crop's decode reads them
+ *   (the rows above skipped with jpeg_skip_scanlines, those below never decoded): what a crop's
+ *   place in the image costs.
  * Prints one JSON object: images, seconds, images_per_s, threads.
  */
 #include <pthread.h>
@@ -24,6 +27,7 @@ typedef struct blob {
 static blob *blobs;
 static size_t nblobs, cap;
 static double seconds = 5;
+static int band; /* 0: every row, 1: the top half, 2: the bottom half */
 
 static void keep(unsigned char *p, size_t n) {
   if (nblobs == cap) {
@@ -61,11 +65,17 @@ static void *run(void *arg) {
       out_cap = stride * d.output_height;
       out = realloc(out, out_cap);
     }
-    while (d.output_scanline < d.output_height) {
+    JDIMENSION half = d.output_height / 2, end = band == 1 ? half : d.output_height;
+    if (band == 2)
+      jpeg_skip_scanlines(&d, half);
+    while (d.output_scanline < end) {
       JSAMPROW row = out + stride * d.output_scanline;
       jpeg_read_scanlines(&d, &row, 1);
     }
-    jpeg_finish_decompress(&d);
+    if (band)
+      jpeg_abort_decompress(&d);
+    else
+      jpeg_finish_decompress(&d);
     w->images++;
   }
   jpeg_destroy_decompress(&d);
@@ -81,8 +91,10 @@ int main(int argc, char **argv) {
       threads = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--seconds") && i + 1 < argc)
       seconds = atof(argv[++i]);
+    else if (!strcmp(argv[i], "--band") && i + 1 < argc && (!strcmp(argv[i + 1], "top") || !strcmp(argv[i + 1], "bottom")))
+      band = !strcmp(argv[++i], "top") ? 1 : 2;
     else {
-      fprintf(stderr, "usage: decode_ceiling [--threads T] [--seconds S] SHARD...\n");
+      fprintf(stderr, "usage: decode_ceiling [--threads T] [--seconds S] [--band top|bottom] SHARD...\n");
       return 2;
     }
   }
@@ -104,7 +116,7 @@ int main(int argc, char **argv) {
     images += w[t].images;
   }
   double dt = bench_now() - t0;
-  printf("{\"images\":%ld,\"seconds\":%.3f,\"images_per_s\":%.1f,\"threads\":%d,\"distinct_images\":%zu}\n",
-         images, dt, images / dt, threads, nblobs);
+  printf("{\"images\":%ld,\"seconds\":%.3f,\"images_per_s\":%.1f,\"threads\":%d,\"band\":\"%s\",\"distinct_images\":%zu}\n",
+         images, dt, images / dt, threads, band == 1 ? "top" : band == 2 ? "bottom" : "all", nblobs);
   return 0;
 }

@@ -5,6 +5,9 @@
  * are the choices the loader makes, so each one's cost shows beside the plain decode:
  *   --backend hw|cuda       the JPEG engines, or nvJPEG's CUDA (GPU hybrid) decoder
  *   --roi                   decode only the region around a RandomResizedCrop(224) crop (engine only)
+ *   --band top|bottom       decode only the top or the bottom half of each image's rows (engine
+ *                           only): whether a region's place in the image costs the engine, as it
+ *                           costs libjpeg (decode_ceiling --band)
  *   --flags none|strict|interp   interp (the default): interpolated chroma upsampling, what the
  *                           loader asks for; strict: strict bitstream checking, which it no longer
  *                           asks for; none: neither
@@ -41,7 +44,7 @@ typedef struct jpeg {
 
 static jpeg *jpegs;
 static size_t njpegs, cap;
-static int batch = 256, threads = 1, roi, busy, pre_w, pre_h, pipelined;
+static int batch = 256, threads = 1, roi, band, busy, pre_w, pre_h, pipelined;
 static nvjpegOutputFormat_t format = NVJPEG_OUTPUT_RGBI;
 static unsigned flags = NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION;
 static const char *flag_name = "interp";
@@ -62,6 +65,11 @@ static void region(jpeg *j, size_t i) {
   dl__rect r;
   dl__err e = {0};
   j->roi[0] = j->roi[1] = 0, j->roi[2] = j->w, j->roi[3] = j->h;
+  if (band) { /* a half of the rows on the 16-pixel grid, both halves of one size, off every edge but the top */
+    int w16 = j->w / 16 * 16, half = j->h / 32 * 16;
+    j->roi[1] = band == 1 ? 0 : half, j->roi[2] = w16, j->roi[3] = half;
+    return;
+  }
   if (dl__crop_rect(DL__CROP_RANDOM_RESIZED, j->w, j->h, 224, 224, (uint64_t)i * 0x9E3779B97F4A7C15ull, &r, &e))
     return;
   int x0 = (int)r.x / 16 * 16, y0 = (int)r.y / 16 * 16;
@@ -171,6 +179,8 @@ int main(int argc, char **argv) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
     if (!strcmp(a, "--roi"))
       roi = 1;
+    else if (!strcmp(a, "--band") && (!strcmp(v, "top") || !strcmp(v, "bottom")))
+      roi = 1, band = !strcmp(v, "top") ? 1 : 2, i++;
     else if (!strcmp(a, "--busy"))
       busy = 1;
     else if (!strcmp(a, "--pipelined"))
@@ -193,7 +203,7 @@ int main(int argc, char **argv) {
               : !strcmp(v, "strict") ? NVJPEG_FLAGS_BITSTREAM_STRICT
                                      : NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION;
     } else {
-      fprintf(stderr, "usage: nvjpeg_ceiling [--backend hw|cuda] [--roi] [--flags none|strict|interp] [--format rgbi|rgb|yuv] "
+      fprintf(stderr, "usage: nvjpeg_ceiling [--backend hw|cuda] [--roi] [--band top|bottom] [--flags none|strict|interp] [--format rgbi|rgb|yuv] "
                       "[--pipelined] [--busy] [--prealloc WxH] [--threads T] "
                       "[--batch B] [--seconds S] SHARD...\n");
       return 2;
@@ -234,9 +244,10 @@ int main(int argc, char **argv) {
     fprintf(stderr, "nvjpeg_ceiling: keeping the GPU busy failed: %s\n", busy_failed);
     return 1;
   }
-  printf("{\"backend\":\"%s\",\"roi\":%s,\"format\":\"%s\",\"busy\":%s,\"flags\":\"%s\",\"pipelined\":%s,\"threads\":%d,\"batch\":%d,"
+  printf("{\"backend\":\"%s\",\"roi\":%s,\"band\":\"%s\",\"format\":\"%s\",\"busy\":%s,\"flags\":\"%s\",\"pipelined\":%s,\"threads\":%d,\"batch\":%d,"
          "\"prealloc\":\"%dx%d\",\"images\":%ld,\"seconds\":%.3f,\"images_per_s\":%.1f,\"host_ms_per_call\":%.3f,\"nvjpeg\":\"%s\"}\n",
          backend == NVJPEG_BACKEND_HARDWARE ? "hw" : "cuda", roi ? "true" : "false",
+         band == 1 ? "top" : band == 2 ? "bottom" : "all",
          format == NVJPEG_OUTPUT_YUV ? "yuv" : format == NVJPEG_OUTPUT_RGB ? "rgb" : "rgbi", busy ? "true" : "false", flag_name,
          pipelined ? "true" : "false", threads,
          batch, pre_w, pre_h, images, wall, images / wall, calls ? host / calls * 1e3 : 0.0, nv->version);
