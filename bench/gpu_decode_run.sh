@@ -9,7 +9,8 @@
 #   per synthetic set; SKIP=torch leaves out the PyTorch contenders; RF_WORKERS=N ringfeed's workers
 #   (default: workers=auto); IDLE_VARIANTS: what the idle part runs side by side, each an environment
 #   assignment or bin=DIR, a dlbench built otherwise (e.g. "DL_LOG_LEVEL=1 DL_LOG_LEVEL=4"; default:
-#   one run as is); IDLE_SHARES: its splits (default: auto 0.75 0.875)
+#   one run as is); IDLE_SHARES: its splits (default: auto 0.75 0.875); CEILING_ARGS: the ceiling
+#   part's nvjpeg_ceiling runs, separated by '|' (default: the list below)
 set -u
 build=${1:-build-device}
 shards=${2:-$build/tests/shards}
@@ -134,8 +135,18 @@ if has ceiling; then
     # it stayed inside nvjpegDecodeBatched (in cuMemFree, called from libnvcuvid) until killed, in
     # every run on H200 hosts with driver 580.159.04: not run here. The shorter limit stays for
     # --busy runs all the same.
-    for args in "--flags none" "--flags strict" "" "--pipelined" "--roi" "--roi --flags strict" "--roi --threads 2" \
-      "--backend cuda" "--prealloc 600x450" "--busy" "--roi --busy"; do
+    # --band top|bottom: whether a region's place in the image costs the engine, as it costs a CPU
+    # decode (decode_ceiling --band, run after these)
+    default="--flags none|--flags strict||--pipelined|--roi|--roi --flags strict|--roi --threads 2|--backend cuda"
+    default="$default|--prealloc 600x450|--busy|--roi --busy|--band top|--band bottom|--band top --busy|--band bottom --busy"
+    old_ifs=$IFS
+    IFS='|'
+    set -f
+    # shellcheck disable=SC2086
+    set -- ${CEILING_ARGS:-$default}
+    IFS=$old_ifs
+    set +f
+    for args in "$@"; do
       name=$(echo "$set $args" | tr -d '-' | tr ' ' '_')
       limit=60
       case "$args" in *--busy*) limit=25 ;; esac
@@ -143,6 +154,12 @@ if has ceiling; then
         "$(dirname "$src")"/*.tar
       keep "$out/ceiling-$name.json" "$out/ceiling-$name.err"
       row "$set nvJPEG alone ${args:-(the flags of the loader)}" "$(num "$out/ceiling-$name.json" images_per_s) images/s, $(num "$out/ceiling-$name.json" host_ms_per_call) ms host per call"
+    done
+    for band in "" top bottom; do
+      j="$out/decode-ceiling-$set-$band.json"
+      timeout 30 "$build/bench/decode_ceiling" --threads "$workers" --seconds 3 ${band:+--band $band} \
+        "$(dirname "$src")"/*.tar > "$j" 2>&1
+      row "$set libjpeg-turbo alone, $workers threads, ${band:-whole images}${band:+ halves of the rows}" "$(num "$j" images_per_s) images/s"
     done
   done
 fi
@@ -232,12 +249,13 @@ if has idle; then
         tag=$(echo "$variant" | tr -c 'A-Za-z0-9\n' '_')
         bin=$build setting=$variant
         case "$variant" in bin=*) bin=${variant#bin=} setting=DL_LOG_LEVEL=$DL_LOG_LEVEL ;; esac
-        if [ -z "$step" ]; then
-          j="$out/$set-idle-free-$tag.json"
+        # Each variant's rate with no consumer, at the first split; the first variant's sets the step.
+        j="$out/$set-idle-free-$tag.json"
+        if [ ! -f "$j" ]; then
           guarded 120 "$j" "$out/$set-idle-free-$tag.err" env "$setting" "$bin/dlbench" $args --epochs 5 --decode hybrid
           keep "$j"
-          step=$(awk -v s="$(num "$j" steady_samples_per_s)" 'BEGIN{ if (s > 0) printf "%.3f", 1.2 * 256 / s * 1000; else print 100 }')
-          row "$set hybrid, no consumer ($variant)" "$(num "$j" steady_samples_per_s) images/s steady, share $(num "$j" gpu_share): step $step ms"
+          [ -n "$step" ] || step=$(awk -v s="$(num "$j" steady_samples_per_s)" 'BEGIN{ if (s > 0) printf "%.3f", 1.2 * 256 / s * 1000; else print 100 }')
+          row "$set hybrid, no consumer ($variant)" "$(num "$j" steady_samples_per_s) images/s steady, share $(num "$j" gpu_share) (balanced $(num "$j" gpu_share_balanced)), GPU decode $(num "$j" gpu_decode_ms) ms/batch, $(num "$j" split_cpu_ms_per_image) ms an image on a worker: step $step ms"
         fi
         j="$out/$set-idle-$share-$tag.json"
         guarded 90 "$j" "$out/$set-idle-$share-$tag.err" env "$setting" "$bin/dlbench" $args --epochs 10 --decode hybrid \
