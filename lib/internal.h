@@ -603,6 +603,7 @@ int dl__jpeg_probe(const uint8_t *p, size_t n, bool whole, dl__jpeg_info *j);
 /* Chooses the source rectangle for MODE; draws come from KEY. */
 int dl__crop_rect(int mode, int width, int height, int out_w, int out_h, uint64_t key, dl__rect *r,
                   dl__err *e);
+double dl__crop_bottom_hint(int mode, int out_w, int out_h, uint64_t key);
 
 typedef struct dl__resize_scratch {
   dl__buf tmp, coef, wide;
@@ -668,7 +669,8 @@ struct dl_batch {
    * sample what it decodes (jobs[i].len 0: the sample was done on the CPU). */
   uint8_t *arena;
   size_t arena_used;
-  int cpu_n;         /* hybrid's split: the workers decode this many, spread evenly (dl__gpu_arena_take) */
+  int cpu_n;         /* hybrid's split: the workers decode this many (dl__gpu_arena_take) */
+  uint8_t *on_cpu;   /* ... these ones (dl__gpu_split_batch) */
   dl__gpu_job *jobs;
   uint8_t *fields;   /* this slot's tensor fields (loader.fields layout); host or device memory */
   /* Bytes fields: per sample a grow-only buffer holding its members, and per sample and field
@@ -761,6 +763,13 @@ static inline double dl__consumer_idle_s(const dl__stats *st) {
   return st->consumer_wait_s - st->consumer_wait_gpu_busy_s;
 }
 
+/* A sample of a batch as hybrid's split ranks it (gpu/plan.c). */
+typedef struct dl__split_rank {
+  float bottom;   /* how far down its image its crop ends (dl__crop_bottom_hint) */
+  uint8_t spread; /* 0: one of an even spread of the workers' share over the batch (the tie-break) */
+  int i;
+} dl__split_rank;
+
 /* Hybrid's measurements (gpu/plan.c, under l->mu). */
 typedef struct dl__split {
   double gpu_ms, cpu_ms;  /* smoothed time per image: one device's decoder, one worker */
@@ -769,6 +778,7 @@ typedef struct dl__split {
   int64_t cpu_decoded, cpu_ns, starved, release_wait_ns; /* the counters at the last update */
   double t;                                              /* and its time */
   int64_t updates, moves;
+  dl__split_rank *rank; /* one batch's samples, ranked for the split (scratch) */
 } dl__split;
 
 /* workers=auto while running (ring.c, under l->mu): how many workers claim samples. Workers the

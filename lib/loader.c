@@ -40,6 +40,7 @@ static void free_loader(dl_loader *l) {
       free(slots[i].key);
       free(slots[i].sample_err);
       free(slots[i].jobs);
+      free(slots[i].on_cpu);
       dl__slot_bytes_free(l, &slots[i]);
     }
     free(slots);
@@ -48,6 +49,7 @@ static void free_loader(dl_loader *l) {
     atomic_fetch_sub(&pinned_in_process, l->host_mem_bytes);
   if (l->host_mem)
     dl__host_free(l, l->host_mem, l->host_mem_bytes);
+  free(l->split.rank);
   dl__cuda_close(l);
   dl__dataset_free(&l->ds);
   dl__mix_free(&l->mix);
@@ -157,6 +159,8 @@ static int alloc_slots(dl_loader *l) {
   if (!(l->host_mem = dl__host_alloc(l, total)))
     return dl__fail(-ENOMEM, "could not allocate %zu bytes of %s batch memory", total,
                     l->o.ndevices ? "pinned" : "host");
+  if (l->arena_bytes && !(l->split.rank = calloc((size_t)l->o.batch_size, sizeof *l->split.rank)))
+    return dl__fail(-ENOMEM, "out of memory");
   l->host_mem_bytes = total;
   if (l->cuda)
     atomic_fetch_add(&pinned_in_process, l->host_mem_bytes);
@@ -176,7 +180,8 @@ static int alloc_slots(dl_loader *l) {
         b->fields = at + images;
       if (l->arena_bytes) {
         b->arena = at + images + fields;
-        if (!(b->jobs = calloc((size_t)l->o.batch_size, sizeof *b->jobs)))
+        if (!(b->jobs = calloc((size_t)l->o.batch_size, sizeof *b->jobs)) ||
+            !(b->on_cpu = calloc((size_t)l->o.batch_size, sizeof *b->on_cpu)))
           return dl__fail(-ENOMEM, "out of memory");
       }
       b->label = calloc((size_t)l->o.batch_size, sizeof *b->label);

@@ -36,11 +36,13 @@ static dl_batch *open_slot(dl_loader *l, dl__stream *s) {
   b->err_i = INT_MAX;
   b->errmsg[0] = 0;
   b->arena_used = 0;
-  /* Hybrid's split: how many samples the workers decode (the GPU may take the others). A batch
-   * opened while nvJPEG was still starting (decode=auto) stays on the workers. */
+  /* Hybrid's split: how many samples the workers decode (the GPU may take the others), and which.
+   * A batch opened while nvJPEG was still starting (decode=auto) stays on the workers. */
   b->cpu_n = l->decode == DL__DECODE_HYBRID ? (int)lround(b->len * (1 - l->share))
              : l->decode == DL__DECODE_CPU  ? b->len
                                             : 0;
+  if (b->cpu_n > 0 && b->cpu_n < b->len)
+    dl__gpu_split_batch(l, &s->sm, b);
   return b;
 }
 

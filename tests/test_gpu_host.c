@@ -7,8 +7,9 @@
  * - the region the engine decodes holds the crop and its filter's reach, on the 16-pixel grid;
  * - decode=gpu and decode=hybrid without a GPU fail at open with DL_ENODEVICE and the reason;
  *   decode=auto decodes on the CPU and says so in the stats; a missing nvJPEG is named;
- * - hybrid's split: the workers' share is spread evenly over the batch, and moves a step toward
- *   the balance of the two sides' measured rates only after three batches agree.
+ * - hybrid's split: the workers take the samples whose crops end highest in their images (spread
+ *   evenly over the batch where all crops end alike), and the split moves a step toward the
+ *   balance of the two sides' measured rates only after three batches agree.
  */
 #include "gpu/gpu.h"
 #include "gpu/nvjpeg.h"
@@ -207,25 +208,70 @@ static void missing_nvjpeg(void) {
   printf("nvJPEG named by RINGFEED_NVJPEG and absent: %s\n", why);
 }
 
-static void split(void) {
-  /* The workers' share spread over the batch: 77 of 256, never two CPU samples side by side. */
-  l.arena_bytes = 1 << 20;
+/* Hybrid's choice of the workers' samples in batch K of sampler SM at the loader's crop:
+ * checks it takes CPU_N, returns how many of them are neighbours and the mean crop bottom of the
+ * chosen (*MINE) and of the whole batch (*ALL). */
+static int choose(const dl__sampler *sm, int64_t k, dl_batch *b, double *mine, double *all) {
+  dl_batch again = *b;
+  uint8_t flags[256];
+  again.on_cpu = flags;
+  dl__gpu_split_batch(&l, sm, b);
+  dl__gpu_split_batch(&l, sm, &again);
+  ASSERT_EQ(memcmp(b->on_cpu, flags, (size_t)b->len), 0); /* the draws and the share say which, nothing else */
   uint32_t direct[1] = {0};
   l.ds.direct = direct;
-  uint8_t *mem = malloc(l.arena_bytes);
-  dl_batch b = {.arena = mem, .len = 256, .cpu_n = 77};
   dl__sample s = {.codec = DL__CODEC_JPEG, .size = 1000};
-  int cpu_n = 0, run = 0, longest = 0;
-  for (int i = 0; i < b.len; i++) {
-    bool on_cpu = dl__gpu_arena_take(&l, &b, i, &s) == NULL;
+  int cpu_n = 0, side_by_side = 0;
+  bool last = false;
+  double chosen_bottom = 0, highest_left = 2, lowest_chosen = -1, sum = 0;
+  for (int i = 0; i < b->len; i++) {
+    bool on_cpu = dl__gpu_arena_take(&l, b, i, &s) == NULL;
+    int64_t epoch, draw;
+    dl__sampler_sample(sm, k, i, &epoch, &draw);
+    double bottom = dl__crop_bottom_hint(l.o.crop, l.o.width, l.o.height, dl__sample_key(&l, epoch, draw));
+    sum += bottom;
+    if (on_cpu) {
+      chosen_bottom += bottom;
+      lowest_chosen = bottom > lowest_chosen ? bottom : lowest_chosen;
+    } else {
+      highest_left = bottom < highest_left ? bottom : highest_left;
+    }
     cpu_n += on_cpu;
-    run = on_cpu ? run + 1 : 0;
-    longest = run > longest ? run : longest;
+    side_by_side += on_cpu && last;
+    last = on_cpu;
   }
-  ASSERT_EQ(cpu_n, 77);
-  ASSERT_EQ(longest, 1);
-  free(mem);
   l.ds.direct = NULL;
+  ASSERT_EQ(cpu_n, b->cpu_n);
+  ASSERT(lowest_chosen <= highest_left); /* none left to the GPU ends higher than one the workers take */
+  *mine = chosen_bottom / cpu_n;
+  *all = sum / b->len;
+  return side_by_side;
+}
+
+static void split(void) {
+  l.arena_bytes = 1 << 20;
+  uint8_t *mem = malloc(l.arena_bytes), flags[256];
+  dl_batch b = {.arena = mem, .on_cpu = flags, .len = 256, .cpu_n = 77, .k = 5};
+  dl__sampler sm;
+  ASSERT_EQ(dl__sampler_init(&sm, 100000, 1, 0, 256, 0, 1, 7, 0, 0, NULL, 0), 0);
+  dl__split_rank rank[256];
+  l.split.rank = rank;
+  /* Random crops: the workers take the 77 whose crops end highest in their images, a fraction of
+   * the rows a CPU decode reads for the average one. */
+  double mine, all;
+  choose(&sm, b.k, &b, &mine, &all);
+  ASSERT(mine < all - 0.1);
+  printf("hybrid, random crops: the workers' 77 of 256 samples end at %.2f of their images' height on average, "
+         "the batch's at %.2f\n", mine, all);
+  /* Centre crops all end alike: the share is spread evenly, never two CPU samples side by side. */
+  dl__options o = l.o;
+  ASSERT_EQ(dl__options_parse(&l.o, "image_size=64 crop=center"), 0);
+  ASSERT_EQ(choose(&sm, b.k, &b, &mine, &all), 0);
+  ASSERT(fabs(mine - all) < 1e-9);
+  l.o = o;
+  l.split.rank = NULL;
+  dl__sampler_free(&sm);
+  free(mem);
 
   /* The split steps by 1/32 toward the balance of the two sides' measured rates after three
    * batches that agree, and only then; a consumer that never waits moves it to the CPU while the
@@ -272,8 +318,7 @@ static void split(void) {
   }
   ASSERT(fabs(l.share - 0.5) < 1e-9);
   l.decode = DL__DECODE_CPU;
-  printf("hybrid: 77 of 256 samples spread for the workers; the split steps by 1/32 toward the measured balance "
-         "after three agreeing batches\n");
+  printf("hybrid: the split steps by 1/32 toward the measured balance after three agreeing batches\n");
 }
 
 int main(void) {

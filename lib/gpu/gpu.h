@@ -67,6 +67,10 @@ void dl__decode_started_locked(dl_loader *l, bool ok, const char *why);
 /* The bytes of a host slot's arena for the dataset's JPEGs (0 without JPEGs the GPU may take). */
 size_t dl__gpu_arena_size(const dl_loader *l);
 
+/* Hybrid, when batch B opens (under l->mu): which b->cpu_n of its samples the workers decode
+ * (b->on_cpu). A function of the samples' draws and the split only. */
+void dl__gpu_split_batch(dl_loader *l, const dl__sampler *sm, dl_batch *b);
+
 /* At a claim (under l->mu): room in B's arena for sample I's bytes when the GPU may decode it,
  * else NULL. Deterministic: claims of a batch are made in sample order. */
 uint8_t *dl__gpu_arena_take(dl_loader *l, dl_batch *b, int i, const dl__sample *s);
