@@ -8,7 +8,8 @@
 #   PARTS: any of abi tests start cpu ceiling bench idle train sanitize (default: all but idle); N=images
 #   per synthetic set; SKIP=torch leaves out the PyTorch contenders; RF_WORKERS=N ringfeed's workers
 #   (default: workers=auto); IDLE_VARIANTS: what the idle part runs side by side, each an environment
-#   assignment or bin=DIR, a dlbench built otherwise (e.g. "DL_LOG_LEVEL=1 DL_LOG_LEVEL=4"; default:
+#   assignment, bin=DIR (a dlbench built otherwise) or opt=K=V (a loader option: --option K=V)
+#   (e.g. "DL_LOG_LEVEL=1 DL_LOG_LEVEL=4"; default:
 #   one run as is); IDLE_SHARES: its splits (default: auto 0.75 0.875); CEILING_ARGS: the ceiling
 #   part's nvjpeg_ceiling runs, separated by '|' (default: the list below)
 set -u
@@ -247,18 +248,21 @@ if has idle; then
     for share in ${IDLE_SHARES:-auto 0.75 0.875}; do
       for variant in ${IDLE_VARIANTS:-DL_LOG_LEVEL=$DL_LOG_LEVEL}; do
         tag=$(echo "$variant" | tr -c 'A-Za-z0-9\n' '_')
-        bin=$build setting=$variant
-        case "$variant" in bin=*) bin=${variant#bin=} setting=DL_LOG_LEVEL=$DL_LOG_LEVEL ;; esac
+        bin=$build setting=$variant option=
+        case "$variant" in
+        bin=*) bin=${variant#bin=} setting=DL_LOG_LEVEL=$DL_LOG_LEVEL ;;
+        opt=*) option="--option ${variant#opt=}" setting=DL_LOG_LEVEL=$DL_LOG_LEVEL ;;
+        esac
         # Each variant's rate with no consumer, at the first split; the first variant's sets the step.
         j="$out/$set-idle-free-$tag.json"
         if [ ! -f "$j" ]; then
-          guarded 120 "$j" "$out/$set-idle-free-$tag.err" env "$setting" "$bin/dlbench" $args --epochs 5 --decode hybrid
+          guarded 120 "$j" "$out/$set-idle-free-$tag.err" env "$setting" "$bin/dlbench" $args $option --epochs 5 --decode hybrid
           keep "$j"
           [ -n "$step" ] || step=$(awk -v s="$(num "$j" steady_samples_per_s)" 'BEGIN{ if (s > 0) printf "%.3f", 1.2 * 256 / s * 1000; else print 100 }')
           row "$set hybrid, no consumer ($variant)" "$(num "$j" steady_samples_per_s) images/s steady, share $(num "$j" gpu_share) (balanced $(num "$j" gpu_share_balanced)), GPU decode $(num "$j" gpu_decode_ms) ms/batch, $(num "$j" split_cpu_ms_per_image) ms an image on a worker: step $step ms"
         fi
         j="$out/$set-idle-$share-$tag.json"
-        guarded 90 "$j" "$out/$set-idle-$share-$tag.err" env "$setting" "$bin/dlbench" $args --epochs 10 --decode hybrid \
+        guarded 90 "$j" "$out/$set-idle-$share-$tag.err" env "$setting" "$bin/dlbench" $args $option --epochs 10 --decode hybrid \
           --option gpu_share=$share --step-ms "$step"
         keep "$j" "$out/$set-idle-$share-$tag.err"
         row "$set hybrid gpu_share=$share, --step-ms $step, 10 epochs ($variant)" "gpu_idle_frac $(num "$j" gpu_idle_frac) in $(gaps "$j"); the loader saw its stream wait $(num "$j" consumer_stream_wait_s) s; $(num "$j" samples_per_s) images/s, share $(num "$j" gpu_share) (balanced $(num "$j" gpu_share_balanced) from $(num "$j" split_gpu_ms_per_image) ms an image on the GPU and $(num "$j" split_cpu_ms_per_image) on a worker; $(num "$j" gpu_share_moves) moves); per batch: GPU decode $(num "$j" gpu_decode_ms) ms, the copy thread $(num "$j" gpu_decode_host_ms) ms in it ($(num "$j" gpu_decode_pool_wait_ms) waiting for the pool), $(num "$j" gpu_stage_wait_workers_ms) waiting for the workers, $(num "$j" gpu_stage_wait_consumer_ms) for the consumer; workers $(num "$j" workers_active) of $(num "$j" workers), $(num "$j" parked_s) s set aside, decoding $(num "$j" worker_decode_frac), waiting for slots $(num "$j" worker_slot_wait_frac)"
