@@ -41,7 +41,7 @@ static dl_batch *open_slot(dl_loader *l, dl__stream *s) {
   b->cpu_n = l->decode == DL__DECODE_HYBRID ? (int)lround(b->len * (1 - l->share))
              : l->decode == DL__DECODE_CPU  ? b->len
                                             : 0;
-  if (b->cpu_n > 0 && b->cpu_n < b->len)
+  if (b->on_cpu && b->cpu_n > 0 && b->cpu_n < b->len) /* no arena (no JPEG the GPU may take): no choice */
     dl__gpu_split_batch(l, &s->sm, b);
   return b;
 }

@@ -2,7 +2,8 @@
 // host batches byte for byte; the conversion kernel against a float64 reference; a slow consumer
 // whose kernels still read batches it released never sees them overwritten; the wait of a
 // consumer's stream for its batches as the loader counts it, against the consumer's own events; no
-// device or pinned memory leaks over many loaders and epochs.
+// device or pinned memory leaks over many loaders and epochs; a dataset with no JPEG for the GPU
+// (PNGs) under decode=gpu and hybrid gives decode=cpu's batches.
 #include "cuda_batches.h"
 #include "members_check.h"
 #include "ringfeed.h"
@@ -12,6 +13,7 @@
 #include "test_data.h"
 
 #include <math.h>
+#include <png.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -358,6 +360,59 @@ static void members_on_device(const char *dir, const char *decode) {
   printf("device batches (%s): captions, JSON and binary members with their samples\n", decode);
 }
 
+/* PNGs only: no JPEG the GPU may take, so nothing for hybrid's split to choose (it has no arena to
+ * choose into); every decode mode gives decode=cpu's bytes. */
+static void pngs_only(const char *dir) {
+  enum { N = 40, W = 96, H = 80 };
+  char path[600], name[64], cls[16];
+  snprintf(path, sizeof path, "%s/pngs.tar", dir);
+  FILE *f = fopen(path, "wb");
+  ASSERT(f);
+  unsigned char *px = (unsigned char *)malloc(W * H * 3);
+  for (int i = 0; i < N; i++) {
+    for (int p = 0; p < W * H * 3; p++)
+      px[p] = (unsigned char)(p % (W * 3) * 2 + p / (W * 3) * 3 + i * 11);
+    png_image img;
+    memset(&img, 0, sizeof img);
+    img.version = PNG_IMAGE_VERSION, img.width = W, img.height = H, img.format = PNG_FORMAT_RGB;
+    png_alloc_size_t len = 0;
+    ASSERT(png_image_write_get_memory_size(img, len, 0, px, 0, NULL));
+    unsigned char *png = (unsigned char *)malloc(len);
+    ASSERT(png && png_image_write_to_memory(&img, png, &len, 0, px, 0, NULL));
+    snprintf(name, sizeof name, "p%03d.png", i);
+    ASSERT_EQ(tar_write_member(f, name, png, len), 0);
+    free(png);
+    snprintf(name, sizeof name, "p%03d.cls", i);
+    int n = snprintf(cls, sizeof cls, "%d", i);
+    ASSERT_EQ(tar_write_member(f, name, cls, (size_t)n), 0);
+  }
+  free(px);
+  ASSERT_EQ(tar_write_end(f), 0);
+  fclose(f);
+  const char *base = "device=cuda:0 batch_size=8 image_size=32 flip=1 seed=3 workers=3 epochs=2 log=quiet";
+  char opts[300];
+  stream_copy ref;
+  snprintf(opts, sizeof opts, "%s decode=cpu", base);
+  collect_from(path, opts, &ref);
+  ASSERT_EQ(ref.batches, 10);
+  const char *modes[] = {"decode=gpu", "decode=hybrid", "decode=hybrid gpu_share=0.5"};
+  for (size_t m = 0; m < sizeof modes / sizeof *modes; m++) {
+    stream_copy got;
+    snprintf(opts, sizeof opts, "%s %s", base, modes[m]);
+    collect_from(path, opts, &got);
+    ASSERT_EQ(got.batches, ref.batches);
+    for (int k = 0; k < ref.batches; k++) {
+      ASSERT_EQ(got.bytes[k], ref.bytes[k]);
+      ASSERT_EQ(memcmp(got.image[k], ref.image[k], ref.bytes[k]), 0);
+      ASSERT_EQ(memcmp(got.label[k], ref.label[k], (size_t)ref.len[k] * 8), 0);
+    }
+    ASSERT_CONTAINS(got.stats, "\"gpu_decoded\":0");
+    free_copy(&got);
+  }
+  free_copy(&ref);
+  printf("PNGs only: decode=gpu and hybrid give decode=cpu's bytes, nothing decoded on the GPU\n");
+}
+
 int main(void) {
   setvbuf(stdout, NULL, _IOLBF, 0); /* whole lines between the stderr progress lines in one log */
   int count = 0;
@@ -397,6 +452,7 @@ int main(void) {
     no_leaks("decode=hybrid");
     no_leaks("decode=auto"); // closed while nvJPEG is still starting
     members_on_device(dir, "decode=hybrid");
+    pngs_only(dir);
   } else {
     printf("no nvJPEG here (%s): the decode=gpu variants did not run\n", dl_last_error());
   }
