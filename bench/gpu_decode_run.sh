@@ -74,11 +74,11 @@ fi
 # 2. The tests: GPU decode against the CPU path, the GPU stage with both decoders.
 if has tests; then
   for t in ${TESTS:-test_gpu_decode test_cuda}; do
-    DL_TEST_SHARDS="$shards" guarded 120 "$out/$t.log" "$out/$t.log" "$build/tests/$t"
+    DL_TEST_SHARDS="$shards" guarded 300 "$out/$t.log" "$out/$t.log" "$build/tests/$t"
     row "$t" "exit $? ($(grep -vE '^ringfeed|^$|^slow consumer' "$out/$t.log" | tail -1))"
     keep "$out/$t.log"
   done
-  grep -E "third-party|synthetic|on_error|workers|relative|leaks|slow consumer" "$out/test_gpu_decode.log" \
+  grep -E "third-party|synthetic|on_error|workers|relative|leaks|slow consumer|compared|resumed" "$out/test_gpu_decode.log" \
     "$out/test_cuda.log" | grep -v "handed out and released" | sed 's/^[^:]*: *//' > "$out/test_lines.txt"
   while read -r line; do row "&nbsp;" "$line"; done < "$out/test_lines.txt"
   if python3 -c "import torch; assert torch.cuda.is_available()" 2> /dev/null; then

@@ -39,15 +39,18 @@ typedef struct stream_copy {
   char stats[4096]; // the loader's stats at the end
 } stream_copy;
 
-static void collect_from(const char *source, const char *opts, stream_copy *out) {
+// The first STOP batches of a run (every batch with STOP < 0), then the token that resumes after
+// them into TOKEN when it is given.
+static void collect_part(const char *source, const char *opts, int stop, char *token, size_t cap,
+                         stream_copy *out) {
   memset(out, 0, sizeof *out);
   dl_loader *l;
   OPEN_OK(l, source, opts);
   dl_batch *b;
-  int r;
+  int r = DL_EOF;
   cudaStream_t s;
   CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  while ((r = dl_next_batch(l, &b)) == 0) {
+  while ((stop < 0 || out->batches < stop) && (r = dl_next_batch(l, &b)) == 0) {
     ASSERT_LT(out->batches, MAX_BATCHES);
     DLTensor img, lab;
     ASSERT_EQ(dl_batch_field(b, "image", &img), 0);
@@ -75,11 +78,17 @@ static void collect_from(const char *source, const char *opts, stream_copy *out)
       dl_batch_release(b, NULL);
     }
   }
-  if (r != DL_EOF)
+  if (r != DL_EOF && r != 0)
     FAIL_AT("%s: %s", dl_errname(r), dl_last_error());
   ASSERT_GT(dl_stats_json(l, out->stats, sizeof out->stats), 0);
+  if (token)
+    ASSERT_GT(dl_state_save(l, token, cap), 0);
   CHECK_CUDA(cudaStreamDestroy(s));
   dl_close(l);
+}
+
+static void collect_from(const char *source, const char *opts, stream_copy *out) {
+  collect_part(source, opts, -1, NULL, 0, out);
 }
 
 static void free_copy(stream_copy *c) {

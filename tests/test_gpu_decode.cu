@@ -7,6 +7,8 @@
 //   exception: damage inside entropy-coded data with sound markers (entropy_damaged.h), which the
 //   hardware engine decodes without a word.
 // - Determinism: the same bytes with 1 or 6 workers (decode=gpu, and hybrid with a fixed split).
+// - The other crops, sizes, one channel, NCHW and a rank's share agree with the CPU's too; a resume
+//   token continues with the uninterrupted run's bytes.
 // - Float outputs and layouts from the kernel agree with its uint8 output.
 #include "cuda_batches.h"
 #include "entropy_damaged.h"
@@ -291,6 +293,83 @@ static void determinism(const char *dir) {
   }
 }
 
+// The options a user combines with decode=gpu and hybrid, each against decode=cpu with the same
+// options: the other crops, non-square outputs, one channel, NCHW, a rank's share; on the synthetic
+// set and on the third-party JPEGs (grey ones among them, sizes off the MCU grid).
+static void option_matrix(const char *dir, const char *shards) {
+  char synthetic[600], sweep[4096];
+  snprintf(synthetic, sizeof synthetic, "%s/q90-420-{0..2}.tar", dir);
+  snprintf(sweep, sizeof sweep, "%s/jpeg-sweep.tar", shards);
+  const struct {
+    const char *source, *opts;
+  } runs[] = {
+      {synthetic, "crop=center image_size=96x160 flip=1 layout=NCHW"},
+      {synthetic, "crop=resize image_size=128 channels=1"},
+      {synthetic, "crop=random_resized image_size=112x80 channels=1 layout=NCHW flip=1"},
+      {synthetic, "rank=1 world_size=2 image_size=224 flip=1"},
+      {sweep, "crop=center image_size=64x48 channels=1 shuffle=0 max_pixels=40000000"},
+      {sweep, "crop=resize image_size=100 layout=NCHW flip=1 shuffle=0 max_pixels=40000000"},
+  };
+  const char *modes[] = {"decode=gpu", "decode=hybrid gpu_share=0.5"};
+  for (size_t k = 0; k < sizeof runs / sizeof *runs; k++) {
+    char opts[600];
+    stream_copy cpu;
+    snprintf(opts, sizeof opts, "batch_size=32 seed=7 workers=4 decode=cpu %s", runs[k].opts);
+    collect_from(runs[k].source, opts, &cpu);
+    for (int m = 0; m < 2; m++) {
+      stream_copy gpu;
+      snprintf(opts, sizeof opts, "batch_size=32 seed=7 workers=4 device=cuda:0 %s %s", modes[m], runs[k].opts);
+      collect_from(runs[k].source, opts, &gpu);
+      diff_report d;
+      compare_runs(&cpu, &gpu, runs[k].source == sweep ? reference : NULL, &d);
+      printf("%s, %s: %.0f decoded by nvJPEG, %d compared, mean difference %.3f, worst %.3f (%s)\n", runs[k].opts,
+             modes[m], stat_of(&gpu, "gpu_decoded"), d.compared, d.sum / d.compared, d.worst, d.worst_key);
+      ASSERT_GT(stat_of(&gpu, "gpu_decoded"), 10);
+      ASSERT_GT(d.compared, 20);
+      if (d.worst > 2.0) {
+        const manifest_row *w = row_of(d.worst_key);
+        printf("FAILED: %s, %s: %s differs from the CPU's pixels by %.3f levels (limit 2)\n", runs[k].opts, modes[m],
+               w ? w->path : d.worst_key, d.worst);
+        failures++;
+      }
+      free_copy(&gpu);
+    }
+    free_copy(&cpu);
+  }
+}
+
+// A resume token taken part-way through an epoch of decode=gpu (or hybrid at a fixed split)
+// continues with the very bytes the uninterrupted run gave.
+static void resume_exact(const char *dir) {
+  char source[600];
+  snprintf(source, sizeof source, "%s/q90-420-{0..2}.tar", dir);
+  const char *modes[] = {"decode=gpu", "decode=hybrid gpu_share=0.5"};
+  for (int m = 0; m < 2; m++) {
+    char opts[400], token[512], resumed_opts[1000];
+    snprintf(opts, sizeof opts, "batch_size=16 image_size=96 flip=1 seed=11 epochs=2 workers=4 device=cuda:0 %s",
+             modes[m]);
+    stream_copy whole, head, tail;
+    collect_from(source, opts, &whole);
+    collect_part(source, opts, 5, token, sizeof token, &head);
+    snprintf(resumed_opts, sizeof resumed_opts, "%s resume=%s", opts, token);
+    collect_from(source, resumed_opts, &tail);
+    ASSERT_EQ(whole.batches, 12);
+    ASSERT_EQ(head.batches + tail.batches, whole.batches);
+    for (int k = 0; k < whole.batches; k++) {
+      const stream_copy *part = k < head.batches ? &head : &tail;
+      int j = k < head.batches ? k : k - head.batches;
+      ASSERT_EQ(part->bytes[j], whole.bytes[k]);
+      ASSERT_STR_EQ(part->key[j][0], whole.key[k][0]);
+      if (memcmp(part->image[j], whole.image[k], whole.bytes[k]))
+        FAIL_AT("%s: batch %d after resuming at batch 5 differs from the uninterrupted run's", modes[m], k);
+    }
+    printf("%s: resumed after 5 of 12 batches, the same bytes as the uninterrupted run\n", modes[m]);
+    free_copy(&whole);
+    free_copy(&head);
+    free_copy(&tail);
+  }
+}
+
 // A pool of decoded regions smaller than a batch's (gpu_decode_mb=16, two halves of 8 MB taken in
 // turn): batches decoded in several calls, regions alternating between the halves, and regions
 // over half the pool (1800 x 1700 x 3 bytes) taking the whole of it. The same pixels as the CPU's,
@@ -376,6 +455,8 @@ int main(void) {
   same_messages(shards);
   synthetic_sets(dir);
   determinism(dir);
+  option_matrix(dir, shards);
+  resume_exact(dir);
   float_outputs(dir);
   pool_halves(dir);
   char cmd[700];
