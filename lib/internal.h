@@ -777,7 +777,10 @@ typedef struct dl__split {
   int votes;              /* batches since the last step: + the GPU should take more, - less */
   int64_t cpu_decoded, cpu_ns, starved, release_wait_ns; /* the counters at the last update */
   double t;                                              /* and its time */
-  int64_t updates, moves;
+  double period;          /* ms between a stream's batches, the consumer's when it is ahead */
+  double win_t;           /* over windows of at least 0.1 s from this time, */
+  int64_t win_n;          /* with this many updates so far */
+  int64_t updates, moves, holds;
   dl__split_rank *rank; /* one batch's samples, ranked for the split (scratch) */
 } dl__split;
 

@@ -837,7 +837,7 @@ int dl_stats_json(dl_loader *l, char *buf, size_t cap) {
   double wait = dl__consumer_idle_s(&l->st), first = l->st.first_batch_ms;
   double share = l->share, wait_busy = l->st.consumer_wait_gpu_busy_s, stream_wait = l->st.consumer_stream_wait_s;
   double balanced = l->split.balanced, split_gpu_ms = l->split.gpu_ms, split_cpu_ms = l->split.cpu_ms;
-  int64_t split_moves = l->split.moves;
+  int64_t split_moves = l->split.moves, split_holds = l->split.holds;
   double first_wait = l->st.first_wait_s, last = l->st.last_batch_s;
   int decode = l->decode; /* decode=auto changes it once nvJPEG has started */
   char decode_now[sizeof l->decode_reason], pace_why[sizeof l->pace.why];
@@ -863,7 +863,7 @@ int dl_stats_json(dl_loader *l, char *buf, size_t cap) {
       ",\"read_wait_s\":%.6f,\"workers\":%d,\"workers_active\":%d,\"workers_active_why\":\"%s\",\"parked_s\":%.6f,\"prefetch\":%d,\"batch_size\":%d,\"dataset_samples\":%zu,\"epoch_samples\":%" PRId64
       ",\"workers_reason\":\"%s\",\"prefetch_reason\":\"%s\",\"io_backend\":\"%s\",\"io_reason\":\"%s\",\"device\":\"%s\",\"decode_backend\":\"%s\""
       ",\"decode_reason\":\"%s\",\"cpu_decoded\":%" PRId64 ",\"gpu_decoded\":%" PRId64 ",\"gpu_fallbacks\":%" PRId64
-      ",\"gpu_share\":%.4f,\"gpu_share_balanced\":%.4f,\"gpu_share_moves\":%" PRId64
+      ",\"gpu_share\":%.4f,\"gpu_share_balanced\":%.4f,\"gpu_share_moves\":%" PRId64 ",\"gpu_share_holds\":%" PRId64
       ",\"split_gpu_ms_per_image\":%.4f,\"split_cpu_ms_per_image\":%.4f,\"arena_mb\":%.1f,\"host_batch_bytes\":%zu"
       ",\"pinned_bytes_in_process\":%zu,\"requests\":%" PRId64 ",\"retries\":%" PRId64
       ",\"cache_hits\":%" PRId64 ",\"cache_fetches\":%" PRId64 ",\"cache_fetch_bytes\":%" PRId64
@@ -879,7 +879,7 @@ int dl_stats_json(dl_loader *l, char *buf, size_t cap) {
       l->o.io == DL__IO_MMAP ? "mmap" : l->io_ops->name, json_text(l->io_reason, io_reason, sizeof io_reason),
       device, decoders[decode], json_text(decode_now, decode_reason, sizeof decode_reason),
       atomic_load(&l->st.cpu_decoded), atomic_load(&l->st.gpu_decoded), atomic_load(&l->st.gpu_fallbacks),
-      decode == DL__DECODE_CPU ? 0.0 : share, balanced, split_moves, split_gpu_ms, split_cpu_ms,
+      decode == DL__DECODE_CPU ? 0.0 : share, balanced, split_moves, split_holds, split_gpu_ms, split_cpu_ms,
       (double)l->arena_bytes * l->o.prefetch * l->nstreams / 1048576.0, l->host_mem_bytes,
       atomic_load(&pinned_in_process), atomic_load(&l->st.requests), atomic_load(&l->st.retries),
       atomic_load(&l->st.cache_hits), atomic_load(&l->st.cache_fetches) + l->ds.cache_fetches,

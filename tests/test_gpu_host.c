@@ -276,38 +276,62 @@ static void split(void) {
   /* The split steps by 1/32 toward the balance of the two sides' measured rates after three
    * batches that agree, and only then; a consumer that never waits moves it to the CPU while the
    * copy stage waits for the consumer's GPU over a quarter of the time (AHEAD: that share of the
-   * time since the update before), by 1/8 while over half, else it holds. The GPU decodes 192
-   * images in 10 ms a batch; four workers take WORKER_MS per image. */
+   * time since the update before, PERIOD ms apart), by 1/8 while over half, else it holds; and
+   * only as far as both sides' parts of a batch at the new split stay within 0.8 of that period.
+   * The GPU decodes 192 of 256 images in 10 ms a batch; four workers take WORKER_MS per image. */
   pthread_mutex_init(&l.mu, NULL);
   l.decode = DL__DECODE_HYBRID;
   l.o.gpu_share = -1;
   l.o.workers = 4;
   l.nstreams = 1;
   l.share = 0.75;
+  ASSERT_EQ(l.o.batch_size, 256);
   double gpu_rate = 192 / 10.0;
-  struct { bool starved; double ahead, balance, want; } steps[] = {
-      {true, 0, 0.9, 0.75}, {true, 0, 0.9, 0.75},                         /* start-up: not counted */
-      {true, 0, 0.9, 0.75}, {true, 0, 0.9, 0.75}, {true, 0, 0.9, 0.78125}, /* the GPU side is faster: it takes more */
-      {true, 0, 0.78, 0.78125}, {true, 0, 0.78, 0.78125}, {true, 0, 0.78, 0.78125}, /* balanced: stays */
-      {false, 0.375, 0.9, 0.78125}, {false, 0.375, 0.9, 0.78125}, {false, 0.375, 0.9, 0.75}, /* never waited, ahead: */
-      {false, 0.9, 0.9, 0.75}, {false, 0.9, 0.9, 0.75}, {false, 0.9, 0.9, 0.625}, /* to the CPU; far ahead: faster */
-      {false, 0, 0.9, 0.625}, {false, 0, 0.9, 0.625}, {false, 0, 0.9, 0.625},      /* never waited, just ahead: holds */
+  struct { bool starved; double ahead, period, balance, want; } steps[] = {
+      {true, 0, 0, 0.9, 0.75}, {true, 0, 0, 0.9, 0.75}, /* start-up: not counted */
+      {true, 0, 0, 0.9, 0.75}, {true, 0, 0, 0.9, 0.75}, {true, 0, 0, 0.9, 0.78125}, /* the GPU side is faster: it takes more */
+      {true, 0, 0, 0.78, 0.78125}, {true, 0, 0, 0.78, 0.78125}, {true, 0, 0, 0.78, 0.78125}, /* balanced: stays */
+      /* never waited, ahead: to the CPU (its 64 images take 30 ms, the consumer 60 a batch) */
+      {false, 0.375, 60, 0.9, 0.78125}, {false, 0.375, 60, 0.9, 0.78125}, {false, 0.375, 60, 0.9, 0.75},
+      /* far ahead: faster (96 images take the workers 45 ms of the consumer's 100) */
+      {false, 0.9, 100, 0.9, 0.75}, {false, 0.9, 100, 0.9, 0.75}, {false, 0.9, 100, 0.9, 0.625},
+      {false, 0, 0, 0.9, 0.625}, {false, 0, 0, 0.9, 0.625}, {false, 0, 0, 0.9, 0.625}, /* never waited, just ahead: holds */
+      /* Both sides take 8.3 ms a batch at 0.625 and the consumer steps at 10 ms: at 0.5 the workers'
+       * part would take 11.1 ms and at 0.59375 9.0, over 0.8 of the step, however far ahead the
+       * copy stage runs now and then. It holds... */
+      {false, 0.6, 10, 0.625, 0.625}, {false, 0.6, 10, 0.625, 0.625}, {false, 0.6, 10, 0.625, 0.625},
+      /* ...where a consumer of 30 ms steps leaves room to go by 1/8. */
+      {false, 0.6, 30, 0.625, 0.625}, {false, 0.6, 30, 0.625, 0.625}, {false, 0.6, 30, 0.625, 0.5},
   };
   for (size_t k = 0; k < sizeof steps / sizeof *steps; k++) {
     if (steps[k].starved)
       l.st.starved++;
     if (steps[k].ahead > 0) { /* that share of the time since the last update, a little of it before the next */
-      usleep(2000);
+      l.split.period = steps[k].period;
+      usleep((useconds_t)(steps[k].period * 1000));
       atomic_fetch_add(&l.st.release_wait_ns, (int64_t)(steps[k].ahead * (dl__now() - l.split.t) * 1e9));
     }
     double worker_ms = l.o.workers / (gpu_rate * (1 / steps[k].balance - 1));
     l.st.cpu_decoded += 10;
     l.st.cpu_decode_ns += (int64_t)(10 * worker_ms * 1e6);
-    l.split.cpu_ms = worker_ms; /* the rate as measured from here on (the smoothing is not the point) */
+    l.split.cpu_ms = worker_ms; /* the rate as measured from here on */
+    if (steps[k].ahead > 0) /* and the consumer's pace, its window just begun */
+      l.split.win_t = dl__now(), l.split.win_n = 0;
     dl__gpu_share_update(&l, 192, 10.0);
     if (fabs(l.share - steps[k].want) > 1e-9)
       FAIL_AT("after update %zu the share is %.5f, not %.5f", k, l.share, steps[k].want);
   }
+  ASSERT_EQ(l.split.holds, 1);
+  /* The consumer's pace over windows of 0.1 s, in ms: slots handed back three at a time 20 ms apart
+   * are batches 6.7 ms apart. */
+  l.split.win_t = 0, l.split.period = 0;
+  for (int k = 0; k < 8; k++) {
+    for (int j = 0; j < 3; j++)
+      dl__gpu_share_update(&l, 192, 10.0);
+    usleep(20000);
+  }
+  if (!(l.split.period > 5 && l.split.period < 9))
+    FAIL_AT("batches 6.7 ms apart measured %.3f ms apart", l.split.period);
   /* Toward a balance far below, step by step, to rest at it. */
   double worker_ms = l.o.workers / gpu_rate; /* both sides alike: 0.5 */
   for (int k = 0; k < 60; k++) {
@@ -318,7 +342,8 @@ static void split(void) {
   }
   ASSERT(fabs(l.share - 0.5) < 1e-9);
   l.decode = DL__DECODE_CPU;
-  printf("hybrid: the split steps by 1/32 toward the measured balance after three agreeing batches\n");
+  printf("hybrid: the split steps by 1/32 toward the measured balance after three agreeing batches, and drifts "
+         "to the CPU only while the batches still come well ahead of the consumer\n");
 }
 
 int main(void) {

@@ -240,6 +240,27 @@ bool dl__gpu_plan(const dl_loader *l, dl_batch *b, int i, int64_t index, uint8_t
   return true;
 }
 
+/* Whether a stream's batches would still come within 0.8 of the consumer's period at GPU share X,
+ * by the measured rates: the longer of the two sides' parts of a batch. A drift toward the CPU
+ * goes no further than that. The copy stage's wait for the consumer is measured batch by batch,
+ * and a few batches in a row with long waits drifted the split below what the workers could
+ * keep up with: beside an H200 consumer stepping at 1.2x hybrid's batch time (q90, 10 epochs) it
+ * moved 16 times and ended at 0.5625 against a measured balance of 0.69, the copy thread waiting
+ * 4.3 ms a batch for the workers, and the GPU idled 0.047, seven steps in a row waiting 6-8 ms.
+ * There the workers' part at 0.5625 comes to 11.6 ms by their measured rate, over 0.8 of the
+ * 11.2 ms step. The 0.2 left over is for the workers' time per image, measured on the crops the
+ * split gives them (those that end highest, cheaper than the ones a larger CPU share adds), and
+ * for the steps' own jitter. */
+static bool keeps_ahead(const dl_loader *l, const dl__split *s, double x) {
+  if (!(s->gpu_ms > 0 && s->cpu_ms > 0 && s->period > 0))
+    return true; /* nothing measured to go by */
+  /* Every worker: those workers=auto sets aside come back as soon as the consumer waits (counted
+   * as set aside, a training run's seven of sixteen would keep the GPU decoding for good). */
+  double per_stream = (double)l->o.workers / l->nstreams, B = l->o.batch_size;
+  double gpu = x * B * s->gpu_ms, cpu = (1 - x) * B * s->cpu_ms / per_stream;
+  return fmax(gpu, cpu) <= 0.8 * s->period;
+}
+
 /* With gpu_share=S fixed the rates are still measured, for the stats: where the split would go. */
 void dl__gpu_share_update(dl_loader *l, int gpu_samples, double gpu_ms) {
   pthread_mutex_lock(&l->mu);
@@ -257,6 +278,15 @@ void dl__gpu_share_update(dl_loader *l, int gpu_samples, double gpu_ms) {
   double now = dl__now(), span = s->t > 0 ? now - s->t : 0;
   double ahead = span > 0 ? (double)(rw - s->release_wait_ns) * 1e-9 / span / l->nstreams : 0;
   s->cpu_decoded = cpu_n, s->cpu_ns = cpu_ns, s->starved = l->st.starved, s->release_wait_ns = rw, s->t = now;
+  /* In ms, over 0.1 s at least, not from one update to the next: a copy thread hands back every
+   * finished slot at once, microseconds apart. Updates of all streams come in turn: one stream's
+   * batches are nstreams apart. */
+  if (s->win_t <= 0)
+    s->win_t = now;
+  else if (++s->win_n && now - s->win_t >= 0.1) {
+    s->period = (now - s->win_t) * 1e3 / (double)s->win_n * l->nstreams;
+    s->win_t = now, s->win_n = 0;
+  }
   /* The first batches carry the decoders' start-up. */
   if (++s->updates > 2) {
     /* The per-image rates say where both sides would finish a batch together. */
@@ -275,8 +305,9 @@ void dl__gpu_share_update(dl_loader *l, int gpu_samples, double gpu_ms) {
      * for the other, the rule before, settled at such a local balance (0.59, 26,000 images/s
      * where a fixed 0.7 gave 30,700). A consumer that never waits leaves the split drifting to
      * the CPU while the copy stage waits for the consumer's GPU over a quarter of the time (the
-     * loader is well ahead): the GPU's time is then better left to training. Short of that it holds, rather
-     * than drift until the consumer waits. */
+     * loader is well ahead): the GPU's time is then better left to training, as far as the
+     * loader would stay ahead (keeps_ahead). Short of that it holds, rather than drift until the
+     * consumer waits. */
     if (l->o.gpu_share >= 0)
       s->votes = 0;
     else if (!starved)
@@ -294,12 +325,22 @@ void dl__gpu_share_update(dl_loader *l, int gpu_samples, double gpu_ms) {
      * of its images on the GPU on the way to share 0, and trained 1.7% slower than decode=cpu). */
     if (s->votes >= 3 || s->votes <= -3) {
       double step = s->votes > 0 ? 1.0 / 32 : !starved && ahead > 0.5 ? -1.0 / 8 : -1.0 / 32, was = l->share;
-      l->share = fmin(1, fmax(0, round((l->share + step) * 32) / 32));
+      if (step < 0 && !starved) { /* a drift, not a move toward the balance: only while it keeps ahead */
+        if (step < -1.0 / 32 && !keeps_ahead(l, s, l->share + step))
+          step = -1.0 / 32;
+        if (step == -1.0 / 32 && !keeps_ahead(l, s, l->share + step))
+          step = 0;
+      }
       s->votes = 0;
-      s->moves++;
+      if (step == 0) {
+        s->holds++;
+      } else {
+        l->share = fmin(1, fmax(0, round((l->share + step) * 32) / 32));
+        s->moves++;
+      }
       dl__log(DL__LOG_DEBUG, "hybrid split: GPU share %.3f -> %.3f (balanced %.3f from %.3f ms an image on the GPU, "
-              "%.3f on a worker; the consumer %s; the copy stage waited for it %.0f%% of the time)", was, l->share,
-              s->balanced, s->gpu_ms, s->cpu_ms, starved ? "waited" : "kept up", 100 * ahead);
+              "%.3f on a worker; the consumer %s, %.2f ms a batch; the copy stage waited for it %.0f%% of the time)",
+              was, l->share, s->balanced, s->gpu_ms, s->cpu_ms, starved ? "waited" : "kept up", s->period, 100 * ahead);
     }
   }
   pthread_mutex_unlock(&l->mu);
