@@ -38,27 +38,36 @@ static void strlist_free(strlist *l) {
   free(l->v);
 }
 
-/* Parses "{a..b}" (zero-padded numbers, as WebDataset writes them) or "{x,y,z}". */
+#define MAX_PATHS 1000000
+
+/* Parses "{a..b}" (zero-padded numbers, as WebDataset writes them) or "{x,y,z}". DL_ELIMIT, with
+ * no message, past MAX_PATHS paths: the caller names the pattern. */
 static int expand_into(const char *pat, strlist *out) {
   const char *open = strchr(pat, '{');
   if (!open)
-    return push(out, strdup(pat));
+    return out->n >= MAX_PATHS ? DL_ELIMIT : push(out, strdup(pat));
   const char *close = strchr(open, '}');
   if (!close)
     return dl__fail(DL_EOPTION, "source '%s': '{' without '}'", pat);
   size_t pre = (size_t)(open - pat);
   const char *body = open + 1;
   size_t blen = (size_t)(close - body);
+  /* Each piece would end at the inner '}', and the pieces around it could meet into a range no
+   * count made beforehand ("{1,.2{.}.99999}" twice: ten billion paths). */
+  if (memchr(body, '{', blen))
+    return dl__fail(DL_EOPTION, "source '%s': braces inside {%.*s}: nested braces are not supported", pat,
+                    (int)blen, body);
   const char *dots = strstr(body, "..");
   char buf[4096];
   if (dots && dots < close) {
     char *end;
     errno = 0;
     long long a = strtoll(body, &end, 10);
-    if (end != dots || errno)
+    if (end != dots || end == body || errno) /* both ends are numbers: "{..3}" is no range from 0 */
       return dl__fail(DL_EOPTION, "source '%s': bad range {%.*s}", pat, (int)blen, body);
     long long b = strtoll(dots + 2, &end, 10);
-    if (end != close || errno || b < a || (uint64_t)b - (uint64_t)a > 10000000) /* no signed overflow */
+    if (end != close || end == dots + 2 || errno || b < a ||
+        (uint64_t)b - (uint64_t)a > 10000000) /* no signed overflow */
       return dl__fail(DL_EOPTION, "source '%s': bad range {%.*s}", pat, (int)blen, body);
     int width = (int)(dots - body);
     for (long long i = a; i <= b; i++) {
@@ -86,41 +95,13 @@ static int expand_into(const char *pat, strlist *out) {
   return 0;
 }
 
-#define MAX_PATHS 1000000
-
-/* How many paths PAT expands to, without making them (saturating at MAX_PATHS + 1). */
-static uint64_t expansion_count(const char *pat) {
-  uint64_t total = 1;
-  for (const char *open = strchr(pat, '{'); open; open = strchr(open + 1, '{')) {
-    const char *close = strchr(open, '}');
-    if (!close)
-      break;
-    const char *dots = strstr(open, "..");
-    uint64_t k = 1;
-    if (dots && dots < close) {
-      errno = 0;
-      long long a = strtoll(open + 1, NULL, 10), b = strtoll(dots + 2, NULL, 10);
-      /* Ends out of range are expand_into's to name; the span in unsigned arithmetic, as b - a
-       * overflows for ends far apart. */
-      uint64_t span = (uint64_t)b - (uint64_t)a;
-      k = b < a || errno ? 1 : span >= MAX_PATHS ? MAX_PATHS + 1 : span + 1;
-    } else {
-      for (const char *p = open; p < close; p++)
-        k += *p == ',';
-    }
-    if (!dl__mul_ok(total, k, &total) || total > MAX_PATHS)
-      return MAX_PATHS + 1;
-  }
-  return total;
-}
-
 int dl__expand_braces(const char *pattern, char ***out, size_t *count) {
-  if (expansion_count(pattern) > MAX_PATHS)
-    return dl__fail(DL_ELIMIT, "source '%s' expands to more than %d paths", pattern, MAX_PATHS);
   strlist l = {0};
   int r = expand_into(pattern, &l);
   if (r) {
     strlist_free(&l);
+    if (r == DL_ELIMIT)
+      return dl__fail(DL_ELIMIT, "source '%s' expands to more than %d paths", pattern, MAX_PATHS);
     return r == -ENOMEM ? dl__fail(r, "out of memory expanding '%s'", pattern) : r;
   }
   *out = l.v;

@@ -290,6 +290,15 @@ static void expansions(void) {
   snprintf(path, sizeof path, "%s/x{0..9999}{0..9999}.tar", dir);
   ASSERT_EQ(run(path, "log=quiet", &errors, last, sizeof last), DL_ELIMIT);
   ASSERT_CONTAINS(last, "more than");
+  /* Nested braces: each piece ended at the inner '}', and pieces met into ranges nobody counted
+   * (this one took 16 s and 4 GB on its way to ten billion paths, then ran out of memory). */
+  snprintf(path, sizeof path, "%s/x{1,.2{.}.99999}{1,.2{.}.99999}.tar", dir);
+  ASSERT_EQ(run(path, "log=quiet", &errors, last, sizeof last), DL_EOPTION);
+  ASSERT_CONTAINS(last, "nested braces are not supported");
+  /* A range with an end left out is no range from 0 (it read x0.tar .. x3.tar). */
+  snprintf(path, sizeof path, "%s/x{..3}.tar", dir);
+  ASSERT_EQ(run(path, "log=quiet", &errors, last, sizeof last), DL_EOPTION);
+  ASSERT_CONTAINS(last, "bad range {..3}");
   /* 64 KiB of zeros as a .npy, compressed without its size: it inflates as it comes. */
   static unsigned char zeros[65536], npy[65536 + 256], z[4096];
   size_t n = npy_bytes("{'descr': '|u1', 'fortran_order': False, 'shape': (65536,), }", zeros, sizeof zeros, npy);
