@@ -39,6 +39,8 @@ static void strlist_free(strlist *l) {
 }
 
 #define MAX_PATHS 1000000
+#define MAX_GROUPS 64 /* of braces in one pattern; each is a level of expand_into */
+#define PATH_CAP 4096
 
 /* Parses "{a..b}" (zero-padded numbers, as WebDataset writes them) or "{x,y,z}". DL_ELIMIT, with
  * no message, past MAX_PATHS paths: the caller names the pattern. */
@@ -58,44 +60,50 @@ static int expand_into(const char *pat, strlist *out) {
     return dl__fail(DL_EOPTION, "source '%s': braces inside {%.*s}: nested braces are not supported", pat,
                     (int)blen, body);
   const char *dots = strstr(body, "..");
-  char buf[4096];
+  long long a = 0, b = 0;
+  int width = 0;
   if (dots && dots < close) {
     char *end;
     errno = 0;
-    long long a = strtoll(body, &end, 10);
+    a = strtoll(body, &end, 10);
     if (end != dots || end == body || errno) /* both ends are numbers: "{..3}" is no range from 0 */
       return dl__fail(DL_EOPTION, "source '%s': bad range {%.*s}", pat, (int)blen, body);
-    long long b = strtoll(dots + 2, &end, 10);
+    b = strtoll(dots + 2, &end, 10);
     if (end != close || end == dots + 2 || errno || b < a ||
         (uint64_t)b - (uint64_t)a > 10000000) /* no signed overflow */
       return dl__fail(DL_EOPTION, "source '%s': bad range {%.*s}", pat, (int)blen, body);
-    int width = (int)(dots - body);
-    for (long long i = a; i <= b; i++) {
-      int n = snprintf(buf, sizeof buf, "%.*s%0*lld%s", (int)pre, pat, width, i, close + 1);
-      if (n < 0 || (size_t)n >= sizeof buf)
-        return dl__fail(DL_EOPTION, "source '%s': path too long", pat);
-      int r = expand_into(buf, out);
-      if (r)
-        return r;
+    width = (int)(dots - body);
+  }
+  /* On the heap: a level per group, each with a path, on whatever stack the caller's thread has. */
+  char *buf = malloc(PATH_CAP);
+  if (!buf)
+    return -ENOMEM;
+  int r = 0;
+  if (dots && dots < close) {
+    for (long long i = a; i <= b && !r; i++) {
+      int n = snprintf(buf, PATH_CAP, "%.*s%0*lld%s", (int)pre, pat, width, i, close + 1);
+      r = n < 0 || n >= PATH_CAP ? dl__fail(DL_EOPTION, "source '%s': path too long", pat) : expand_into(buf, out);
     }
-    return 0;
+  } else {
+    for (const char *p = body; p <= close && !r;) {
+      const char *comma = memchr(p, ',', (size_t)(close - p));
+      const char *end = comma ? comma : close;
+      int n = snprintf(buf, PATH_CAP, "%.*s%.*s%s", (int)pre, pat, (int)(end - p), p, close + 1);
+      r = n < 0 || n >= PATH_CAP ? dl__fail(DL_EOPTION, "source '%s': path too long", pat) : expand_into(buf, out);
+      p = end + 1;
+    }
   }
-  const char *p = body;
-  while (p <= close) {
-    const char *comma = memchr(p, ',', (size_t)(close - p));
-    const char *end = comma ? comma : close;
-    int n = snprintf(buf, sizeof buf, "%.*s%.*s%s", (int)pre, pat, (int)(end - p), p, close + 1);
-    if (n < 0 || (size_t)n >= sizeof buf)
-      return dl__fail(DL_EOPTION, "source '%s': path too long", pat);
-    int r = expand_into(buf, out);
-    if (r)
-      return r;
-    p = end + 1;
-  }
-  return 0;
+  free(buf);
+  return r;
 }
 
 int dl__expand_braces(const char *pattern, char ***out, size_t *count) {
+  int groups = 0;
+  for (const char *p = strchr(pattern, '{'); p; p = strchr(p + 1, '{'))
+    groups++;
+  if (groups > MAX_GROUPS) /* 1,300 of them overflowed a thread's stack of 256 KiB */
+    return dl__fail(DL_EOPTION, "source '%.200s%s': %d groups of braces, more than the %d allowed", pattern,
+                    strlen(pattern) > 200 ? "..." : "", groups, MAX_GROUPS);
   strlist l = {0};
   int r = expand_into(pattern, &l);
   if (r) {

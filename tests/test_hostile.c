@@ -10,6 +10,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -30,6 +31,37 @@ static void on_alarm(int sig) {
 
 /* Opens SOURCE with OPTS and runs it to the end; returns the open's code, or with a loader the
  * first batch error; *errors gets the skipped samples and LAST the message of the last failure. */
+typedef struct small_stack_open {
+  const char *source;
+  char *last;
+  size_t cap;
+  int r;
+} small_stack_open;
+
+static void *open_there(void *arg) {
+  small_stack_open *o = arg;
+  dl_loader *l;
+  o->r = dl_open(&l, o->source, "log=quiet");
+  if (o->r == 0)
+    dl_close(l);
+  else
+    snprintf(o->last, o->cap, "%s", dl_last_error());
+  return NULL;
+}
+
+/* dl_open of SOURCE on a thread with 256 KiB of stack; its result. */
+static int open_on_small_stack(const char *source, char *last, size_t cap) {
+  small_stack_open o = {source, last, cap, 0};
+  pthread_attr_t a;
+  pthread_t t;
+  ASSERT_EQ(pthread_attr_init(&a), 0);
+  ASSERT_EQ(pthread_attr_setstacksize(&a, 256 << 10), 0);
+  ASSERT_EQ(pthread_create(&t, &a, open_there, &o), 0);
+  ASSERT_EQ(pthread_join(t, NULL), 0);
+  pthread_attr_destroy(&a);
+  return o.r;
+}
+
 static int run(const char *source, const char *opts, int *errors, char *last, size_t cap) {
   dl_loader *l;
   int r = dl_open(&l, source, opts);
@@ -295,6 +327,16 @@ static void expansions(void) {
   snprintf(path, sizeof path, "%s/x{1,.2{.}.99999}{1,.2{.}.99999}.tar", dir);
   ASSERT_EQ(run(path, "log=quiet", &errors, last, sizeof last), DL_EOPTION);
   ASSERT_CONTAINS(last, "nested braces are not supported");
+  /* Braces are expanded a level per group: 64 of them on a thread of 256 KiB of stack, where a
+   * path on the stack at each level overflowed it; more are refused. */
+  int at = snprintf(path, sizeof path, "%s/x", dir);
+  for (int g = 0; g < 64; g++)
+    at += snprintf(path + at, sizeof path - (size_t)at, "{a}");
+  snprintf(path + at, sizeof path - (size_t)at, ".tar");
+  ASSERT_EQ(open_on_small_stack(path, last, sizeof last), -ENOENT);
+  snprintf(path + at, sizeof path - (size_t)at, "{a}.tar");
+  ASSERT_EQ(run(path, "log=quiet", &errors, last, sizeof last), DL_EOPTION);
+  ASSERT_CONTAINS(last, "65 groups of braces, more than the 64 allowed");
   /* A range with an end left out is no range from 0 (it read x0.tar .. x3.tar). */
   snprintf(path, sizeof path, "%s/x{..3}.tar", dir);
   ASSERT_EQ(run(path, "log=quiet", &errors, last, sizeof last), DL_EOPTION);
