@@ -60,9 +60,10 @@ static int expand_into(const char *pat, strlist *out) {
     return dl__fail(DL_EOPTION, "source '%s': braces inside {%.*s}: nested braces are not supported", pat,
                     (int)blen, body);
   const char *dots = strstr(body, "..");
+  bool range = dots && dots < close;
   long long a = 0, b = 0;
   int width = 0;
-  if (dots && dots < close) {
+  if (range) {
     char *end;
     errno = 0;
     a = strtoll(body, &end, 10);
@@ -79,7 +80,7 @@ static int expand_into(const char *pat, strlist *out) {
   if (!buf)
     return -ENOMEM;
   int r = 0;
-  if (dots && dots < close) {
+  if (range) {
     for (long long i = a; i <= b && !r; i++) {
       int n = snprintf(buf, PATH_CAP, "%.*s%0*lld%s", (int)pre, pat, width, i, close + 1);
       r = n < 0 || n >= PATH_CAP ? dl__fail(DL_EOPTION, "source '%s': path too long", pat) : expand_into(buf, out);

@@ -283,7 +283,9 @@ void dl__gpu_share_update(dl_loader *l, int gpu_samples, double gpu_ms) {
    * batches are nstreams apart. */
   if (s->win_t <= 0)
     s->win_t = now;
-  else if (++s->win_n && now - s->win_t >= 0.1) {
+  else
+    s->win_n++;
+  if (s->win_n && now - s->win_t >= 0.1) {
     s->period = (now - s->win_t) * 1e3 / (double)s->win_n * l->nstreams;
     s->win_t = now, s->win_n = 0;
   }
