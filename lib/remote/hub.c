@@ -261,6 +261,10 @@ int dl__hub_list(const dl__options *o, const dl__hub *h, const char *pattern, ch
       r = f;
     else if (pages >= 100000)
       r = dl__fail(DL_ELIMIT, "listing %s: more than 100,000 pages", pattern);
+    else if (!strcmp(next, url)) /* would ask for it again and again, up to the 100,000 */
+      r = dl__fail(DL_EREMOTE, "listing %s: page %d links to itself as the next page", pattern, pages + 1);
+    else if (ls.n > 1000000)
+      r = dl__fail(DL_ELIMIT, "listing %s: more than 1,000,000 files match", pattern);
     else if (next[0] && !dl__hub_serves(h, next)) /* the token goes to the Hub only */
       r = dl__fail(DL_EREMOTE, "listing %s: the Hub's next page is on another host", pattern);
     snprintf(url, sizeof url, "%s", next);

@@ -256,7 +256,20 @@ int dl__s3_list(const dl__options *o, const dl__s3 *s, const char *pattern, char
   char **v = NULL;
   if (!page)
     return dl__fail(-ENOMEM, "out of memory");
-  for (bool more = true; more && !r;) {
+  /* A server that answers every page as truncated would keep the listing going for ever: a token
+   * given twice in a row ends it, and so do 100,000 pages (100 million keys) or a million matches. */
+  char seen[sizeof token] = "";
+  for (int pages = 0; !r; pages++) {
+    if (pages && !strcmp(token, seen)) {
+      r = dl__fail(DL_EREMOTE, "listing %s: page %d gives the same continuation token as the page before",
+                   pattern, pages);
+      break;
+    }
+    if (pages >= 100000) {
+      r = dl__fail(DL_ELIMIT, "listing %s: more than 100,000 pages", pattern);
+      break;
+    }
+    snprintf(seen, sizeof seen, "%s", token);
     at = 0;
     dl__url_encode(esc_token, sizeof esc_token, &at, token, strlen(token), ""); /* fits: 3 x its size */
     snprintf(url, sizeof url, "%s?list-type=2&prefix=%s%s%s", base, esc_prefix, token[0] ? "&continuation-token=" : "",
@@ -271,6 +284,10 @@ int dl__s3_list(const dl__options *o, const dl__s3 *s, const char *pattern, char
     while (!r && xml_next(&p, end, "Key", key, sizeof key)) {
       if (fnmatch(key_pattern, key, FNM_PATHNAME))
         continue;
+      if (n == 1000000) {
+        r = dl__fail(DL_ELIMIT, "listing %s: more than 1,000,000 objects match", pattern);
+        break;
+      }
       if (n == vcap) {
         vcap = vcap ? vcap * 2 : 64;
         char **grown = realloc(v, vcap * sizeof *v);
@@ -288,9 +305,10 @@ int dl__s3_list(const dl__options *o, const dl__s3 *s, const char *pattern, char
       snprintf(v[n++], need, "s3://%s/%s", bucket, key);
     }
     p = (const char *)page;
-    more = xml_next(&p, end, "IsTruncated", flag, sizeof flag) && !strcmp(flag, "true");
+    if (r || !xml_next(&p, end, "IsTruncated", flag, sizeof flag) || strcmp(flag, "true"))
+      break;
     p = (const char *)page;
-    if (more && !xml_next(&p, end, "NextContinuationToken", token, sizeof token))
+    if (!xml_next(&p, end, "NextContinuationToken", token, sizeof token))
       r = dl__fail(DL_EREMOTE, "listing %s: a truncated page without a continuation token", pattern);
   }
   free(page);

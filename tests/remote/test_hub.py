@@ -223,3 +223,29 @@ def test_globs_list_the_repository_through_the_tree_api(hub):
                           capture_output=True, text=True)
     said = lambda out: (out.stdout + out.stderr).strip().splitlines()[-2:]  # noqa: E731
     assert verify.returncode == mine.returncode and said(verify) == said(mine), verify.stderr[-600:]
+
+
+class LoopingTreeApi(TreeApi):
+    """The tree API with a fault: each page's Link names the page itself as the next one."""
+
+    def __call__(self, request):
+        answer = super().__call__(request)
+        target = request.split(b" ")[1].decode()
+        if not target.startswith("/api/") or not answer:
+            return answer
+        head, _, body = answer.partition(b"\r\n\r\n")
+        head = b"\r\n".join(ln for ln in head.split(b"\r\n") if not ln.startswith(b"Link:"))
+        link = f'Link: <http://127.0.0.1:{self.port}{target}>; rel="next"'.encode()
+        return head + b"\r\n" + link + b"\r\n\r\n" + body
+
+
+def test_a_listing_that_links_to_itself_is_refused(hub):
+    api = LoopingTreeApi(need=TOKEN)
+    proxy = FaultProxy(hub["files"].port, check=api)
+    api.port = proxy.port
+    try:
+        out = run("hf://datasets/org/name/rfs/*.rfs", proxy.url, hub["work"], ok=False)
+    finally:
+        proxy.stop()
+    assert out.returncode == 1 and "page 1 links to itself as the next page" in out.stderr, out.stderr
+    assert len(api.asked) == 1

@@ -206,6 +206,30 @@ def test_a_glob_follows_every_page_of_the_listing(s3, tmp_path):
     assert listed["samples"] == 9 * one["samples"] and listed["errors"] == 9 * one["errors"]
 
 
+def test_a_listing_that_never_ends_is_refused(s3):
+    # A server whose every page is "truncated" with the same continuation token would be listed for
+    # ever: the second page with the token of the first ends it, naming the listing.
+    lists = []
+
+    def endless(request):
+        line = request.partition(b"\r\n")[0]
+        if b"list-type=2" not in line:
+            return None
+        lists.append(line)
+        body = (b'<?xml version="1.0" encoding="UTF-8"?><ListBucketResult><Name>shards</Name>'
+                b"<Contents><Key>rfs/packed-000000.rfs</Key></Contents><IsTruncated>true</IsTruncated>"
+                b"<NextContinuationToken>again&amp;again</NextContinuationToken></ListBucketResult>")
+        return b"HTTP/1.1 200 OK\r\nContent-Type: application/xml\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+    proxy = FaultProxy(s3["port"], check=endless)
+    try:
+        out = bench("s3://shards/rfs/packed-*.rfs", {**s3["env"], "AWS_ENDPOINT_URL": proxy.url}, ok=False)
+    finally:
+        proxy.stop()
+    assert out.returncode == 1, out.stderr
+    assert "listing s3://shards/rfs/packed-*.rfs: page 2 gives the same continuation token" in out.stderr, out.stderr
+    assert len(lists) == 2 and b"continuation-token=again%26again" in lists[-1], lists
+
+
 def test_credentials_and_region_from_profile_files(s3):
     work = s3["work"]
     (work / "credentials").write_text(f"[default]\naws_access_key_id = nobody\naws_secret_access_key = x\n\n"
