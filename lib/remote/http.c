@@ -184,9 +184,10 @@ static void sleep_ms(long ms) {
 typedef struct sink {
   uint8_t *buf; /* into memory (CAP bytes at most), or */
   size_t cap;
-  int fd; /* into a file at OFF onwards (fd >= 0) */
+  int fd; /* into a file at OFF onwards (fd >= 0), CAP bytes at most where CAP is set */
   uint64_t off;
   uint64_t got;
+  bool over; /* more came than the CAP bytes of the file's part */
   int err; /* -errno of a failed write */
   /* From the headers: the object's total size (Content-Range) and its ETag. */
   int64_t total, range_from;
@@ -227,6 +228,10 @@ static size_t on_body(char *p, size_t size, size_t n, void *arg) {
   sink *s = arg;
   size_t len = size * n;
   if (s->fd >= 0) {
+    if (s->cap && s->got + len > s->cap) {
+      s->over = true; /* an object larger than its size said, or a body that never ends */
+      return 0;
+    }
     for (size_t done = 0; done < len;) {
       ssize_t w = pwrite(s->fd, p + done, len - done, (off_t)(s->off + s->got + done));
       if (w < 0 && errno == EINTR)
@@ -322,6 +327,7 @@ static int get(const dl__options *o, const dl__target *t, const char *range, boo
     curl_easy_setopt(h, CURLOPT_HEADERDATA, s);
     s->got = start;
     s->err = 0;
+    s->over = false;
     s->total = -1;
     s->range_from = -1;
     CURLcode c = perform(h, s->cancel);
@@ -336,6 +342,14 @@ static int get(const dl__options *o, const dl__target *t, const char *range, boo
     bool again = dl__http_outcome_of(h, c == CURLE_WRITE_ERROR ? CURLE_OK : c, t, expect, (int64_t)(s->got - start),
                                      s->buf ? s->buf + start : NULL, range ? strtoll(range, NULL, 10) : -1,
                                      s->range_from, out);
+    if (s->over && (out->status == 200 || out->status == 206)) { /* retried, as a short body is */
+      char where[1024];
+      redact(t->name, where, sizeof where);
+      out->code = DL_EREMOTE;
+      snprintf(out->msg, sizeof out->msg, "%s: more than the %llu bytes expected came", where,
+               (unsigned long long)s->cap);
+      again = true;
+    }
     if (!out->code && range && out->status == 200 && !whole_ok) {
       r = dl__fail(DL_EREMOTE, "%s: the server does not serve byte ranges (HTTP 200 to a Range request)", t->name);
       break;
@@ -408,7 +422,7 @@ int dl__http_download(const dl__options *o, const dl__target *t, int fd, uint64_
   /* A download cut short resumes where it stopped rather than starting over. */
   uint64_t have = 0;
   for (int pass = 0; have < size && pass <= o->retries; pass++) {
-    sink s = {.fd = fd, .off = have, .total = -1, .cancel = cancel};
+    sink s = {.fd = fd, .cap = (size_t)(size - have), .off = have, .total = -1, .cancel = cancel};
     char range[64];
     snprintf(range, sizeof range, "%llu-", (unsigned long long)have);
     dl__http_outcome out;
@@ -417,8 +431,8 @@ int dl__http_download(const dl__options *o, const dl__target *t, int fd, uint64_
     if (r == 0)
       return have == size ? 0 : dl__fail(DL_EREMOTE, "source %s: %llu of %llu bytes came", t->name,
                                          (unsigned long long)have, (unsigned long long)size);
-    if (!s.got)
-      return r; /* failed without progress, after get()'s own retries */
+    if (!s.got || s.over)
+      return r; /* failed without progress, after get()'s own retries, or too much came */
   }
   return have == size ? 0 : dl__fail(DL_EREMOTE, "source %s: the download kept stopping", t->name);
 }

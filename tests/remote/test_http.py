@@ -230,6 +230,62 @@ def test_an_etag_too_long_to_keep_is_not_asked_for(tmp_path):
     assert seen["refused"] == 0
 
 
+def test_a_body_longer_than_the_object_is_cut_off(tmp_path):
+    """A tar is downloaded whole to be indexed. A server whose answer runs on past the size it gave
+    (here the shard, then zeros without end) had every byte written to the scratch file until the
+    disk was full; the download now stops at the object's size, is retried as a short one is, and
+    then fails naming what came."""
+    import http.server
+    import re
+    import threading
+    shard = "format-tar-pax.tar"
+    with open(os.path.join(SHARDS, shard), "rb") as f:
+        data = f.read()
+    sent = {"extra": 0, "whole": 0}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            m = re.match(r"bytes=(\d+)-(\d*)", self.headers.get("Range", ""))
+            if m:  # the probe: as asked
+                first = int(m.group(1))
+                last = min(int(m.group(2)) if m.group(2) else len(data) - 1, len(data) - 1)
+                self.send_response(206)
+                self.send_header("Content-Range", f"bytes {first}-{last}/{len(data)}")
+                self.send_header("Content-Length", str(last - first + 1))
+                self.end_headers()
+                self.wfile.write(data[first:last + 1])
+                return
+            self.send_response(200)  # the whole object, and then more
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            sent["whole"] += 1
+            try:
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                zeros = bytes(1 << 20)
+                for _ in range(256):
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(zeros), zeros))
+                    sent["extra"] += len(zeros)
+                self.wfile.write(b"0\r\n\r\n")
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/{shard}"
+    try:
+        out = bench(url, "--option", "retries=2", env={"XDG_CACHE_HOME": str(tmp_path)}, ok=False)
+    finally:
+        server.shutdown()
+    assert out.returncode == 1, out.stderr
+    assert f"{url}: more than the {len(data)} bytes expected came (after retries)" in out.stderr, out.stderr
+    assert sent["whole"] == 3 and sent["extra"] < 64 << 20  # each time the client hung up, not the server
+
+
 def test_faults_are_retried_to_the_same_stream(servers):
     shard = "rfs/packed-{000000..000001}.rfs"  # a few hundred requests: enough of each fault
     local = bench(os.path.join(SHARDS, shard), "--workers", "4")
