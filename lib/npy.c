@@ -88,7 +88,7 @@ int dl__npy_parse(const uint8_t *p, size_t n, size_t total, dl__npy *out, dl__er
   descr[dl] = 0;
   if (dl__dtype_parse(descr, &out->dtype))
     return dl__err_set(e, DL_EUNSUPPORTED, ".npy dtype '%s' (little-endian bool/int/uint/float only)", descr);
-  if (!strncmp(f, "True", 4))
+  if (h + hlen - f >= 4 && !memcmp(f, "True", 4)) /* the header may end right after the key */
     return dl__err_set(e, DL_EUNSUPPORTED, ".npy in Fortran order");
   if (*s != '(')
     return dl__err_set(e, DL_ECORRUPT, ".npy shape is not a tuple");
