@@ -25,6 +25,39 @@ def bench(source, *args, env=None, ok=True):
     return dlbench(source, *SMALL, *args, env=env, ok=ok)
 
 
+def serve_one_object(data, answer, etag=None):
+    """A server of DATA on 127.0.0.1: each GET goes first to ANSWER(handler), which may answer it
+    and return True; else it gets DATA, or the byte range it asks for, with ETAG if given."""
+    import http.server
+    import re
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            if answer(self):
+                return
+            m = re.match(r"bytes=(\d+)-(\d*)", self.headers.get("Range", ""))
+            first = int(m.group(1)) if m else 0
+            last = min(int(m.group(2)) if m and m.group(2) else len(data) - 1, len(data) - 1)
+            self.send_response(206 if m else 200)
+            if etag:
+                self.send_header("ETag", etag)
+            self.send_header("Content-Length", str(last - first + 1))
+            if m:
+                self.send_header("Content-Range", f"bytes {first}-{last}/{len(data)}")
+            self.end_headers()
+            self.wfile.write(data[first:last + 1])
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
     work = tmp_path_factory.mktemp("http")
@@ -184,42 +217,23 @@ def test_a_proxy_answering_another_range_is_refused(servers, tmp_path):
 def test_an_etag_too_long_to_keep_is_not_asked_for(tmp_path):
     """An ETag longer than the loader keeps went out cut short in If-Match: a server that checks it
     (as S3 and nginx do) answered 412 to every read, "it changed on the server"."""
-    import http.server
-    import re
-    import threading
     shard = "format-tar-pax.tar"
     with open(os.path.join(SHARDS, shard), "rb") as f:
         data = f.read()
     etag = '"' + "0123456789abcdef" * 12 + '"'
     seen = {"if_match": 0, "refused": 0}
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, *args):
-            pass
-
-        def do_GET(self):
-            asked = self.headers.get("If-Match")
-            seen["if_match"] += asked is not None
-            if asked is not None and asked != etag:
-                seen["refused"] += 1
-                self.send_response(412)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-                return
-            m = re.match(r"bytes=(\d+)-(\d+)", self.headers.get("Range", ""))
-            first, last = (int(m.group(1)), min(int(m.group(2)), len(data) - 1)) if m else (0, len(data) - 1)
-            self.send_response(206 if m else 200)
-            self.send_header("ETag", etag)
-            self.send_header("Content-Length", str(last - first + 1))
-            if m:
-                self.send_header("Content-Range", f"bytes {first}-{last}/{len(data)}")
-            self.end_headers()
-            self.wfile.write(data[first:last + 1])
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    def check_version(handler):
+        asked = handler.headers.get("If-Match")
+        seen["if_match"] += asked is not None
+        if asked is None or asked == etag:
+            return False
+        seen["refused"] += 1
+        handler.send_response(412)
+        handler.send_header("Content-Length", "0")
+        handler.end_headers()
+        return True
+    server = serve_one_object(data, check_version, etag)
     try:
         local = bench(os.path.join(SHARDS, shard))
         remote = bench(f"http://127.0.0.1:{server.server_address[1]}/{shard}",
@@ -235,47 +249,29 @@ def test_a_body_longer_than_the_object_is_cut_off(tmp_path):
     (here the shard, then zeros without end) had every byte written to the scratch file until the
     disk was full; the download now stops at the object's size, is retried as a short one is, and
     then fails naming what came."""
-    import http.server
-    import re
-    import threading
     shard = "format-tar-pax.tar"
     with open(os.path.join(SHARDS, shard), "rb") as f:
         data = f.read()
     sent = {"extra": 0, "whole": 0}
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, *args):
+    def whole_and_more(handler):
+        if "Range" in handler.headers:
+            return False  # the probe: as asked
+        handler.send_response(200)  # the whole object, and then more
+        handler.send_header("Transfer-Encoding", "chunked")
+        handler.end_headers()
+        sent["whole"] += 1
+        try:
+            handler.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            zeros = bytes(1 << 20)
+            for _ in range(256):
+                handler.wfile.write(b"%x\r\n%s\r\n" % (len(zeros), zeros))
+                sent["extra"] += len(zeros)
+            handler.wfile.write(b"0\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError):
             pass
-
-        def do_GET(self):
-            m = re.match(r"bytes=(\d+)-(\d*)", self.headers.get("Range", ""))
-            if m:  # the probe: as asked
-                first = int(m.group(1))
-                last = min(int(m.group(2)) if m.group(2) else len(data) - 1, len(data) - 1)
-                self.send_response(206)
-                self.send_header("Content-Range", f"bytes {first}-{last}/{len(data)}")
-                self.send_header("Content-Length", str(last - first + 1))
-                self.end_headers()
-                self.wfile.write(data[first:last + 1])
-                return
-            self.send_response(200)  # the whole object, and then more
-            self.send_header("Transfer-Encoding", "chunked")
-            self.end_headers()
-            sent["whole"] += 1
-            try:
-                self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
-                zeros = bytes(1 << 20)
-                for _ in range(256):
-                    self.wfile.write(b"%x\r\n%s\r\n" % (len(zeros), zeros))
-                    sent["extra"] += len(zeros)
-                self.wfile.write(b"0\r\n\r\n")
-            except (BrokenPipeError, ConnectionResetError):
-                pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+        return True
+    server = serve_one_object(data, whole_and_more)
     url = f"http://127.0.0.1:{server.server_address[1]}/{shard}"
     try:
         out = bench(url, "--option", "retries=2", env={"XDG_CACHE_HOME": str(tmp_path)}, ok=False)
