@@ -29,8 +29,6 @@ static void on_alarm(int sig) {
   _exit(1);
 }
 
-/* Opens SOURCE with OPTS and runs it to the end; returns the open's code, or with a loader the
- * first batch error; *errors gets the skipped samples and LAST the message of the last failure. */
 typedef struct small_stack_open {
   const char *source;
   char *last;
@@ -62,6 +60,8 @@ static int open_on_small_stack(const char *source, char *last, size_t cap) {
   return o.r;
 }
 
+/* Opens SOURCE with OPTS and runs it to the end; returns the open's code, or with a loader the
+ * first batch error; *errors gets the skipped samples and LAST the message of the last failure. */
 static int run(const char *source, const char *opts, int *errors, char *last, size_t cap) {
   dl_loader *l;
   int r = dl_open(&l, source, opts);
