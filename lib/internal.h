@@ -57,6 +57,7 @@ enum { DL__IO_AUTO, DL__IO_URING, DL__IO_PREAD, DL__IO_MMAP };
 enum { DL__DECODE_AUTO, DL__DECODE_CPU, DL__DECODE_GPU, DL__DECODE_HYBRID };
 
 #define DL__MAX_PARTS 256 /* "::" parts of a source that repeat= can weigh */
+#define DL__MAX_PATHS 1000000 /* the shards one pattern may name: braces expanded, or a listing's matches */
 
 typedef struct dl__options {
   int batch_size;

@@ -38,16 +38,15 @@ static void strlist_free(strlist *l) {
   free(l->v);
 }
 
-#define MAX_PATHS 1000000
 #define MAX_GROUPS 64 /* of braces in one pattern; each is a level of expand_into */
 #define PATH_CAP 4096
 
 /* Parses "{a..b}" (zero-padded numbers, as WebDataset writes them) or "{x,y,z}". DL_ELIMIT, with
- * no message, past MAX_PATHS paths: the caller names the pattern. */
+ * no message, past DL__MAX_PATHS paths: the caller names the pattern. */
 static int expand_into(const char *pat, strlist *out) {
   const char *open = strchr(pat, '{');
   if (!open)
-    return out->n >= MAX_PATHS ? DL_ELIMIT : push(out, strdup(pat));
+    return out->n >= DL__MAX_PATHS ? DL_ELIMIT : push(out, strdup(pat));
   const char *close = strchr(open, '}');
   if (!close)
     return dl__fail(DL_EOPTION, "source '%s': '{' without '}'", pat);
@@ -110,7 +109,7 @@ int dl__expand_braces(const char *pattern, char ***out, size_t *count) {
   if (r) {
     strlist_free(&l);
     if (r == DL_ELIMIT)
-      return dl__fail(DL_ELIMIT, "source '%s' expands to more than %d paths", pattern, MAX_PATHS);
+      return dl__fail(DL_ELIMIT, "source '%s' expands to more than %d paths", pattern, DL__MAX_PATHS);
     return r == -ENOMEM ? dl__fail(r, "out of memory expanding '%s'", pattern) : r;
   }
   *out = l.v;

@@ -203,6 +203,8 @@ static int add_match(const char *path, void *arg) {
   listing *ls = arg;
   if (strncmp(path, ls->folder, ls->folder_len) || fnmatch(ls->glob, path + ls->folder_len, FNM_PATHNAME))
     return 0;
+  if (ls->n == DL__MAX_PATHS)
+    return dl__fail(DL_ELIMIT, "listing %s: more than %d files match", ls->pattern, DL__MAX_PATHS);
   if (ls->n == ls->cap) {
     size_t cap = ls->cap ? 2 * ls->cap : 64;
     char **grown = realloc(ls->v, cap * sizeof *grown);
@@ -259,12 +261,10 @@ int dl__hub_list(const dl__options *o, const dl__hub *h, const char *pattern, ch
       r = dl__fail(DL_EREMOTE, "listing %s: the Hub's answer is not a list of files (page %d)", pattern, pages + 1);
     else if (f)
       r = f;
-    else if (pages >= 100000)
-      r = dl__fail(DL_ELIMIT, "listing %s: more than 100,000 pages", pattern);
-    else if (!strcmp(next, url)) /* would ask for it again and again, up to the 100,000 */
+    else if (pages >= DL__MAX_LIST_PAGES)
+      r = dl__fail(DL_ELIMIT, "listing %s: more than %d pages", pattern, DL__MAX_LIST_PAGES);
+    else if (!strcmp(next, url)) /* would ask for it again and again, up to the page bound */
       r = dl__fail(DL_EREMOTE, "listing %s: page %d links to itself as the next page", pattern, pages + 1);
-    else if (ls.n > 1000000)
-      r = dl__fail(DL_ELIMIT, "listing %s: more than 1,000,000 files match", pattern);
     else if (next[0] && !dl__hub_serves(h, next)) /* the token goes to the Hub only */
       r = dl__fail(DL_EREMOTE, "listing %s: the Hub's next page is on another host", pattern);
     snprintf(url, sizeof url, "%s", next);

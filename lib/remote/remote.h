@@ -10,6 +10,8 @@
 
 #include <curl/curl.h>
 
+#define DL__MAX_LIST_PAGES 100000 /* of a listing (S3, the Hub): 100 million keys at 1,000 a page */
+
 /* S3's addressing and credentials for one dataset (s3.c): where a bucket's objects are reached and
  * how requests are signed (SigV4 by libcurl). */
 typedef struct dl__s3 {

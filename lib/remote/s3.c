@@ -257,7 +257,7 @@ int dl__s3_list(const dl__options *o, const dl__s3 *s, const char *pattern, char
   if (!page)
     return dl__fail(-ENOMEM, "out of memory");
   /* A server that answers every page as truncated would keep the listing going for ever: a token
-   * given twice in a row ends it, and so do 100,000 pages (100 million keys) or a million matches. */
+   * given twice in a row ends it, and so do DL__MAX_LIST_PAGES pages or DL__MAX_PATHS matches. */
   char seen[sizeof token] = "";
   for (int pages = 0; !r; pages++) {
     if (pages && !strcmp(token, seen)) {
@@ -265,8 +265,8 @@ int dl__s3_list(const dl__options *o, const dl__s3 *s, const char *pattern, char
                    pattern, pages);
       break;
     }
-    if (pages >= 100000) {
-      r = dl__fail(DL_ELIMIT, "listing %s: more than 100,000 pages", pattern);
+    if (pages >= DL__MAX_LIST_PAGES) {
+      r = dl__fail(DL_ELIMIT, "listing %s: more than %d pages", pattern, DL__MAX_LIST_PAGES);
       break;
     }
     snprintf(seen, sizeof seen, "%s", token);
@@ -284,8 +284,8 @@ int dl__s3_list(const dl__options *o, const dl__s3 *s, const char *pattern, char
     while (!r && xml_next(&p, end, "Key", key, sizeof key)) {
       if (fnmatch(key_pattern, key, FNM_PATHNAME))
         continue;
-      if (n == 1000000) {
-        r = dl__fail(DL_ELIMIT, "listing %s: more than 1,000,000 objects match", pattern);
+      if (n == DL__MAX_PATHS) {
+        r = dl__fail(DL_ELIMIT, "listing %s: more than %d objects match", pattern, DL__MAX_PATHS);
         break;
       }
       if (n == vcap) {
