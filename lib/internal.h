@@ -855,6 +855,11 @@ struct dl_loader {
 
 double dl__now(void);
 
+/* Batch slots' memory: pages of its own, in 2 MiB pages where the kernel allows (madvise), so
+ * that the first pass over the slots faults a huge page at a time rather than 4 KiB. */
+void *dl__slots_map(size_t bytes);
+void dl__slots_unmap(void *p, size_t bytes);
+
 /* Claim one sample to work on; returns 1 with a claim, 0 when none is available now (NONBLOCK)
  * or there is no more work, -1 when the loader stops. */
 typedef struct dl__claim {

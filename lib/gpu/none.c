@@ -3,8 +3,6 @@
 
 #include <stdio.h>
 
-#include <stdlib.h>
-
 int dl__cuda_open(dl_loader *l) {
   (void)l;
   return dl__fail(DL_ENODEVICE, "option device=cuda: this ringfeed was built without CUDA");
@@ -17,11 +15,11 @@ void dl__cuda_stop(dl_loader *l) { (void)l; }
 void dl__cuda_close(dl_loader *l) { (void)l; }
 void *dl__host_alloc(dl_loader *l, size_t bytes) {
   (void)l;
-  return aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
+  return dl__slots_map(bytes);
 }
 void dl__host_free(dl_loader *l, void *p, size_t bytes) {
-  (void)l, (void)bytes;
-  free(p);
+  (void)l;
+  dl__slots_unmap(p, bytes);
 }
 int dl__cuda_field(const dl_batch *b, const char *name, DLTensor *out) {
   (void)b, (void)name, (void)out;
