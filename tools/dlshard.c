@@ -405,6 +405,27 @@ static void progress(create_job *j, bool final) {
           "##############################", width - filled, "", done, total, rate, final ? "\n" : "");
 }
 
+/* Shards PREFIX-N.rfs, PREFIX-N+1.rfs ... that an earlier, longer run left after the N just written:
+ * a glob of the prefix would read them with the new ones, so they are named (and left: they are
+ * the user's files). */
+static void name_leftovers(const char *prefix, size_t n) {
+  char path[PATH_MAX + 16];
+  size_t last = n;
+  for (; last < n + 1000000; last++) {
+    snprintf(path, sizeof path, "%s-%06zu.rfs", prefix, last);
+    if (access(path, F_OK))
+      break;
+  }
+  if (last == n)
+    return;
+  if (last - n == 1)
+    fprintf(stderr, "dlshard: 1 shard of an earlier run follows these, %s-%06zu.rfs: a glob of %s-*.rfs would read it "
+            "too; delete it\n", prefix, n, prefix);
+  else
+    fprintf(stderr, "dlshard: %zu shards of an earlier run follow these, %s-%06zu.rfs to %s-%06zu.rfs: a glob of "
+            "%s-*.rfs would read them too; delete them\n", last - n, prefix, n, prefix, last - 1, prefix);
+}
+
 static int cmd_create(int argc, char **argv) {
   static const struct option opts[] = {{"samples-per-shard", 1, 0, 'n'}, {"shard-size", 1, 0, 's'},
                                        {"codec", 1, 0, 'c'}, {"align", 1, 0, 'a'},
@@ -541,6 +562,8 @@ static int cmd_create(int argc, char **argv) {
   } else {
     printf("%zu samples in %zu shards (%s-%06d.rfs ...), %.2f s, %.0f samples/s\n", ds.n, nshards,
            upload ? upload : prefix, 0, dt, ds.n / (dt > 0 ? dt : 1e-9));
+    if (!upload)
+      name_leftovers(prefix, nshards);
   }
   if (staging[0]) { /* what a failed shard left */
     for (size_t s = 0; s < nshards; s++) {

@@ -110,6 +110,19 @@ def test_dlshard_flags_say_what_they_take(tmp_path):
 
 
 @needs_tools
+def test_dlshard_create_names_shards_an_earlier_longer_run_left(tmp_path):
+    prefix = tmp_path / "o"
+    first = run(DLSHARD, "create", prefix, WDS, "--samples-per-shard", "1")
+    written = sorted(p.name for p in tmp_path.iterdir())
+    assert len(written) >= 3 and "earlier run" not in first.stderr
+    again = run(DLSHARD, "create", prefix, WDS, "--samples-per-shard", "1000")  # one shard now
+    left = len(written) - 1
+    assert (f"dlshard: {left} shards of an earlier run follow these, {prefix}-000001.rfs to "
+            f"{prefix}-{left:06d}.rfs: a glob of {prefix}-*.rfs would read them too") in again.stderr, again.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == written  # named, not deleted
+
+
+@needs_tools
 def test_dlshard_ls_takes_its_flag_on_either_side():
     long = run(DLSHARD, "ls", WDS, "-v").stdout
     assert run(DLSHARD, "ls", "-v", WDS).stdout == long and len(long.splitlines()) > 1  # "-v: No such file"
