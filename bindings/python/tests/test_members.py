@@ -141,6 +141,54 @@ def test_large_pax_headers_of_extended_attributes_are_read(tmp_path):
     assert labels == list(range(6))
 
 
+def rewrite_headers(data, change):
+    """DATA (a tar) with CHANGE(header, size) applied to each header and its checksum made again."""
+    out, at = bytearray(data), 0
+    while at + 512 <= len(out) and any(out[at:at + 512]):
+        header = out[at:at + 512]
+        size = int(header[124:136].rstrip(b"\0 ") or b"0", 8)
+        change(header, size)
+        header[148:156] = b" " * 8
+        header[148:156] = b"%06o\0 " % sum(header)
+        out[at:at + 512] = header
+        at += 512 + (size + 511) // 512 * 512
+    return bytes(out)
+
+
+def test_sizes_in_base_256_and_in_pax_records_are_read(tmp_path):
+    """Members of 8 GiB and more do not fit the header's 11 octal digits: GNU tar writes their size
+    in base 256 (a first byte of 0x80), pax in a "size" record. Both on small members here."""
+    def shard(fmt):
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w", format=fmt) as t:
+            for i in range(4):
+                png = io.BytesIO()
+                Image.fromarray(np.full((8, 8, 3), 20 + i * 40, np.uint8)).save(png, format="PNG")
+                for ext, data in (("png", png.getvalue()), ("cls", str(i).encode())):
+                    info = tarfile.TarInfo(f"{i:03d}.{ext}")
+                    info.size = len(data)
+                    if fmt == tarfile.PAX_FORMAT:
+                        info.pax_headers = {"size": str(len(data))}
+                    t.addfile(info, io.BytesIO(data))
+        return buf.getvalue()
+
+    def base_256(header, size):
+        header[124:136] = b"\x80" + size.to_bytes(11, "big")
+
+    def pax_only(header, size):  # a file's ustar field says 0; its pax record says how long it is
+        if header[156:157] == b"0":
+            header[124:136] = b"%011o\0" % 0
+
+    for name, data in (("base256.tar", rewrite_headers(shard(tarfile.GNU_FORMAT), base_256)),
+                       ("pax.tar", rewrite_headers(shard(tarfile.PAX_FORMAT), pax_only))):
+        (tmp_path / name).write_bytes(data)
+        with ringfeed.Loader(str(tmp_path / name), batch_size=4, image_size=8, shuffle=False,
+                             framework="numpy") as loader:
+            batch = next(loader)
+        assert batch["label"].tolist() == [0, 1, 2, 3], name
+        assert [int(batch["image"][i].mean()) for i in range(4)] == [20, 60, 100, 140], name
+
+
 def test_members_written_apart_from_their_sample(tmp_path, capfd):
     """`tar cf shard.tar *.png *.cls` writes every image, then every label: each key made two
     samples, an image labelled -1 and a label with no image (an error). A label is joined to its
