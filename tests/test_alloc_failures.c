@@ -1,9 +1,9 @@
 /*
  * Allocation failure at every point: for each N, a child process opens a loader, reads an epoch
  * and closes it with the Nth allocation of the process (malloc, calloc, realloc, aligned, anonymous
- * mmap, in the library and in the codecs it calls) failing. Each run ends cleanly: dl_open or dl_next_batch
- * fails with a message about memory, or samples are errors while every other sample is exact; no
- * crash, no hang, and after dl_close every allocation made since dl_open is freed.
+ * mmap, in the library and in the codecs it calls) failing. Each run ends cleanly: dl_open or
+ * dl_next_batch fails with a message about memory, or samples are errors while every other sample
+ * is exact; no crash, no hang, and after dl_close every allocation made since dl_open is freed.
  *
  * The allocator is replaced in this executable (glibc supports that; its own functions then use
  * it too). Under a sanitizer, which owns the allocator, the test is skipped.

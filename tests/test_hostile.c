@@ -480,8 +480,8 @@ static void close_with_big_images_in_flight(void) {
     double took = now_s() - t0;
     worst = took > worst ? took : worst;
   }
-  printf("dl_close with 12 MP JPEGs and 6 MP PNGs being decoded: %.1f ms at worst (%.1f ms with none in flight)\n",
-         worst * 1000, idle * 1000);
+  printf("dl_close with 12 MP JPEGs and 6 MP PNGs being decoded: %.1f ms at worst "
+         "(%.1f ms with none in flight)\n", worst * 1000, idle * 1000);
   ASSERT(worst - idle < 0.1);
 #if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
   ASSERT(worst < 0.1);
