@@ -31,7 +31,7 @@ static void usage(FILE *f) {
           "      writes OUT_PREFIX-000000.rfs ... in the inputs' sample order; an OUT_PREFIX of\n"
           "      s3://bucket/prefix/name uploads each shard once written (credentials as for the loader)\n"
           "  dlshard index SHARD...     build and cache the member index of tar shards\n"
-          "  dlshard verify SHARD...    read and decode everything, check every checksum;\n"
+          "  dlshard verify SHARD...    decode every image and tensor, check every checksum;\n"
           "                             exits 1 naming each bad record\n"
           "  dlshard ls SHARD [-v]      records, fields, sizes and codecs (-v: every record)\n"
           "  verify and ls also take an MDS dataset's folder (or its index.json) and an ImageFolder root\n"
@@ -582,9 +582,13 @@ static int cmd_create(int argc, char **argv) {
 
 /* ---- verify ---- */
 
-typedef struct full_plan {
-  int unused;
-} full_plan;
+/* What verify decodes with, made once for all shards. */
+typedef struct checker {
+  dl__image_decoder d;
+  void *zctx;   /* ZSTD_DCtx, made on first use */
+  dl__buf raw;  /* an inflated value or image */
+  size_t limit; /* the most an inflated value may hold: the loader's default max_member_bytes */
+} checker;
 
 static int plan_full(dl__decode_job *job, int w, int h, dl__err *e) {
   (void)e;
@@ -594,13 +598,76 @@ static int plan_full(dl__decode_job *job, int w, int h, dl__err *e) {
   return 0;
 }
 
-static int decode_image(dl__image_decoder *d, const uint8_t *p, size_t n, dl__err *e) {
+/* Decodes the whole image at P (N bytes; zstd-compressed first when ZST, as `.jpg.zst` members are). */
+static int decode_image(checker *c, const uint8_t *p, size_t n, bool zst, bool pil, dl__err *e) {
+  if (zst) {
+    if (dl__zstd_inflate(&c->zctx, p, n, c->limit, &c->raw, &n, e))
+      return e->code;
+    p = c->raw.p;
+  }
   dl__decode_job job = {.src = p, .len = n, .channels = 3, .out_w = 1 << 30, .out_h = 1 << 30,
-                        .max_pixels = 1ll << 28, .plan = plan_full, .scratch = &d->scratch};
-  return dl__image_decode_job(d, &job, e);
+                        .max_pixels = 1ll << 28, .plan = plan_full, .scratch = &c->d.scratch, .pil = pil};
+  return dl__image_decode_job(&c->d, &job, e);
 }
 
-static int verify_rfs(const char *path, int fd, uint64_t size, dl__image_decoder *d, long *bad) {
+/* A tensor value (N bytes at P, zstd-compressed when ZST) as the loader takes it: a .npy payload
+ * whose header parses and whose data holds its whole shape. */
+static int check_npy(checker *c, const uint8_t *p, size_t n, bool zst, dl__err *e) {
+  if (zst) {
+    if (dl__zstd_inflate(&c->zctx, p, n, c->limit, &c->raw, &n, e))
+      return e->code;
+    p = c->raw.p;
+  }
+  dl__npy npy;
+  return dl__npy_parse(p, n, n, &npy, e);
+}
+
+static int check_ref(checker *c, const dl__dataset *ds, const dl__fref *ref, const uint8_t *p, dl__err *e) {
+  size_t len;
+  if (ref->kind == DL__REF_MDS)
+    return npy_of_mds(&ds->mds[ref->name], p, ref->len, &c->raw, &len, e);
+  if (ref->kind == DL__REF_NPY || ref->kind == DL__REF_NPY_ZST)
+    return check_npy(c, p, ref->len, ref->kind == DL__REF_NPY_ZST, e);
+  return 0; /* bytes, text and JSON reach the consumer as they are */
+}
+
+#define NO_IMAGE "sample has no image member, where the others have one: the loader skips it"
+
+static bool is_image(const dl__rfs_field *f) {
+  return f->codec == DL__RFS_JPEG || f->codec == DL__RFS_PNG || f->codec == DL__RFS_WEBP;
+}
+
+/* Whether record I of R has an image field. */
+static bool rfs_image(const dl__rfs *r, uint64_t i) {
+  for (uint16_t f = 0; f < r->records[i].nfields; f++)
+    if (is_image(&r->fields[r->records[i].first_field + f]))
+      return true;
+  return false;
+}
+
+/* Whether any sample of DS has an image: then the loader skips those without one. */
+static bool any_image(const dl__dataset *ds) {
+  for (size_t i = 0; i < ds->n; i++)
+    if (ds->samples[i].codec != DL__CODEC_NONE)
+      return true;
+  return false;
+}
+
+/* Sample S of DS, read into BYTES: its image decoded, its tensor values checked. */
+static int check_sample(checker *c, const dl__dataset *ds, const dl__sample *s, const uint8_t *bytes,
+                        dl__err *e) {
+  bool zst = s->flags & DL__SAMPLE_IMAGE_ZST, pil = s->codec == DL__CODEC_PIL;
+  if (s->codec != DL__CODEC_NONE && decode_image(c, bytes + s->image_at, s->image_len, zst, pil, e))
+    return e->code;
+  for (uint8_t r = 0; r < s->nrefs; r++) {
+    const dl__fref *ref = &ds->refs[s->first_ref + r];
+    if (check_ref(c, ds, ref, bytes + ref->at, e))
+      return dl__err_prefix(e, "field %s: ", ds->field_names[ref->name]);
+  }
+  return 0;
+}
+
+static int verify_rfs(const char *path, int fd, uint64_t size, checker *c, long *bad) {
   dl__rfs r;
   char why[256];
   int rc = dl__rfs_open(&r, fd, size, why, sizeof why);
@@ -609,13 +676,17 @@ static int verify_rfs(const char *path, int fd, uint64_t size, dl__image_decoder
     (*bad)++;
     return 1;
   }
-  dl__buf buf = {0}, raw = {0};
-  ZSTD_DCtx *zd = ZSTD_createDCtx();
+  dl__buf buf = {0};
+  bool has_images = false;
+  for (uint64_t i = 0; i < r.nrecords && !has_images; i++)
+    has_images = rfs_image(&r, i);
   for (uint64_t i = 0; i < r.nrecords; i++) {
     const dl__rfs_record *rec = &r.records[i];
     const char *key = r.keys + rec->key;
     dl__err e = {0};
-    if (dl__buf_reserve(&buf, rec->size ? rec->size : 1) ||
+    if (has_images && !rfs_image(&r, i)) {
+      dl__err_set(&e, DL_ENOFIELD, NO_IMAGE);
+    } else if (dl__buf_reserve(&buf, rec->size ? rec->size : 1) ||
         pread(fd, buf.p, rec->size, (off_t)rec->offset) != (ssize_t)rec->size) {
       dl__err_set(&e, DL_ECORRUPT, "cannot read the record's %u bytes", rec->size);
     } else if (dl__rfs_checksum(buf.p, rec->size) != rec->checksum) {
@@ -624,25 +695,20 @@ static int verify_rfs(const char *path, int fd, uint64_t size, dl__image_decoder
       for (uint16_t f = 0; f < rec->nfields && !e.code; f++) {
         const dl__rfs_field *fd_ = &r.fields[rec->first_field + f];
         const uint8_t *p = buf.p + fd_->offset;
-        if (fd_->codec == DL__RFS_JPEG || fd_->codec == DL__RFS_PNG || fd_->codec == DL__RFS_WEBP) {
-          dl__err de = {0};
-          if (decode_image(d, p, fd_->size, &de))
-            dl__err_set(&e, de.code, "field %s: %s", r.names[fd_->name], de.msg);
-        } else if (fd_->codec == DL__RFS_ZSTD) {
-          unsigned long long want = ZSTD_getFrameContentSize(p, fd_->size);
-          if (want != fd_->raw_size || fd_->raw_size > (1ull << 32) || dl__buf_reserve(&raw, fd_->raw_size + 1)) {
-            dl__err_set(&e, DL_ECORRUPT, "field %s: zstd frame does not declare its %llu bytes",
-                        r.names[fd_->name], (unsigned long long)fd_->raw_size);
-          } else {
-            size_t got = ZSTD_decompressDCtx(zd, raw.p, fd_->raw_size, p, fd_->size);
-            if (ZSTD_isError(got) || got != fd_->raw_size)
-              dl__err_set(&e, DL_ECORRUPT, "field %s: zstd: %s", r.names[fd_->name],
-                          ZSTD_isError(got) ? ZSTD_getErrorName(got) : "wrong size");
-          }
-        } else if (fd_->raw_size != fd_->size) {
-          dl__err_set(&e, DL_ECORRUPT, "field %s: raw field of %u bytes claims %llu", r.names[fd_->name],
-                      fd_->size, (unsigned long long)fd_->raw_size);
-        }
+        if (is_image(fd_))
+          decode_image(c, p, fd_->size, false, false, &e);
+        else if (fd_->codec == DL__RFS_ZSTD && ZSTD_getFrameContentSize(p, fd_->size) != fd_->raw_size)
+          dl__err_set(&e, DL_ECORRUPT, "zstd frame does not declare its %llu bytes",
+                      (unsigned long long)fd_->raw_size);
+        else if (fd_->codec == DL__RFS_ZSTD)
+          check_npy(c, p, fd_->size, true, &e);
+        else if (fd_->raw_size != fd_->size)
+          dl__err_set(&e, DL_ECORRUPT, "raw field of %u bytes claims %llu", fd_->size,
+                      (unsigned long long)fd_->raw_size);
+        else if (fd_->codec == DL__RFS_RAW) /* a tensor; bytes, text and JSON are delivered as they are */
+          check_npy(c, p, fd_->size, false, &e);
+        if (e.code)
+          dl__err_prefix(&e, "field %s: ", r.names[fd_->name]);
       }
     }
     if (e.code) {
@@ -651,14 +717,12 @@ static int verify_rfs(const char *path, int fd, uint64_t size, dl__image_decoder
       (*bad)++;
     }
   }
-  ZSTD_freeDCtx(zd);
   dl__buf_free(&buf);
-  dl__buf_free(&raw);
   dl__rfs_free(&r);
   return 0;
 }
 
-static int verify_tar(const char *path, int fd, uint64_t size, dl__image_decoder *d, long *bad) {
+static int verify_tar(const char *path, int fd, uint64_t size, checker *c, long *bad) {
   dl__dataset ds = {0};
   uint32_t file;
   dl__dataset_add_file(&ds, path, &file);
@@ -669,17 +733,18 @@ static int verify_tar(const char *path, int fd, uint64_t size, dl__image_decoder
   }
   ds.fds[file] = -1; /* the caller closes fd */
   dl__buf buf = {0};
+  bool has_images = any_image(&ds);
   for (size_t i = 0; i < ds.n; i++) {
     const dl__sample *s = &ds.samples[i];
     dl__err e = {0};
-    if (s->codec == DL__CODEC_NONE)
-      continue; /* a sample without an image has nothing to decode */
-    if (dl__buf_reserve(&buf, s->size ? s->size : 1) || pread(fd, buf.p, s->size, (off_t)s->offset) != (ssize_t)s->size)
+    if (has_images && s->codec == DL__CODEC_NONE)
+      dl__err_set(&e, DL_ENOFIELD, NO_IMAGE);
+    else if (s->codec == DL__CODEC_NONE && !s->nrefs)
+      continue; /* a label alone has nothing to decode */
+    else if (dl__buf_reserve(&buf, s->size ? s->size : 1) || pread(fd, buf.p, s->size, (off_t)s->offset) != (ssize_t)s->size)
       dl__err_set(&e, DL_ECORRUPT, "cannot read %llu bytes", (unsigned long long)s->size);
-    else if (s->flags & DL__SAMPLE_IMAGE_ZST)
-      continue; /* the loader inflates and checks it; verify reads plain images */
     else
-      decode_image(d, buf.p + s->image_at, s->image_len, &e);
+      check_sample(c, &ds, s, buf.p, &e);
     if (e.code) {
       printf("%s: member %s (offset %llu): %s\n", path, ds.pool + s->name, (unsigned long long)s->offset, e.msg);
       (*bad)++;
@@ -693,7 +758,7 @@ static int verify_tar(const char *path, int fd, uint64_t size, dl__image_decoder
 /* A dataset that is not one shard file (an MDS dataset, an ImageFolder): loaded as the loader
  * loads it, each sample then read and its image and MDS values decoded. Samples the load left out
  * are named by its warnings and counted as bad. Its files count as shards (MDS) or images. */
-static void verify_dataset(const char *path, dl__image_decoder *d, long *bad, long *shards, long *images) {
+static void verify_dataset(const char *path, checker *c, long *bad, long *shards, long *images) {
   dl__options o;
   dl__options_parse(&o, "on_error=skip");
   dl__dataset ds = {0};
@@ -712,33 +777,25 @@ static void verify_dataset(const char *path, dl__image_decoder *d, long *bad, lo
            ds.left_out == 1 ? "" : "s");
   *bad += (long)ds.left_out;
   *(dl__mds_is(path) ? shards : images) += ds.nfiles;
-  dl__buf buf = {0}, raw = {0};
+  dl__buf buf = {0};
+  bool has_images = any_image(&ds);
   for (size_t i = 0; i < ds.n; i++) {
     const dl__sample *s = &ds.samples[i];
     dl__err e = {0};
-    if (s->codec == DL__CODEC_NONE && !s->nrefs)
+    if (has_images && s->codec == DL__CODEC_NONE)
+      dl__err_set(&e, DL_ENOFIELD, NO_IMAGE);
+    else if (s->codec == DL__CODEC_NONE && !s->nrefs)
       continue;
-    if (read_sample(&ds, s, &buf)) {
+    else if (read_sample(&ds, s, &buf))
       dl__err_set(&e, DL_ECORRUPT, "%s", dl_last_error());
-    } else if (s->codec != DL__CODEC_NONE && !(s->flags & DL__SAMPLE_IMAGE_ZST)) {
-      dl__decode_job job = {.src = buf.p + s->image_at, .len = s->image_len, .channels = 3, .out_w = 1 << 30,
-                            .out_h = 1 << 30, .max_pixels = 1ll << 28, .plan = plan_full,
-                            .scratch = &d->scratch, .pil = s->codec == DL__CODEC_PIL};
-      dl__image_decode_job(d, &job, &e);
-    }
-    for (uint8_t r = 0; r < s->nrefs && !e.code; r++) {
-      const dl__fref *ref = &ds.refs[s->first_ref + r];
-      size_t len;
-      if (ref->kind == DL__REF_MDS && npy_of_mds(&ds.mds[ref->name], buf.p + ref->at, ref->len, &raw, &len, &e))
-        dl__err_set(&e, e.code, "field %s: %s", ds.field_names[ref->name], e.msg);
-    }
+    else
+      check_sample(c, &ds, s, buf.p, &e);
     if (e.code) {
       printf("%s: sample %s: %s\n", ds.files[s->file], ds.pool + s->key, e.msg);
       (*bad)++;
     }
   }
   dl__buf_free(&buf);
-  dl__buf_free(&raw);
   dl__dataset_free(&ds);
 }
 
@@ -753,11 +810,14 @@ static int cmd_verify(int argc, char **argv) {
     usage(stderr);
     return 2;
   }
-  dl__image_decoder d;
-  if (dl__image_decoder_init(&d)) {
+  checker c = {0};
+  if (dl__image_decoder_init(&c.d)) {
     fprintf(stderr, "dlshard: out of memory\n");
     return 1;
   }
+  dl__options defaults;
+  dl__options_parse(&defaults, "");
+  c.limit = (size_t)defaults.max_member_bytes;
   dl__log_level = DL__LOG_QUIET;
   long bad = 0, shards = 0, images = 0, unread = 0;
   for (int a = 1; a < argc; a++) {
@@ -769,7 +829,7 @@ static int cmd_verify(int argc, char **argv) {
     }
     for (size_t i = 0; i < n; i++) {
       if (!dl__is_url(paths[i]) && is_dataset(paths[i])) {
-        verify_dataset(paths[i], &d, &bad, &shards, &images);
+        verify_dataset(paths[i], &c, &bad, &shards, &images);
         continue;
       }
       if (dl__is_url(paths[i]) && (dl__mds_is(paths[i]) || paths[i][strlen(paths[i]) - 1] == '/')) {
@@ -785,13 +845,15 @@ static int cmd_verify(int argc, char **argv) {
       }
       char magic[8] = {0};
       bool rfs = pread(fd, magic, 8, 0) == 8 && !memcmp(magic, "RFSHARD1", 8);
-      (rfs ? verify_rfs : verify_tar)(paths[i], fd, size, &d, &bad);
+      (rfs ? verify_rfs : verify_tar)(paths[i], fd, size, &c, &bad);
       close(fd);
       shards++;
     }
     free_paths(paths, n);
   }
-  dl__image_decoder_free(&d);
+  dl__image_decoder_free(&c.d);
+  ZSTD_freeDCtx(c.zctx);
+  dl__buf_free(&c.raw);
   char what[96];
   if (images && !shards) /* an ImageFolder's files are images, not shards */
     snprintf(what, sizeof what, "%ld image%s", images, images == 1 ? "" : "s");

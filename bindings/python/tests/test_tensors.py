@@ -250,6 +250,58 @@ def test_a_damaged_zst_image_stops_dlshard_create_with_its_name(tmp_path):
     assert out.returncode != 0 and "sample a image:" in out.stderr, out.stderr
 
 
+def test_dlshard_verify_names_the_tensors_and_zst_images_the_loader_refuses(tmp_path):
+    """verify finds what the loader would skip: .npy payloads cut short or not .npy at all, raw or
+    zstd, in ringfeed shards and tars, damaged .jpg.zst images and samples lacking the image the
+    others have; the records it names are the loader's errors, and the sound ones pass."""
+    dlshard = os.environ.get("DL_DLSHARD")
+    if not dlshard:
+        pytest.skip("DL_DLSHARD not set")
+    good = npy_bytes(np.arange(12, dtype=np.float32).reshape(3, 4))
+    bad = {"cut-header": good[:40], "not-npy": b"plain text, no .npy", "cut-data": good[:-8]}
+    rfs = tmp_path / "t.rfs"
+    with ringfeed.Writer(str(rfs)) as w:
+        w.add("ok-raw", label=0, fields={"depth": ("raw", good)})
+        w.add("ok-zstd", label=0, fields={"depth": ("zstd", good)})
+        for i, (key, data) in enumerate(bad.items()):
+            w.add(key, label=1, fields={"depth": ("raw" if i % 2 else "zstd", data)})
+    shard = tmp_path / "t.tar"
+    members = [("ok-a.depth.npy", good), ("ok-b.depth.npy.zst", zstd(good))]
+    members += [(f"{key}.depth.npy", data) for key, data in bad.items()]
+    members += [("bad-zst.depth.npy.zst", zstd(good)[:-9])]
+    write_tar(shard, members)
+
+    def named(path):
+        out = subprocess.run([dlshard, "verify", str(path)], capture_output=True, text=True)
+        assert out.returncode == 1 and "damaged" in out.stdout, out.stdout
+        return out.stdout
+
+    def refused(path):
+        b = next(ringfeed.Loader(str(path), batch_size=10, shuffle=False, framework="numpy", log="quiet",
+                                 drop_last=False))
+        return {k for k, e in zip(b["key"], b["error"]) if e}
+
+    for path in (rfs, shard):
+        report = named(path)
+        wrong = refused(path)
+        assert wrong == set(bad) | ({"bad-zst"} if path == shard else set()), wrong
+        for key in wrong:
+            assert f"{key}" in report and "field depth:" in report, report
+        assert "ok-" not in report and report.count("\n") == len(wrong) + 2, report
+    if os.path.isdir(os.path.join(TESTDATA, "libjpeg-turbo")):
+        jpg = open(os.path.join(TESTDATA, "libjpeg-turbo", "testimages", "testorig.jpg"), "rb").read()
+        images = tmp_path / "z.tar"
+        write_tar(images, [("a.jpg.zst", zstd(jpg)), ("b.jpg.zst", zstd(jpg[:len(jpg) // 3] + bytes(9))),
+                           ("c.cls", b"3")])
+        report = named(images)
+        assert "member b.jpg.zst" in report and "a.jpg.zst" not in report, report
+        # A sample without the image the others have (a lone .cls, a link member not followed).
+        assert "member c (offset 0): sample has no image member" in report, report
+        assert refused(images) == {"b", "c"}
+        subprocess.run([dlshard, "create", str(tmp_path / "z"), str(images)], capture_output=True)
+        assert "record 2 (key c," in named(tmp_path / "z-000000.rfs")
+
+
 def test_damaged_tensor_records_are_caught_while_copied(tmp_path):
     """Tensor-only records are checksummed during the copy into the batch: a flipped byte in the
     data or in the .npy header of a record fails that record alone."""
