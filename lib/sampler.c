@@ -343,8 +343,12 @@ int dl__mix_init(dl__mix *m, const dl__dataset *ds, const double *r, int nr) {
     m->vfirst[p + 1] = m->vfirst[p] + llround(r[p] * (double)n);
   }
   if (m->vfirst[m->nparts] == 0) {
+    char given[DL__MAX_PARTS * 8] = "";
+    for (int p = 0; p < nr && strlen(given) + 24 < sizeof given; p++)
+      snprintf(given + strlen(given), sizeof given - strlen(given), "%s%g", p ? "," : "", r[p]);
     dl__mix_free(m);
-    return dl__fail(DL_ENOSAMPLES, "option repeat=: no part is seen at these factors");
+    return dl__fail(DL_ENOSAMPLES, "option repeat=%s: no sample is seen at these factors (each part's "
+                    "factor times its samples rounds to 0)", given);
   }
   return 0;
 }

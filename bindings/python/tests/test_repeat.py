@@ -95,7 +95,7 @@ def test_a_resumed_run_goes_on_with_the_same_copies(parts):
     ([1, 2, 3], {}, "repeat= gives 3 factors for a source of 2 parts"),
     ("1,x", {}, "expected a factor from 0 to 1000"),
     ([-1, 1], {}, "expected a factor from 0 to 1000"),
-    ([0, 0], {}, "no part is seen at these factors"),
+    ([0, 0], {}, "repeat=0,0: no sample is seen at these factors"),
     ([1, 2], {"shuffle_block": 1}, "repeat= and shuffle_block=1 do not go together")])
 def test_factors_that_do_not_fit_are_named(parts, repeat, more, why):
     with pytest.raises(ringfeed.Error, match=why):
