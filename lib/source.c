@@ -254,13 +254,70 @@ static int note_part_end(dl__dataset *ds) {
   return 0;
 }
 
+typedef struct file_key {
+  uint64_t key;
+  uint32_t file;
+} file_key;
+
+static int by_key(const void *a, const void *b) {
+  const file_key *x = a, *y = b;
+  return (x->key > y->key) - (x->key < y->key);
+}
+
+/* Whether files A and B of DS are one: the same file on disk, or the same path or URL. */
+static bool same_file(const dl__dataset *ds, uint32_t a, uint32_t b) {
+  struct stat x, y;
+  if (ds->fds[a] >= 0 && ds->fds[b] >= 0)
+    return !fstat(ds->fds[a], &x) && !fstat(ds->fds[b], &y) && x.st_dev == y.st_dev && x.st_ino == y.st_ino;
+  return !strcmp(ds->files[a], ds->files[b]);
+}
+
+/* A shard named twice (a list, braces or globs that overlap) gives its samples twice an epoch:
+ * allowed, but said, since it is mostly a slip (repeat= weighs a part without listing it again). */
+static void name_repeated_files(const dl__dataset *ds) {
+  if (ds->nfiles < 2)
+    return;
+  file_key *k = malloc(ds->nfiles * sizeof *k);
+  if (!k)
+    return; /* only a warning is lost */
+  for (uint32_t i = 0; i < ds->nfiles; i++) {
+    struct stat st;
+    bool on_disk = ds->fds[i] >= 0 && !fstat(ds->fds[i], &st);
+    k[i].key = on_disk ? dl__hash3((uint64_t)st.st_dev, (uint64_t)st.st_ino, 0)
+                       : dl__rfs_checksum(ds->files[i], strlen(ds->files[i]));
+    k[i].file = i;
+  }
+  qsort(k, ds->nfiles, sizeof *k, by_key);
+  uint32_t repeats = 0, first = 0, again = 0; /* files named again; the first such, and its second name */
+  bool in_run = false;
+  for (uint32_t i = 1; i < ds->nfiles; i++) {
+    bool same = k[i].key == k[i - 1].key && same_file(ds, k[i - 1].file, k[i].file);
+    if (same && !in_run && !repeats++) {
+      first = k[i - 1].file < k[i].file ? k[i - 1].file : k[i].file;
+      again = k[i - 1].file < k[i].file ? k[i].file : k[i - 1].file;
+    }
+    in_run = same;
+  }
+  free(k);
+  if (!repeats)
+    return;
+  bool spelt_apart = strcmp(ds->files[first], ds->files[again]) != 0;
+  dl__log(DL__LOG_WARN, "source: %s is named more than once%s%s%s, so its samples come as many times an epoch "
+          "(%u file%s named again); to weigh a part of the source, name it once and give repeat=", ds->files[first],
+          spelt_apart ? " (also as " : "", spelt_apart ? ds->files[again] : "", spelt_apart ? ")" : "", repeats,
+          repeats == 1 ? "" : "s");
+}
+
 int dl__source_load(dl__dataset *ds, const char *source, const dl__options *o) {
   if (!source || !*source)
     return dl__fail(DL_EOPTION, "no source given");
   if (!strncmp(source, "tokens:", 7)) {
     if (!o->token_dtype || !o->seq_len)
       return dl__fail(DL_EOPTION, "source %s: a token source needs dtype=uint16|uint32 and seq_len=L", source);
-    return dl__tokens_load(ds, source + 7, o->token_dtype == DL__DTYPE_UINT16 ? 2 : 4, o->seq_len);
+    int r = dl__tokens_load(ds, source + 7, o->token_dtype == DL__DTYPE_UINT16 ? 2 : 4, o->seq_len);
+    if (!r)
+      name_repeated_files(ds);
+    return r;
   }
   const char *p = source;
   for (;;) {
@@ -282,6 +339,7 @@ int dl__source_load(dl__dataset *ds, const char *source, const dl__options *o) {
   if (ds->n == 0)
     return dl__fail(DL_ENOSAMPLES, "source %s: no samples found%s%s", source, ds->skipped_shard[0] ? "; " : "",
                     ds->skipped_shard);
+  name_repeated_files(ds);
   return 0;
 }
 

@@ -100,3 +100,22 @@ def test_a_resumed_run_goes_on_with_the_same_copies(parts):
 def test_factors_that_do_not_fit_are_named(parts, repeat, more, why):
     with pytest.raises(ringfeed.Error, match=why):
         ringfeed.Loader(parts, repeat=repeat, **dict(KW, **more))
+
+
+def test_a_shard_named_twice_is_read_twice_and_said(parts, capfd):
+    """Naming a shard again (a list, overlapping globs or braces, another spelling of its path)
+    gives its samples again, as before, but no longer without a word: repeat= is the way to weigh."""
+    a, b = parts
+    other = a.replace("/a.tar", "/../" + a.split("/")[-2] + "/a.tar")
+    quiet = dict(KW, log="warn")
+    batches = lambda samples: -(-samples // KW["batch_size"])  # noqa: E731 - the last one short
+    assert len(ringfeed.Loader([a, b], **quiet)) == batches(34)
+    assert "named more than once" not in capfd.readouterr().err
+    assert len(ringfeed.Loader([a, b, a], **quiet)) == batches(64)
+    err = capfd.readouterr().err
+    assert f"source: {a} is named more than once, so its samples come as many times an epoch (1 file named " \
+           "again); to weigh a part of the source, name it once and give repeat=" in err, err
+    assert len(ringfeed.Loader([a, other], **quiet)) == batches(60)
+    assert f"(also as {other})" in capfd.readouterr().err
+    assert len(ringfeed.Loader(a.replace("a.tar", "{a,b,a,b}.tar"), **quiet)) == batches(68)
+    assert "(2 files named again)" in capfd.readouterr().err
