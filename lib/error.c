@@ -54,11 +54,24 @@ const char *dl_errname(int err) {
 
 const char *dl_last_error(void) { return last_error; }
 
+/* Messages name URLs as they were given, and a user name and password in one
+ * (https://user:pw@host/...) must not reach a log: each message loses them here, wherever it was
+ * made. RFC 3986 keeps '/' out of that part, so it ends at the first '@' before any '/'. */
+void dl__without_credentials(char *msg) {
+  for (char *p = msg; (p = strstr(p, "://"));) {
+    char *host = p += 3;
+    size_t n = strcspn(host, "/@ \t\n\"'");
+    if (host[n] == '@')
+      memmove(host, host + n + 1, strlen(host + n + 1) + 1);
+  }
+}
+
 int dl__fail(int code, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(last_error, sizeof last_error, fmt, ap);
   va_end(ap);
+  dl__without_credentials(last_error);
   return code;
 }
 
@@ -67,6 +80,7 @@ int dl__err_set(dl__err *e, int code, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(e->msg, sizeof e->msg, fmt, ap);
   va_end(ap);
+  dl__without_credentials(e->msg);
   e->code = code;
   return code;
 }
@@ -78,6 +92,7 @@ int dl__err_prefix(dl__err *e, const char *fmt, ...) {
   vsnprintf(prefix, sizeof prefix, fmt, ap);
   va_end(ap);
   snprintf(msg, sizeof msg, "%s%s", prefix, e->msg);
+  dl__without_credentials(msg);
   memcpy(e->msg, msg, sizeof e->msg);
   return e->code;
 }
@@ -92,6 +107,7 @@ void dl__log(int level, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, ap);
   va_end(ap);
+  dl__without_credentials(line + n);
   /* One write per line so lines from several threads never interleave. */
   size_t len = strlen(line);
   line[len] = '\n';

@@ -38,6 +38,8 @@ typedef struct dl__err {
 int dl__err_set(dl__err *e, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* Puts context before E's message ("field x: " + message); returns E's code. */
 int dl__err_prefix(dl__err *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* MSG with the user names and passwords of the URLs in it taken out, in place. */
+void dl__without_credentials(char *msg);
 
 /* A * B into *OUT, or false when it overflows: every size derived from a file goes through it. */
 static inline bool dl__mul_ok(uint64_t a, uint64_t b, uint64_t *out) { return !__builtin_mul_overflow(a, b, out); }

@@ -101,6 +101,13 @@ static char **paths_of(const char *arg, size_t *n) {
   return out;
 }
 
+/* PATH as dlshard prints it: a URL without its user name and password, which must not reach a log. */
+static const char *shown(const char *path, char *buf, size_t cap) {
+  snprintf(buf, cap, "%s", path);
+  dl__without_credentials(buf);
+  return buf;
+}
+
 /* PATH (a file, or a URL copied to a temporary file: WHOLE, or a ringfeed shard's index only)
  * opened for reading, its size in *SIZE; -1 with a message printed. */
 static int open_shard(const char *path, bool whole, uint64_t *size, FILE *msg) {
@@ -110,7 +117,7 @@ static int open_shard(const char *path, bool whole, uint64_t *size, FILE *msg) {
     dl__options_parse(&o, NULL);
     int fd;
     if (dl__remote_copy(path, &o, whole, &fd, size)) {
-      fprintf(msg, "%s%s: %s\n", who, path, dl_last_error());
+      fprintf(msg, "%s%s\n", who, dl_last_error()); /* which names the URL */
       return -1;
     }
     return fd;
@@ -832,8 +839,10 @@ static int cmd_verify(int argc, char **argv) {
         verify_dataset(paths[i], &c, &bad, &shards, &images);
         continue;
       }
+      char name[4096];
+      shown(paths[i], name, sizeof name);
       if (dl__is_url(paths[i]) && (dl__mds_is(paths[i]) || paths[i][strlen(paths[i]) - 1] == '/')) {
-        printf("%s: an MDS dataset on a server: verify a local copy of its folder\n", paths[i]);
+        printf("%s: an MDS dataset on a server: verify a local copy of its folder\n", name);
         unread++;
         continue;
       }
@@ -845,7 +854,7 @@ static int cmd_verify(int argc, char **argv) {
       }
       char magic[8] = {0};
       bool rfs = pread(fd, magic, 8, 0) == 8 && !memcmp(magic, "RFSHARD1", 8);
-      (rfs ? verify_rfs : verify_tar)(paths[i], fd, size, &c, &bad);
+      (rfs ? verify_rfs : verify_tar)(name, fd, size, &c, &bad);
       close(fd);
       shards++;
     }
@@ -892,7 +901,8 @@ static int cmd_index(int argc, char **argv) {
         fprintf(stderr, "dlshard: %s\n", dl_last_error());
         rc = 1;
       } else {
-        printf("%s: %zu samples indexed\n", paths[i], ds.n);
+        char name[4096];
+        printf("%s: %zu samples indexed\n", shown(paths[i], name, sizeof name), ds.n);
       }
       dl__dataset_free(&ds);
     }
@@ -958,6 +968,8 @@ static int cmd_ls(int argc, char **argv) {
   int fd = open_shard(shard, false, &size, stderr);
   if (fd < 0)
     return 1;
+  char name[4096];
+  shown(shard, name, sizeof name);
   dl__rfs r;
   char why[256];
   if (dl__rfs_open(&r, fd, size, why, sizeof why)) {
@@ -967,13 +979,13 @@ static int cmd_ls(int argc, char **argv) {
     dl__options_parse(&o, "on_error=skip");
     close(fd);
     if (dl__is_url(shard) ? dl__remote_load(&ds, shard, &o) : dl__tar_load(&ds, shard, DL__ON_ERROR_SKIP)) {
-      fprintf(stderr, "dlshard: %s: %s\n", shard, dl__is_url(shard) ? dl_last_error() : why);
+      fprintf(stderr, "dlshard: %s: %s\n", name, dl__is_url(shard) ? dl_last_error() : why);
       return 1;
     }
     uint64_t bytes = 0;
     for (size_t i = 0; i < ds.n; i++)
       bytes += ds.samples[i].size;
-    printf("%s: tar, %zu samples, %llu image bytes\n", shard, ds.n, (unsigned long long)bytes);
+    printf("%s: tar, %zu samples, %llu image bytes\n", name, ds.n, (unsigned long long)bytes);
     for (size_t i = 0; verbose && i < ds.n; i++)
       printf("  %s label %lld offset %llu size %llu\n", ds.pool + ds.samples[i].name,
              (long long)ds.samples[i].label, (unsigned long long)ds.samples[i].offset,
@@ -981,7 +993,7 @@ static int cmd_ls(int argc, char **argv) {
     dl__dataset_free(&ds);
     return 0;
   }
-  printf("%s: ringfeed shard v1, %llu records, alignment %u, %llu bytes\n", shard,
+  printf("%s: ringfeed shard v1, %llu records, alignment %u, %llu bytes\n", name,
          (unsigned long long)r.nrecords, r.align, (unsigned long long)size);
   for (uint32_t n = 0; n < r.nnames; n++) {
     uint64_t count = 0, stored = 0, raw = 0;

@@ -243,8 +243,12 @@ static size_t on_body(char *p, size_t size, size_t n, void *arg) {
       done += (size_t)w;
     }
   } else {
-    if (s->got + len > s->cap)
-      return 0; /* more than asked for: a server that ignored the range */
+    if (s->got + len > s->cap) { /* more than asked for: a server that ignored the range, or a page too big */
+      memcpy(s->buf + s->got, p, s->cap - s->got);
+      s->got = s->cap;
+      s->over = true;
+      return 0;
+    }
     memcpy(s->buf + s->got, p, len);
   }
   s->got += len;
@@ -342,17 +346,19 @@ static int get(const dl__options *o, const dl__target *t, const char *range, boo
     bool again = dl__http_outcome_of(h, c == CURLE_WRITE_ERROR ? CURLE_OK : c, t, expect, (int64_t)(s->got - start),
                                      s->buf ? s->buf + start : NULL, range ? strtoll(range, NULL, 10) : -1,
                                      s->range_from, out);
-    if (s->over && (out->status == 200 || out->status == 206)) { /* retried, as a short body is */
+    if (range && out->status == 200 && !whole_ok) { /* the Range header was ignored */
+      r = dl__fail(DL_EREMOTE, "%s: %s (HTTP 200 to a Range request)", t->name, DL__NO_RANGES);
+      break;
+    }
+    /* More than asked for: retried, as a short body is. Where WHOLE_OK, what came is enough for the
+     * caller (a probe's first bytes, a page that must fit), which judges it. */
+    if (s->over && !whole_ok && (out->status == 200 || out->status == 206)) {
       char where[1024];
       redact(t->name, where, sizeof where);
       out->code = DL_EREMOTE;
-      snprintf(out->msg, sizeof out->msg, "%s: more than the %llu bytes expected came", where,
-               (unsigned long long)s->cap);
+      snprintf(out->msg, sizeof out->msg, "%s: more than the %llu bytes expected came (HTTP %ld)", where,
+               (unsigned long long)s->cap, out->status);
       again = true;
-    }
-    if (!out->code && range && out->status == 200 && !whole_ok) {
-      r = dl__fail(DL_EREMOTE, "%s: the server does not serve byte ranges (HTTP 200 to a Range request)", t->name);
-      break;
     }
     if (!out->code || !again || attempt >= o->retries) {
       r = out->code ? dl__fail(out->code, "%s%s", out->msg, attempt ? " (after retries)" : "") : 0;
@@ -385,8 +391,7 @@ int dl__http_probe(const dl__options *o, const dl__target *t, uint64_t *size, ch
   } else if (out.status == 200 && s.got < cap) {
     *size = s.got; /* the whole object came: it was smaller than asked for */
   } else {
-    return dl__fail(DL_EREMOTE, "source %s: the server does not serve byte ranges (HTTP %ld to a Range request)",
-                    t->name, out.status);
+    return dl__fail(DL_EREMOTE, "source %s: %s (HTTP %ld to a Range request)", t->name, DL__NO_RANGES, out.status);
   }
   *head_len = s.got;
   snprintf(etag, etag_cap, "%s", s.etag);

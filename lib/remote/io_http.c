@@ -329,7 +329,9 @@ static void ended(dl__io *io, req *r, CURLcode c, int64_t *next_retry) {
   bool again = dl__http_outcome_of(r->h, c == CURLE_WRITE_ERROR ? CURLE_OK : c, &r->t, expect, (int64_t)r->got,
                                    r->err, (int64_t)r->off, r->range_from, &out);
   if (!out.code && out.status != 206 && !(out.status == 200 && r->off == 0)) {
-    snprintf(r->msg, sizeof r->msg, "%s: the server does not serve byte ranges (HTTP %ld)", r->t.name, out.status);
+    snprintf(r->msg, sizeof r->msg, "%s: %s (HTTP %ld)", r->t.name, DL__NO_RANGES, out.status);
+    /* The server's way, not the sample's: it counts toward the run's stop, as a failed retry does. */
+    atomic_fetch_add_explicit(&l->read_failures, 1, memory_order_relaxed);
     finish(s, r, DL_EREMOTE);
     return;
   }

@@ -278,8 +278,49 @@ def test_a_body_longer_than_the_object_is_cut_off(tmp_path):
     finally:
         server.shutdown()
     assert out.returncode == 1, out.stderr
-    assert f"{url}: more than the {len(data)} bytes expected came (after retries)" in out.stderr, out.stderr
+    assert f"{url}: more than the {len(data)} bytes expected came (HTTP 200) (after retries)" in out.stderr, out.stderr
     assert sent["whole"] == 3 and sent["extra"] < 64 << 20  # each time the client hung up, not the server
+
+
+def test_a_server_that_ignores_ranges_is_named_at_once_without_credentials(servers):
+    """python -m http.server and some others answer a Range request with the whole object (200):
+    the loader reads samples by range, so it says so, at once and in plain words, and neither that
+    message nor the warnings of damaged samples carry a password given in the URL."""
+    shard = TAR  # larger than the probe's first bytes
+    with open(os.path.join(SHARDS, shard), "rb") as f:
+        data = f.read()
+    asked = []
+
+    def whole(handler):
+        asked.append(handler.headers.get("Range"))
+        handler.send_response(200)
+        handler.send_header("Content-Length", str(len(data)))
+        handler.end_headers()
+        handler.wfile.write(data)
+        return True
+    server = serve_one_object(data, whole)
+    url = f"http://alice:s3cret-pw@127.0.0.1:{server.server_address[1]}/{shard}"
+    try:
+        out = bench(url, ok=False)
+        probed = list(asked)
+        # Shards smaller than the probe's first bytes come whole then: their samples fail one by
+        # one, and the run stops as for a server that is down rather than deliver zeros.
+        with open(os.path.join(SHARDS, "format-tar-pax.tar"), "rb") as f:
+            data = f.read()
+        small = bench(url.replace(shard, "small-{1..40}.tar"), ok=False)
+    finally:
+        server.shutdown()
+    assert out.returncode == 1 and "the server does not serve byte ranges" in out.stderr, out.stderr
+    assert f"127.0.0.1:{server.server_address[1]}/{shard}" in out.stderr and "after retries" not in out.stderr
+    assert probed == ["bytes=0-65535"] and "s3cret-pw" not in out.stderr and "alice" not in out.stderr
+    assert small.returncode == 1 and "does not serve byte ranges" in small.stderr, small.stderr[-800:]
+    assert "the server is down" in small.stderr and "s3cret-pw" not in small.stderr
+    # Per-sample warnings name the shard as well: sweep-gnu.tar holds damaged samples.
+    secret = servers["http"].url.replace("http://", "http://alice:s3cret-pw@")
+    warned = subprocess.run([DLBENCH, f"{secret}/{TAR}", *SMALL], capture_output=True, text=True,
+                            env=dict(os.environ, DL_LOG_LEVEL="2", **servers["env"]), timeout=300)
+    assert warned.returncode == 0 and f"{servers['http'].url}/{TAR} member" in warned.stderr, warned.stderr[-800:]
+    assert "s3cret-pw" not in warned.stderr and "alice" not in warned.stderr
 
 
 def test_faults_are_retried_to_the_same_stream(servers):
