@@ -896,7 +896,10 @@ static int cmd_index(int argc, char **argv) {
     }
     for (size_t i = 0; i < n; i++) {
       dl__dataset ds = {0};
-      int r = dl__tar_load(&ds, paths[i], DL__ON_ERROR_FAIL);
+      dl__options o; /* a remote shard's index goes to the cache the loader reads, keyed by its version */
+      dl__options_parse(&o, "on_error=fail");
+      int r = dl__is_url(paths[i]) ? dl__remote_load(&ds, paths[i], &o)
+                                   : dl__tar_load(&ds, paths[i], DL__ON_ERROR_FAIL);
       if (r) {
         fprintf(stderr, "dlshard: %s\n", dl_last_error());
         rc = 1;

@@ -323,6 +323,20 @@ def test_a_server_that_ignores_ranges_is_named_at_once_without_credentials(serve
     assert "s3cret-pw" not in warned.stderr and "alice" not in warned.stderr
 
 
+def test_dlshard_index_caches_a_remote_tar_index_for_the_loader(servers, tmp_path):
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "fresh-cache"))
+    log, url = servers["http"].access_log, f"{servers['http'].url}/format-tar-ustar.tar"
+    before = len(requests_for(log, "format-tar-ustar.tar"))
+    out = subprocess.run([os.path.join(BUILD, "dlshard"), "index", url], capture_output=True, text=True, env=env,
+                         timeout=300)
+    assert out.returncode == 0 and out.stdout == f"{url}: 1 samples indexed\n", (out.stdout, out.stderr)
+    indexed = requests_for(log, "format-tar-ustar.tar")[before:]
+    bench(url, env={"XDG_CACHE_HOME": env["XDG_CACHE_HOME"]})
+    loaded = requests_for(log, "format-tar-ustar.tar")[before + len(indexed):]
+    whole = lambda lines: [line for line in lines if line.rstrip().endswith(("range=", "range=-"))]  # noqa: E731
+    assert len(whole(indexed)) == 1 and not whole(loaded), (indexed, loaded)
+
+
 def test_faults_are_retried_to_the_same_stream(servers):
     shard = "rfs/packed-{000000..000001}.rfs"  # a few hundred requests: enough of each fault
     local = bench(os.path.join(SHARDS, shard), "--workers", "4")
