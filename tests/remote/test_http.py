@@ -323,6 +323,21 @@ def test_a_server_that_ignores_ranges_is_named_at_once_without_credentials(serve
     assert "s3cret-pw" not in warned.stderr and "alice" not in warned.stderr
 
 
+def test_the_binding_keeps_a_password_in_a_url_out_of_repr_and_errors(servers):
+    if not os.environ.get("RINGFEED_LIBRARY"):
+        pytest.skip("the Python binding needs RINGFEED_LIBRARY")
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bindings", "python"))
+    import ringfeed
+    secret = servers["http"].url.replace("http://", "http://alice:s3cret-pw@")
+    loader = ringfeed.Loader(f"{secret}/format-tar-ustar.tar", batch_size=1, image_size=8, framework="dlpack")
+    shown = repr(loader)
+    loader.close()
+    assert f"{servers['http'].url}/format-tar-ustar.tar" in shown and "s3cret-pw" not in shown, shown
+    with pytest.raises(ringfeed.Error) as e:
+        ringfeed.Loader(f"{secret}/none.tar", retries=0)
+    assert "HTTP 404" in str(e.value) and "s3cret-pw" not in str(e.value) and "alice" not in str(e.value)
+
+
 def test_dlshard_index_caches_a_remote_tar_index_for_the_loader(servers, tmp_path):
     env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "fresh-cache"))
     log, url = servers["http"].access_log, f"{servers['http'].url}/format-tar-ustar.tar"

@@ -4,6 +4,7 @@ import contextlib
 import ctypes
 import json
 import os
+import re
 import sys
 import threading
 from typing import Iterator
@@ -16,6 +17,7 @@ _DL_EBUSY = -1007
 _DL_ECLOSED = -1011
 _ETIMEDOUT = -110
 _WAIT_SLICE_MS = 50
+_CREDENTIALS = re.compile(r"(://)[^/@\s]*@")  # the user:password@ of a URL, kept out of what is printed
 
 
 class Error(RuntimeError):
@@ -308,7 +310,8 @@ class Loader:
     def __repr__(self) -> str:
         options = "".join(f", {k}={v!r}" for k, v in self._options.items() if k != "resume")
         state = "closed" if not self._handle else f"epoch {self._epoch}"
-        return f"ringfeed.Loader({self._source!r}{options}, framework={self._framework!r}) <{state}>"
+        source = _CREDENTIALS.sub(r"\1", self._source)
+        return f"ringfeed.Loader({source!r}{options}, framework={self._framework!r}) <{state}>"
 
     @contextlib.contextmanager
     def _use(self, closed=(-9, "the loader is closed")):
