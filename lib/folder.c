@@ -95,7 +95,8 @@ static void warn_left_out(const char *root, const left_out *lo, const char *what
     for (int k = 0; k < lo->kinds; k++)
       snprintf(kinds + strlen(kinds), sizeof kinds - strlen(kinds), "%s%zu %s", k ? ", " : "", lo->count[k],
                lo->ext[k]);
-    dl__log(DL__LOG_WARN, "source %s: %zu files that are not %s were left out (%s%s)", root, lo->n, what, kinds,
+    dl__log(DL__LOG_WARN, "source %s: %zu %s not %s %s left out (%s%s)", root, lo->n,
+            lo->n == 1 ? "file that is" : "files that are", what, lo->n == 1 ? "was" : "were", kinds,
             lo->kinds == (int)DL__ARRAY_LEN(lo->ext) ? ", ..." : "");
   }
   warn_unreadable(root, lo);
@@ -247,7 +248,7 @@ static int flat_load(dl__dataset *ds, const char *root, char **files, size_t n) 
   if (!ds->n)
     skipped.n = 0; /* a folder of nothing to load: the error that follows says so */
   if (!rc)
-    warn_left_out(root, &skipped, "images, .npy or .cls");
+    warn_left_out(root, &skipped, "an image, .npy or .cls");
   return rc;
 }
 
@@ -362,10 +363,10 @@ int dl__folder_load(dl__dataset *ds, const char *root) {
     free(es.v);
   }
   if (!rc && empty) /* a class without samples: a copy cut short, or a filter gone wrong */
-    dl__log(DL__LOG_WARN, "source %s: %zu class %s no image (%s, label %zu); labels count %s as "
+    dl__log(DL__LOG_WARN, "source %s: %zu class %s no image (%s%s, label %zu); labels count %s as "
             "torchvision's class_to_idx does (its ImageFolder refuses such a folder)", root, empty,
-            empty == 1 ? "folder holds" : "folders hold", classes[empty_first], empty_first,
-            empty == 1 ? "it" : "them");
+            empty == 1 ? "folder holds" : "folders hold", empty == 1 ? "" : "the first: ", classes[empty_first],
+            empty_first, empty == 1 ? "it" : "them");
   for (size_t c = 0; c < nclasses; c++)
     free(classes[c]);
   free(classes);

@@ -334,7 +334,7 @@ def test_a_shard_unpacked_into_a_folder_keeps_its_labels(tmp_path, capfd):
     assert got == [("000", 10), ("001", 11), ("001", 11), ("002", -1), ("003", -1)], got
     err = capfd.readouterr().err
     assert "003.cls holds no integer label" in err
-    assert "1 files that are not images, .npy or .cls were left out (1 .txt)" in err
+    assert "1 file that is not an image, .npy or .cls was left out (1 .txt)" in err
 
 
 def test_members_named_as_the_batch_names_its_own_parts_do_not_hide_them(tmp_path, capfd):

@@ -73,7 +73,7 @@ def test_webp_in_tar_matches_pil(sources):
 def test_webp_in_an_image_folder(sources, capfd):
     assert check(sources / "folder", lambda k: int(os.path.basename(k).split(".")[0])) == 12
     err = capfd.readouterr().err
-    assert "1 files that are not .jpg/.jpeg/.png/.webp were left out (1 .txt)" in err
+    assert "1 file that is not .jpg/.jpeg/.png/.webp was left out (1 .txt)" in err
 
 
 def test_webp_through_dlshard(sources, tmp_path):
