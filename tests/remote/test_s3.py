@@ -110,6 +110,9 @@ def test_dlshard_uploads_what_it_makes_and_reads_remote_shards(s3, tmp_path):
     assert listed.stdout.split(".rfs:", 1)[1] == same.stdout.split(".rfs:", 1)[1]
     missing = dlshard("ls", "s3://shards/made/none.rfs", env=s3["env"], ok=False)
     assert missing.returncode == 1 and "NoSuchKey" in missing.stderr
+    indexed = dlshard("index", "s3://shards/*.tar", env=dict(s3["env"], XDG_CACHE_HOME=str(tmp_path)))
+    assert indexed.stdout.splitlines() == ["s3://shards/format-tar-gnu.tar: 2 samples indexed",
+                                           "s3://shards/sweep-gnu.tar: 1319 samples indexed"], indexed.stdout
 
 
 def test_an_mds_dataset_in_a_bucket_is_the_local_stream(s3, tmp_path):
