@@ -365,8 +365,8 @@ int dl__folder_load(dl__dataset *ds, const char *root) {
   if (!rc && empty) /* a class without samples: a copy cut short, or a filter gone wrong */
     dl__log(DL__LOG_WARN, "source %s: %zu class %s no image (%s%s, label %zu); labels count %s as "
             "torchvision's class_to_idx does (its ImageFolder refuses such a folder)", root, empty,
-            empty == 1 ? "folder holds" : "folders hold", empty == 1 ? "" : "the first: ", classes[empty_first],
-            empty_first, empty == 1 ? "it" : "them");
+            empty == 1 ? "folder holds" : "folders hold", empty == 1 ? "" : "the first: ",
+            classes[empty_first], empty_first, empty == 1 ? "it" : "them");
   for (size_t c = 0; c < nclasses; c++)
     free(classes[c]);
   free(classes);

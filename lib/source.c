@@ -302,10 +302,10 @@ static void name_repeated_files(const dl__dataset *ds) {
   if (!repeats)
     return;
   bool spelt_apart = strcmp(ds->files[first], ds->files[again]) != 0;
-  dl__log(DL__LOG_WARN, "source: %s is named more than once%s%s%s, so its samples come as many times an epoch "
-          "(%u file%s named again); to weigh a part of the source, name it once and give repeat=", ds->files[first],
-          spelt_apart ? " (also as " : "", spelt_apart ? ds->files[again] : "", spelt_apart ? ")" : "", repeats,
-          repeats == 1 ? "" : "s");
+  dl__log(DL__LOG_WARN, "source: %s is named more than once%s%s%s, so its samples come as many times an "
+          "epoch (%u file%s named again); to weigh a part of the source, name it once and give repeat=",
+          ds->files[first], spelt_apart ? " (also as " : "", spelt_apart ? ds->files[again] : "",
+          spelt_apart ? ")" : "", repeats, repeats == 1 ? "" : "s");
 }
 
 int dl__source_load(dl__dataset *ds, const char *source, const dl__options *o) {

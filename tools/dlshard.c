@@ -748,7 +748,8 @@ static int verify_tar(const char *path, int fd, uint64_t size, checker *c, long 
       dl__err_set(&e, DL_ENOFIELD, NO_IMAGE);
     else if (s->codec == DL__CODEC_NONE && !s->nrefs)
       continue; /* a label alone has nothing to decode */
-    else if (dl__buf_reserve(&buf, s->size ? s->size : 1) || pread(fd, buf.p, s->size, (off_t)s->offset) != (ssize_t)s->size)
+    else if (dl__buf_reserve(&buf, s->size ? s->size : 1) ||
+             pread(fd, buf.p, s->size, (off_t)s->offset) != (ssize_t)s->size)
       dl__err_set(&e, DL_ECORRUPT, "cannot read %llu bytes", (unsigned long long)s->size);
     else
       check_sample(c, &ds, s, buf.p, &e);

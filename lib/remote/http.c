@@ -391,7 +391,8 @@ int dl__http_probe(const dl__options *o, const dl__target *t, uint64_t *size, ch
   } else if (out.status == 200 && s.got < cap) {
     *size = s.got; /* the whole object came: it was smaller than asked for */
   } else {
-    return dl__fail(DL_EREMOTE, "source %s: %s (HTTP %ld to a Range request)", t->name, DL__NO_RANGES, out.status);
+    return dl__fail(DL_EREMOTE, "source %s: %s (HTTP %ld to a Range request)", t->name, DL__NO_RANGES,
+                    out.status);
   }
   *head_len = s.got;
   snprintf(etag, etag_cap, "%s", s.etag);

@@ -57,13 +57,14 @@ int dl__hub_tree_files(const char *p, const char *end, int (*on_file)(const char
 /* The files of hf://.../DIR/PATTERN (wildcards in the file name only), as hf:// URLs, sorted. */
 int dl__hub_list(const dl__options *o, const dl__hub *h, const char *pattern, char ***out, size_t *n);
 
-/* One remote object: NAME in messages (the source as given), URL requested, S3 signing or NULL,
- * and the headers of its requests where they are its own (else S3's, or none). */
 /* Why a server that answers a Range request with the whole object (HTTP 200) cannot serve a loader. */
 #define DL__NO_RANGES                                                                                    \
   "the server does not serve byte ranges, by which samples are read: serve the shards from one that "   \
   "does (nginx, Apache, S3, most CDNs) or copy them to local disk"
 
+/* One remote object: NAME in messages (the source as given; messages lose its user name and
+ * password on the way out), URL requested, S3 signing or NULL, and the headers of its requests
+ * where they are its own (else S3's, or none). */
 typedef struct dl__target {
   const char *name;
   const char *url;
