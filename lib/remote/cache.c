@@ -156,8 +156,9 @@ int dl__cache_dir_open(const dl__options *o, dl__cache_dir *d) {
   memset(d, 0, sizeof *d);
   d->dirfd = -1;
   snprintf(d->path, sizeof d->path, "%s", o->cache_dir);
-  if (mkdir(o->cache_dir, 0755) && errno != EEXIST)
-    return dl__fail(-errno, "cache_dir=%s: cannot create it: %s", o->cache_dir, strerror(errno));
+  int made = dl__mkdirs(o->cache_dir); /* with the folders above it, as `mkdir -p` would */
+  if (made)
+    return dl__fail(made, "cache_dir=%s: cannot create it: %s", o->cache_dir, strerror(-made));
   d->dirfd = open(o->cache_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   int lock = d->dirfd >= 0 ? lock_folder(d) : -errno;
   if (lock < 0) {
@@ -547,5 +548,17 @@ int dl__cache_start(dl_loader *l) {
   }
   dl__log(DL__LOG_INFO, "shard cache %s: up to %.1f GB, cached shards read with %s", c->dir.path,
           (double)c->dir.limit / 1e9, c->io->name);
+  uint32_t over = 0, largest = 0; /* shards that never fit: read in place all run long, which is said */
+  for (uint32_t f = 0; f < l->ds.nremote; f++) {
+    if ((int64_t)l->ds.remote[f].size <= c->dir.limit)
+      continue;
+    if (!over++ || l->ds.remote[f].size > l->ds.remote[largest].size)
+      largest = f;
+  }
+  if (over)
+    dl__log(DL__LOG_WARN, "shard cache %s: %u shard%s larger than its %.0f MB (%s, %.0f MB%s) %s read in place "
+            "with ranged GETs, never cached: raise cache_limit", c->dir.path, over, over == 1 ? "" : "s",
+            (double)c->dir.limit / 1e6, l->ds.files[largest], (double)l->ds.remote[largest].size / 1e6,
+            over == 1 ? "" : ", the largest", over == 1 ? "is" : "are");
   return 0;
 }

@@ -165,6 +165,22 @@ def test_cache_options_are_checked(tmp_path):
     assert out.returncode == 1 and "cache_limit needs cache_dir" in out.stderr
 
 
+def test_a_nested_cache_dir_is_made_and_a_shard_over_the_limit_is_said(nginx, tmp_path):
+    """cache_dir's missing parents are made, as mkdir -p does; a shard larger than cache_limit is
+    read in place all run long, the same stream, and the run says so once."""
+    folder = tmp_path / "a" / "b" / "cache"
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "index"), DL_LOG_LEVEL="2")
+    local = bench(os.path.join(SHARDS, TAR))
+    out = subprocess.run(command(f"{nginx.url}/{TAR}", "--option", f"cache_dir={folder}", "--option",
+                                 "cache_limit=1M"), capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0 and json.loads(out.stdout)["batch_digests"] == local["batch_digests"], out.stderr
+    said = [line for line in out.stderr.splitlines() if "never cached" in line]
+    assert said == [f"ringfeed warning: shard cache {folder}: 1 shard larger than its 1 MB ({nginx.url}/{TAR}, "
+                    f"{os.path.getsize(os.path.join(SHARDS, TAR)) / 1e6:.0f} MB) is read in place with ranged GETs, "
+                    "never cached: raise cache_limit"], out.stderr[-1500:]
+    assert folder.is_dir() and not entries(folder)
+
+
 def test_close_does_not_wait_for_a_stalled_download(nginx, tmp_path):
     if not os.environ.get("RINGFEED_LIBRARY"):
         pytest.skip("the Python binding needs RINGFEED_LIBRARY")
