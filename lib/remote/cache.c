@@ -556,9 +556,10 @@ int dl__cache_start(dl_loader *l) {
       largest = f;
   }
   if (over)
-    dl__log(DL__LOG_WARN, "shard cache %s: %u shard%s larger than its %.0f MB (%s, %.0f MB%s) %s read in place "
-            "with ranged GETs, never cached: raise cache_limit", c->dir.path, over, over == 1 ? "" : "s",
-            (double)c->dir.limit / 1e6, l->ds.files[largest], (double)l->ds.remote[largest].size / 1e6,
-            over == 1 ? "" : ", the largest", over == 1 ? "is" : "are");
+    dl__log(DL__LOG_WARN, "shard cache %s: %u shard%s larger than its %.0f MB (%s, %.0f MB%s) %s read in "
+            "place with ranged GETs, never cached: raise cache_limit", c->dir.path, over,
+            over == 1 ? "" : "s", (double)c->dir.limit / 1e6, l->ds.files[largest],
+            (double)l->ds.remote[largest].size / 1e6, over == 1 ? "" : ", the largest",
+            over == 1 ? "is" : "are");
   return 0;
 }
