@@ -255,7 +255,8 @@ static int note_part_end(dl__dataset *ds) {
 }
 
 typedef struct file_key {
-  uint64_t key;
+  uint64_t key;      /* a hash of dev and ino, or of the path or URL */
+  uint64_t dev, ino; /* of a file open on disk, else 0 */
   uint32_t file;
 } file_key;
 
@@ -264,12 +265,11 @@ static int by_key(const void *a, const void *b) {
   return (x->key > y->key) - (x->key < y->key);
 }
 
-/* Whether files A and B of DS are one: the same file on disk, or the same path or URL. */
-static bool same_file(const dl__dataset *ds, uint32_t a, uint32_t b) {
-  struct stat x, y;
-  if (ds->fds[a] >= 0 && ds->fds[b] >= 0)
-    return !fstat(ds->fds[a], &x) && !fstat(ds->fds[b], &y) && x.st_dev == y.st_dev && x.st_ino == y.st_ino;
-  return !strcmp(ds->files[a], ds->files[b]);
+/* Whether the files of keys A and B are one: the same file on disk, or the same path or URL. */
+static bool same_file(const dl__dataset *ds, const file_key *a, const file_key *b) {
+  if (a->ino || b->ino)
+    return a->dev == b->dev && a->ino == b->ino;
+  return !strcmp(ds->files[a->file], ds->files[b->file]);
 }
 
 /* A shard named twice (a list, braces or globs that overlap) gives its samples twice an epoch:
@@ -283,15 +283,16 @@ static void name_repeated_files(const dl__dataset *ds) {
   for (uint32_t i = 0; i < ds->nfiles; i++) {
     struct stat st;
     bool on_disk = ds->fds[i] >= 0 && !fstat(ds->fds[i], &st);
-    k[i].key = on_disk ? dl__hash3((uint64_t)st.st_dev, (uint64_t)st.st_ino, 0)
+    k[i] = (file_key){.dev = on_disk ? (uint64_t)st.st_dev : 0, .ino = on_disk ? (uint64_t)st.st_ino : 0,
+                      .file = i};
+    k[i].key = on_disk ? dl__hash3(k[i].dev, k[i].ino, 0)
                        : dl__rfs_checksum(ds->files[i], strlen(ds->files[i]));
-    k[i].file = i;
   }
   qsort(k, ds->nfiles, sizeof *k, by_key);
   uint32_t repeats = 0, first = 0, again = 0; /* files named again; the first such, and its second name */
   bool in_run = false;
   for (uint32_t i = 1; i < ds->nfiles; i++) {
-    bool same = k[i].key == k[i - 1].key && same_file(ds, k[i - 1].file, k[i].file);
+    bool same = k[i].key == k[i - 1].key && same_file(ds, &k[i - 1], &k[i]);
     if (same && !in_run && !repeats++) {
       first = k[i - 1].file < k[i].file ? k[i - 1].file : k[i].file;
       again = k[i - 1].file < k[i].file ? k[i].file : k[i - 1].file;

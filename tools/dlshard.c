@@ -605,13 +605,20 @@ static int plan_full(dl__decode_job *job, int w, int h, dl__err *e) {
   return 0;
 }
 
-/* Decodes the whole image at P (N bytes; zstd-compressed first when ZST, as `.jpg.zst` members are). */
+/* *P and *N made the inflated bytes where ZST (`.jpg.zst` members, `.npy.zst` and zstd fields). */
+static int inflated(checker *c, const uint8_t **p, size_t *n, bool zst, dl__err *e) {
+  if (!zst)
+    return 0;
+  if (dl__zstd_inflate(&c->zctx, *p, *n, c->limit, &c->raw, n, e))
+    return e->code;
+  *p = c->raw.p;
+  return 0;
+}
+
+/* Decodes the whole image at P (N bytes, zstd-compressed when ZST). */
 static int decode_image(checker *c, const uint8_t *p, size_t n, bool zst, bool pil, dl__err *e) {
-  if (zst) {
-    if (dl__zstd_inflate(&c->zctx, p, n, c->limit, &c->raw, &n, e))
-      return e->code;
-    p = c->raw.p;
-  }
+  if (inflated(c, &p, &n, zst, e))
+    return e->code;
   dl__decode_job job = {.src = p, .len = n, .channels = 3, .out_w = 1 << 30, .out_h = 1 << 30,
                         .max_pixels = 1ll << 28, .plan = plan_full, .scratch = &c->d.scratch, .pil = pil};
   return dl__image_decode_job(&c->d, &job, e);
@@ -620,13 +627,8 @@ static int decode_image(checker *c, const uint8_t *p, size_t n, bool zst, bool p
 /* A tensor value (N bytes at P, zstd-compressed when ZST) as the loader takes it: a .npy payload
  * whose header parses and whose data holds its whole shape. */
 static int check_npy(checker *c, const uint8_t *p, size_t n, bool zst, dl__err *e) {
-  if (zst) {
-    if (dl__zstd_inflate(&c->zctx, p, n, c->limit, &c->raw, &n, e))
-      return e->code;
-    p = c->raw.p;
-  }
   dl__npy npy;
-  return dl__npy_parse(p, n, n, &npy, e);
+  return inflated(c, &p, &n, zst, e) ? e->code : dl__npy_parse(p, n, n, &npy, e);
 }
 
 static int check_ref(checker *c, const dl__dataset *ds, const dl__fref *ref, const uint8_t *p, dl__err *e) {
