@@ -4,7 +4,8 @@
 # per-GPU rate against one GPU), one process feeding G GPUs against G processes, and a resume at
 # half the ranks. Writes a table last; logs go to $OUT/multi.tar.gz. Usage: multi_gpu_run.sh [BUILD]
 #   PARTS: any of train oneproc resume (default: all); DECODES: the decode modes of oneproc (auto);
-#   EPOCHS: of the synthetic set in oneproc (4; nvJPEG's start, about a second, is inside the rates)
+#   EPOCHS: of the synthetic set in oneproc (4; nvJPEG's start, about a second, is inside the rates);
+#   QUALITY=96 SUBSAMPLING=444: the ImageNet-quality set instead of the q90 4:2:0 one
 set -u
 build=${1:-build-device}
 dest=${OUT:-out}
@@ -19,7 +20,7 @@ table="$out/table.md"
 row() { echo "| $1 | $2 |" >> "$table"; }
 echo "| check | result |" > "$table"
 row "GPUs, workers per GPU" "$G, $W"
-src=$("$build/dlbench" --make-synthetic --synthetic 10000)
+src=$("$build/dlbench" --make-synthetic --synthetic 10000 --quality "${QUALITY:-90}" --subsampling "${SUBSAMPLING:-420}")
 parts=${PARTS:-train oneproc resume}
 has() { case " $parts " in *" $1 "*) return 0 ;; esac; return 1; }
 num() { sed -n "s/.*\"$2\": *\([0-9.e+-]*\).*/\1/p" "$1" | head -1; }
@@ -57,7 +58,7 @@ for decode in $(has oneproc && echo ${DECODES:-auto}); do
   row "1 process, device=cuda:0..$((G-1)), decode=$decode" "$one images/s steady ($(cat "$out/oneproc-$decode.json"))"
   i=0
   while [ $i -lt "$G" ]; do
-    "$build/dlbench" --device "cuda:$i" --rank $i --world-size "$G" --workers "$W" --epochs "${EPOCHS:-4}" --decode $decode --json \
+    "$build/dlbench" "$src" --device "cuda:$i" --rank $i --world-size "$G" --workers "$W" --epochs "${EPOCHS:-4}" --decode $decode --json \
       > "$out/proc-$decode-$i.json" 2> "$out/proc-$decode-$i.err" &
     i=$((i + 1))
   done
