@@ -107,9 +107,11 @@ void dl__ring_done(dl_loader *l, const dl__claim *c, const dl__err *e) {
     b->err = e->code;
     b->err_i = c->i;
     if (down) {
-      const char *what = l->remote ? "requests in a row failed after their retries: the server"
-                                   : "reads in a row failed: the storage";
-      snprintf(b->errmsg, sizeof b->errmsg, "%.700s; %d %s is down, and on_error=skip covers bad samples, not "
+      /* Remote failures count after their retries, or at once where retrying cannot help (a server
+       * that ignores byte ranges): the first part of the message says which. */
+      const char *what = l->remote ? "requests in a row failed: the server is down or cannot serve them"
+                                   : "reads in a row failed: the storage is down";
+      snprintf(b->errmsg, sizeof b->errmsg, "%.700s; %d %s, and on_error=skip covers bad samples, not "
                "storage that serves none", e->msg, failures, what);
     } else {
       memcpy(b->errmsg, e->msg, sizeof b->errmsg);
