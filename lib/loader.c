@@ -283,6 +283,11 @@ int dl_open(dl_loader **out, const char *source, const char *options) {
     if (r || (r = set_blocks(l, &l->streams[s].sm)))
       goto fail;
   }
+  /* Opening a finished run is legal (a job restarted after its last epoch), but it is said. */
+  if (l->o.epochs && l->streams[0].sm.start_epoch >= l->o.epochs)
+    dl__log(DL__LOG_WARN, "the run starts at epoch %" PRId64 " (%s) and ends after epoch %" PRId64
+            " (epochs=%" PRId64 "): no batch is left to deliver", l->streams[0].sm.start_epoch,
+            l->o.resume[0] ? "from the resume token" : "start_epoch", l->o.epochs - 1, l->o.epochs);
   uint32_t remote = 0;
   for (uint32_t i = 0; i < l->ds.nfiles; i++) /* (a compressed remote MDS shard is read from a local copy) */
     remote += i < l->ds.nremote && l->ds.remote[i].url;

@@ -73,6 +73,21 @@ def test_set_epoch_starts_that_epoch_as_a_continuous_run_has_it():
     assert e.value.name == "DL_EOPTION"
 
 
+def test_a_run_opened_past_its_last_epoch_says_so(capfd):
+    with ringfeed.Loader(WDS, epochs=3, start_epoch=3, **KW) as loader:
+        assert run(loader) == []
+    assert "starts at epoch 3 (start_epoch) and ends after epoch 2 (epochs=3): no batch is left" in capfd.readouterr().err
+    with ringfeed.Loader(WDS, epochs=1, **KW) as loader:
+        run(loader)
+        token = loader.state_dict()
+    with ringfeed.Loader(WDS, epochs=1, state=token, **KW) as loader:
+        assert run(loader) == []
+    assert "starts at epoch 1 (from the resume token) and ends after epoch 0" in capfd.readouterr().err
+    with ringfeed.Loader(WDS, epochs=3, start_epoch=2, **KW) as loader:
+        assert len(run(loader)) == len(loader)
+    assert "no batch is left" not in capfd.readouterr().err
+
+
 def test_set_epoch_of_the_epoch_under_way_starts_it_again():
     with ringfeed.Loader(WDS, epochs=2, **KW) as continuous:
         first = keys_of(run(continuous))
