@@ -228,9 +228,15 @@ class Loader:
             self._guard = threading.Condition()
             self._users = 0
         self._framework = _framework(framework)
-        # A path as str, bytes or os.PathLike (pathlib), or a list of them.
-        if isinstance(source, (list, tuple)):
-            source = "::".join(os.fsdecode(s) for s in source)
+        # A path as str, bytes or os.PathLike (pathlib), or a list, tuple or other iterable of them
+        # (a generator, glob.iglob, Path.glob).
+        if not isinstance(source, (str, bytes, os.PathLike)):
+            try:
+                parts = list(source)
+            except TypeError:
+                raise TypeError(f"ringfeed: the source is a path or an iterable of paths, not {type(source).__name__}") \
+                    from None
+            source = "::".join(os.fsdecode(s) for s in parts)
         source = os.fsdecode(source)
         if "rank" not in options and "RANK" in os.environ:
             options["rank"] = int(os.environ["RANK"])
@@ -244,7 +250,7 @@ class Loader:
         self._handed = 0
         text = " ".join(f"{k}={_format(k, v)}" for k, v in options.items()
                         if v is not None and k != "log_stats_every")
-        rc = lib.dl_open(ctypes.byref(self._handle), source.encode(), text.encode())
+        rc = lib.dl_open(ctypes.byref(self._handle), os.fsencode(source), os.fsencode(text))
         if rc < 0:
             message = (lib.dl_last_error() or b"").decode(errors="replace")
             hint = next((h for k, h in _DATALOADER_HINTS.items() if f"unknown option '{k}'" in message), None)

@@ -156,14 +156,22 @@ def test_errors_are_exceptions_with_code_names(tmp_path):
 
 
 @needs_testdata
-def test_a_source_is_any_kind_of_path_or_a_list_of_them():
+def test_a_source_is_any_kind_of_path_or_a_list_of_them(tmp_path):
     import pathlib
     one = len(ringfeed.Loader(WDS, batch_size=1, image_size=16, workers=1))  # samples
     for source in (pathlib.Path(WDS), os.fsencode(WDS), [pathlib.Path(WDS), os.fsencode(WDS)], (WDS,)):
         n = 2 if isinstance(source, list) else 1
         assert len(ringfeed.Loader(source, batch_size=1, image_size=16, workers=1)) == n * one, source
-    with pytest.raises(TypeError):
+    # Any iterable of paths: a generator, as glob.iglob and Path.glob give.
+    generated = (p for p in [WDS, pathlib.Path(WDS)])
+    assert len(ringfeed.Loader(generated, batch_size=1, image_size=16, workers=1)) == 2 * one
+    with pytest.raises(TypeError, match="not int"):
         ringfeed.Loader(7)
+    # A file name that is not UTF-8 goes to the library as its bytes.
+    odd = tmp_path / os.fsdecode(b"shard-\xff.tar")
+    os.symlink(os.path.abspath(WDS), odd)
+    assert len(ringfeed.Loader(odd, batch_size=1, image_size=16, workers=1)) == one
+    assert len(ringfeed.Loader(os.fsencode(odd), batch_size=1, image_size=16, workers=1)) == one
     # A local path written as a URL (fsspec, Streaming) is the path.
     assert len(ringfeed.Loader("file://" + os.path.abspath(WDS), batch_size=1, image_size=16, workers=1)) == one
 
