@@ -715,9 +715,13 @@ typedef struct dl__stream {
   int claim_i;
   int64_t next_out;  /* next batch for the consumer */
   int64_t handed;    /* batches handed out */
-  dl_batch *slots;   /* host prefetch slots; batch k lives in slot k % prefetch */
-  dl_batch *dslots;  /* device slots (copy stage), batch k in dslots[k % device_slots]; or NULL */
-  /* A consumer waiting for next_out while its slot still holds a batch another thread was handed:
+  /* Host prefetch slots, and the device slots of the copy stage (or NULL). A batch takes whichever
+   * slot is free when it starts, so a batch the consumer keeps costs one slot, not the ring's turn;
+   * dl__slot_of finds it again by its number. */
+  dl_batch *slots;
+  dl_batch *dslots;
+  dl_batch *filling; /* the host slot of batch claim_k once its first sample is claimed */
+  /* A consumer waiting for next_out while every slot holds a batch another thread was handed:
    * since when (0: not so), and whether the warning about it was given. */
   double held_since;
   bool held_told;
@@ -879,6 +883,10 @@ void dl__pace_locked(dl_loader *l, double now);
 /* Marks sample C done; signals the consumer when its batch is complete. */
 void dl__ring_done(dl_loader *l, const dl__claim *c, const dl__err *e);
 void dl__slot_free_locked(dl_batch *b);
+/* Under l->mu: the slot of N that holds batch K (in any state but free), or NULL; the first free
+ * slot of N, or NULL. */
+dl_batch *dl__slot_of(dl_batch *slots, int n, int64_t k);
+dl_batch *dl__slot_free_one(dl_batch *slots, int n);
 
 /* Tensor fields (fields.c): the batch schema at open, and one sample's fields into slot B. */
 int dl__fields_schema(dl_loader *l);

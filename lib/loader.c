@@ -385,10 +385,11 @@ static bool before(const struct timespec *a, const struct timespec *b) {
   return a->tv_sec < b->tv_sec || (a->tv_sec == b->tv_sec && a->tv_nsec < b->tv_nsec);
 }
 
-/* The slot of the batch a consumer waits for still holds batch B, handed to another consumer
- * thread, which alone can free it. If it never does (it waits here too, or keeps B's tensors
- * while it waits on something else), every consumer waits for ever: after HELD_WARN_S seconds of
- * this the loader says so, once. True while the consumer should look again within a second. */
+/* Every slot a consumer could get its next batch from holds a batch handed out and not released,
+ * B among them handed to another consumer thread, which alone can free it. If it never does (it
+ * waits here too, or keeps B's tensors while it waits on something else), every consumer waits
+ * for ever: after HELD_WARN_S seconds of this the loader says so, once. True while the consumer
+ * should look again within a second. */
 static bool held_elsewhere(dl_loader *l, dl__stream *s, const dl_batch *b) {
   double now = dl__now();
   if (!s->held_since)
@@ -396,13 +397,33 @@ static bool held_elsewhere(dl_loader *l, dl__stream *s, const dl_batch *b) {
   if (!s->held_told && now - s->held_since >= HELD_WARN_S) {
     s->held_told = true;
     dl__log(DL__LOG_WARN,
-            "batch %" PRId64 " has waited %.0f s for its slot (one of %d), which still holds batch %" PRId64
-            ", handed to another thread and not released: release it (in Python, drop that batch and its "
+            "batch %" PRId64 " has waited %.0f s for a slot: all %d hold batches not released, batch %" PRId64
+            " among them, handed to another thread: release it (in Python, drop that batch and its "
             "tensors), or raise %s",
             s->next_out, now - s->held_since, s->dslots ? l->o.device_slots : l->o.prefetch, b->k,
             s->dslots ? "device_slots" : "prefetch");
   }
   return !s->held_told;
+}
+
+static int64_t oldest_k(const dl_batch *slots, int n) {
+  int64_t k = INT64_MAX;
+  for (int i = 0; i < n; i++)
+    k = slots[i].k < k ? slots[i].k : k;
+  return k;
+}
+
+/* Under l->mu, when the next batch has no slot: whether every slot is held by a consumer, and if
+ * so the oldest batch held by another thread (*OTHER, NULL when this thread holds them all). */
+static bool all_held(dl_batch *slots, int n, const dl_batch **other) {
+  *other = NULL;
+  for (int i = 0; i < n; i++) {
+    if (slots[i].state != DL__SLOT_HELD)
+      return false;
+    if (!pthread_equal(slots[i].holder, pthread_self()) && (!*other || slots[i].k < (*other)->k))
+      *other = &slots[i];
+  }
+  return true;
 }
 
 int dl_next_batch_timed(dl_loader *l, int dev, int timeout_ms, dl_batch **out) {
@@ -436,25 +457,30 @@ int dl_next_batch_timed(dl_loader *l, int dev, int timeout_ms, dl_batch **out) {
       r = DL_EOF;
       break;
     }
-    b = s->dslots ? &s->dslots[s->next_out % l->o.device_slots] : &s->slots[s->next_out % l->o.prefetch];
-    if (b->k == s->next_out && b->ready) {
+    dl_batch *slots = s->dslots ? s->dslots : s->slots;
+    int nslots = s->dslots ? l->o.device_slots : l->o.prefetch;
+    b = dl__slot_of(slots, nslots, s->next_out);
+    if (b && b->ready) {
       s->held_since = 0, s->held_told = false;
       break;
     }
-    /* Held by this very thread: waiting cannot end (it would have to release it first). Held by
-     * another consumer thread: that one releases it in its own time (held_elsewhere warns when
-     * it takes long). */
-    if (b->state == DL__SLOT_HELD && pthread_equal(b->holder, pthread_self())) {
-      int slots = s->dslots ? l->o.device_slots : l->o.prefetch;
+    /* Every slot held by this very thread: waiting cannot end (it would have to release one
+     * first). Some by another consumer thread: that one releases them in its own time
+     * (held_elsewhere warns when it takes long). */
+    const dl_batch *other = NULL;
+    bool stuck = !b && all_held(slots, nslots, &other);
+    if (stuck && !other) {
       r = dl__fail(DL_EBUSY,
-                   "batch %" PRId64 " cannot be filled: its slot (one of %d) still has batch %" PRId64
-                   ", held by the consumer (release batches sooner, or raise %s)",
-                   s->next_out, slots, b->k, s->dslots ? "device_slots" : "prefetch");
+                   "batch %" PRId64 " cannot be filled: all %d slots hold batches held by the consumer, the "
+                   "oldest batch %" PRId64 " (release batches sooner, or raise %s)",
+                   s->next_out, nslots, oldest_k(slots, nslots), s->dslots ? "device_slots" : "prefetch");
+      b = NULL;
       break;
     }
+    b = NULL;
     bool look = false;
-    if (b->state == DL__SLOT_HELD)
-      look = held_elsewhere(l, s, b);
+    if (stuck)
+      look = held_elsewhere(l, s, other);
     else
       s->held_since = 0, s->held_told = false;
     struct timespec until = deadline;

@@ -1,7 +1,7 @@
 /*
- * The prefetch ring: per output stream, P batch slots; batch k lives in slot k % P. Workers claim
- * samples in batch order but only for batches whose slot is free, so memory is fixed and the
- * consumer's pace is the backpressure. Batches complete out of order and are handed out in order.
+ * The prefetch ring: per output stream, P batch slots; a batch starts in whichever slot is free.
+ * Workers claim samples in batch order but only for a batch that has a slot, so memory is fixed and
+ * the consumer's pace is the backpressure. Batches complete out of order and are handed out in order.
  *
  * Lock order: l->mu only (no other lock is taken while it is held).
  */
@@ -17,15 +17,31 @@
 
 static bool exhausted(const dl__stream *s) { return s->sm.total >= 0 && s->claim_k >= s->sm.total; }
 
-/* The slot for the stream's next claim if workers may fill it; starts the batch if needed. */
+dl_batch *dl__slot_of(dl_batch *slots, int n, int64_t k) {
+  for (int i = 0; i < n; i++)
+    if (slots[i].k == k && slots[i].state != DL__SLOT_FREE)
+      return &slots[i];
+  return NULL;
+}
+
+dl_batch *dl__slot_free_one(dl_batch *slots, int n) {
+  for (int i = 0; i < n; i++)
+    if (slots[i].state == DL__SLOT_FREE)
+      return &slots[i];
+  return NULL;
+}
+
+/* The slot for the stream's next claim if workers may fill it; starts the batch in a free slot if
+ * needed (the lowest: the starter pins slots in that order). */
 static dl_batch *open_slot(dl_loader *l, dl__stream *s) {
   if (exhausted(s))
     return NULL;
-  dl_batch *b = &s->slots[s->claim_k % l->o.prefetch];
-  if (b->state == DL__SLOT_FILLING && b->k == s->claim_k)
+  dl_batch *b = s->filling;
+  if (b && b->state == DL__SLOT_FILLING && b->k == s->claim_k)
     return b;
-  if (b->state != DL__SLOT_FREE)
+  if (!(b = dl__slot_free_one(s->slots, l->o.prefetch)))
     return NULL;
+  s->filling = b;
   b->state = DL__SLOT_FILLING;
   b->k = s->claim_k;
   dl__sampler_locate(&s->sm, s->claim_k, &b->epoch, &b->index, &(int64_t){0});

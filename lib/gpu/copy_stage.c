@@ -418,16 +418,18 @@ static void *copy_thread(void *arg) {
   for (int64_t k = 0;; k++) {
     if (s->sm.total >= 0 && k >= s->sm.total)
       break;
-    int slot = (int)(k % l->o.prefetch);
-    dl_batch *host = &s->slots[slot];
-    dl_batch *dev = &s->dslots[k % l->o.device_slots];
+    int slot = -1;
+    dl_batch *host = NULL, *dev = NULL;
     bool stop = false;
     for (;;) {
       if (reap(g, false))
         goto failed;
       pthread_mutex_lock(&l->mu);
-      bool host_ok = host->k == k && host->state == DL__SLOT_COMPLETE && pinned_locked(l, g->index, slot);
-      bool dev_ok = dev->state == DL__SLOT_FREE;
+      host = dl__slot_of(s->slots, l->o.prefetch, k);
+      slot = host ? (int)(host - s->slots) : -1;
+      bool host_ok = host && host->state == DL__SLOT_COMPLETE && pinned_locked(l, g->index, slot);
+      dev = dl__slot_free_one(s->dslots, l->o.device_slots);
+      bool dev_ok = dev != NULL;
       stop = l->stop;
       if (host_ok && dev_ok) {
         dev->state = DL__SLOT_FILLING;

@@ -464,9 +464,17 @@ def test_tensors_outlive_the_loader_and_holding_every_slot_is_an_error():
     with pytest.raises(ringfeed.Error) as e:
         next(loader)
     assert e.value.name == "DL_EBUSY"
-    copy = held[1]["image"].copy()
-    del held[0]  # the oldest batch's slot is the one the next batch needs
+    copy = held[0]["image"].copy()
+    del held[1]  # any batch let go gives the next one its slot
     assert next(loader)["image"].shape == (4, 16, 16, 3)
+    # A batch kept for good (a picture of the first batch, say) costs one slot: the loop goes on
+    # (with one slot more for the batch `batch` still names while the next is fetched).
+    del held[1:]
+    first_keys = held[0]["key"]
+    for _ in range(3 * len(loader)):
+        batch = next(loader)
+    del batch
+    assert held[0]["key"] == first_keys and held[0]["image"].shape == (4, 16, 16, 3)
     loader.close()
     assert np.array_equal(held[0]["image"], copy)
     del held

@@ -48,7 +48,7 @@ def test_breaking_out_leaves_the_rest_of_the_epoch_for_the_next_for():
         for i, batch in enumerate(loader):
             if i == 1:
                 break
-        del batch  # a batch kept is a slot kept: batch 1's slot is the one batch 1 + prefetch needs
+        del batch  # a batch kept is a slot kept
         rest = run(loader)
         assert len(rest) == len(loader) - 2 and {b["epoch"] for b in rest} == {0}
 
