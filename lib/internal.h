@@ -884,9 +884,9 @@ void dl__pace_locked(dl_loader *l, double now);
 void dl__ring_done(dl_loader *l, const dl__claim *c, const dl__err *e);
 void dl__slot_free_locked(dl_batch *b);
 /* Under l->mu: the slot of N that holds batch K (in any state but free), or NULL; the first free
- * slot of N, or NULL. */
+ * slot of N after LAST (in turn, so with none kept batch k takes slot k % N), or NULL. */
 dl_batch *dl__slot_of(dl_batch *slots, int n, int64_t k);
-dl_batch *dl__slot_free_one(dl_batch *slots, int n);
+dl_batch *dl__slot_free_after(dl_batch *slots, int n, const dl_batch *last);
 
 /* Tensor fields (fields.c): the batch schema at open, and one sample's fields into slot B. */
 int dl__fields_schema(dl_loader *l);

@@ -24,22 +24,28 @@ dl_batch *dl__slot_of(dl_batch *slots, int n, int64_t k) {
   return NULL;
 }
 
-dl_batch *dl__slot_free_one(dl_batch *slots, int n) {
-  for (int i = 0; i < n; i++)
-    if (slots[i].state == DL__SLOT_FREE)
-      return &slots[i];
+/* In turn rather than the lowest free: a device slot's last consumer may still be reading it on
+ * its stream (the copy into it waits for that), and the one freed longest ago has surely finished;
+ * the starter pins host slots in index order too. */
+dl_batch *dl__slot_free_after(dl_batch *slots, int n, const dl_batch *last) {
+  int from = last ? (int)(last - slots) + 1 : 0;
+  for (int j = 0; j < n; j++) {
+    dl_batch *b = &slots[(from + j) % n];
+    if (b->state == DL__SLOT_FREE)
+      return b;
+  }
   return NULL;
 }
 
 /* The slot for the stream's next claim if workers may fill it; starts the batch in a free slot if
- * needed (the lowest: the starter pins slots in that order). */
+ * needed. */
 static dl_batch *open_slot(dl_loader *l, dl__stream *s) {
   if (exhausted(s))
     return NULL;
   dl_batch *b = s->filling;
   if (b && b->state == DL__SLOT_FILLING && b->k == s->claim_k)
     return b;
-  if (!(b = dl__slot_free_one(s->slots, l->o.prefetch)))
+  if (!(b = dl__slot_free_after(s->slots, l->o.prefetch, s->filling)))
     return NULL;
   s->filling = b;
   b->state = DL__SLOT_FILLING;

@@ -415,6 +415,7 @@ static void *copy_thread(void *arg) {
   dl_loader *l = g->l;
   dl__stream *s = &l->streams[g->index];
   cudaSetDevice(g->id);
+  const dl_batch *last_dev = NULL;
   for (int64_t k = 0;; k++) {
     if (s->sm.total >= 0 && k >= s->sm.total)
       break;
@@ -428,11 +429,12 @@ static void *copy_thread(void *arg) {
       host = dl__slot_of(s->slots, l->o.prefetch, k);
       slot = host ? (int)(host - s->slots) : -1;
       bool host_ok = host && host->state == DL__SLOT_COMPLETE && pinned_locked(l, g->index, slot);
-      dev = dl__slot_free_one(s->dslots, l->o.device_slots);
+      dev = dl__slot_free_after(s->dslots, l->o.device_slots, last_dev);
       bool dev_ok = dev != NULL;
       stop = l->stop;
       if (host_ok && dev_ok) {
         dev->state = DL__SLOT_FILLING;
+        last_dev = dev;
         pthread_mutex_unlock(&l->mu);
         break;
       }
