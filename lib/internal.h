@@ -387,6 +387,16 @@ int dl__unpack(int in, const char *compression, uint64_t expect, int fd, const c
 /* Loads the MDS dataset at PATH: a local folder or index.json, or the URL of a remote one's
  * index.json (or of its folder, ending in '/'). */
 int dl__mds_load(dl__dataset *ds, const char *path, const dl__options *o);
+/* A digest index.json records of a shard file: Streaming's name of its algorithm ("sha1",
+ * "xxh64", ...) and its hex digest. */
+typedef struct dl__mds_digest {
+  char algo[16];
+  char hex[132];
+} dl__mds_digest;
+/* Calls EACH with every digest the index of the local MDS dataset at PATH records, and the path of
+ * the file it is of (raw or compressed, whether or not the file is there); stops at its first
+ * nonzero return, which it returns. */
+int dl__mds_digests(const char *path, int (*each)(const char *file, const dl__mds_digest *d, void *arg), void *arg);
 /* One value of a tensor column (N bytes at P) as a .npy payload would describe it. */
 int dl__mds_parse(const dl__mds_spec *spec, const uint8_t *p, size_t n, dl__npy *out, dl__err *e);
 /* Loads a token source ("tokens:" stripped): windows of seq_len+1 tokens as samples. */

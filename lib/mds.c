@@ -49,11 +49,15 @@ typedef struct column {
   dl__mds_spec spec;
 } column;
 
+#define MAX_DIGESTS 24 /* of one file: Streaming knows 17 algorithms, and its writers use one or two */
+
 typedef struct shard {
   char basename[PATH_MAX], zip[PATH_MAX], format[32], compression[32];
   uint64_t samples, version, raw_bytes; /* raw_bytes: the uncompressed shard's size, or 0 */
   int ncols, nnames, nsizes;
   column cols[MAX_COLUMNS];
+  dl__mds_digest digests[2][MAX_DIGESTS]; /* raw_data's and zip_data's "hashes" */
+  int ndigests[2];
 } shard;
 
 /* ---- encodings ---- */
@@ -220,8 +224,31 @@ static const char *string_or_null(const char *p, const char *end, char *out, siz
   return p < end && *p == '"' ? dl__json_string(p, end, out, cap) : NULL;
 }
 
+/* "hashes": {"sha1": "<hex>", "xxh64": "<hex>", ...} into D (*N of them; past MAX_DIGESTS, or a
+ * name or digest too long to be one, skipped). */
+static const char *digests(const char *p, const char *end, dl__mds_digest *d, int *n) {
+  if (dl__json_null(p, end, &p))
+    return p;
+  if (p >= end || *p++ != '{')
+    return NULL;
+  char algo[sizeof d->algo + 1];
+  int member;
+  while ((member = dl__json_member(&p, end, algo, sizeof algo)) == 1) {
+    char hex[sizeof d->hex + 1];
+    if (*p != '"' || !(p = dl__json_string(p, end, hex, sizeof hex)))
+      return NULL;
+    if (*n < MAX_DIGESTS && strlen(algo) < sizeof d->algo && strlen(hex) < sizeof d->hex) {
+      snprintf(d[*n].algo, sizeof d->algo, "%s", algo);
+      snprintf(d[*n].hex, sizeof d->hex, "%s", hex);
+      ++*n;
+    }
+  }
+  return member < 0 ? NULL : p;
+}
+
 /* raw_data / zip_data: {"basename": ..., "bytes": ..., "hashes": ...} or null. */
-static const char *file_info(const char *p, const char *end, char *basename, size_t cap, uint64_t *bytes) {
+static const char *file_info(const char *p, const char *end, char *basename, size_t cap, uint64_t *bytes,
+                             dl__mds_digest *d, int *nd) {
   basename[0] = 0;
   *bytes = 0;
   if (dl__json_null(p, end, &p))
@@ -235,6 +262,8 @@ static const char *file_info(const char *p, const char *end, char *basename, siz
       p = dl__json_string(p, end, basename, cap);
     else if (!strcmp(key, "bytes") && *p != 'n')
       p = dl__json_uint(p, end, bytes);
+    else if (!strcmp(key, "hashes"))
+      p = digests(p, end, d, nd);
     else
       p = dl__json_skip(p, end);
     if (!p)
@@ -262,9 +291,9 @@ static const char *shard_object(const char *p, const char *end, shard *sh) {
     else if (!strcmp(key, "compression"))
       p = string_or_null(p, end, sh->compression, sizeof sh->compression);
     else if (!strcmp(key, "raw_data"))
-      p = file_info(p, end, sh->basename, sizeof sh->basename, &sh->raw_bytes);
+      p = file_info(p, end, sh->basename, sizeof sh->basename, &sh->raw_bytes, sh->digests[0], &sh->ndigests[0]);
     else if (!strcmp(key, "zip_data"))
-      p = file_info(p, end, sh->zip, sizeof sh->zip, &zip_bytes);
+      p = file_info(p, end, sh->zip, sizeof sh->zip, &zip_bytes, sh->digests[1], &sh->ndigests[1]);
     else if (!strcmp(key, "samples"))
       p = dl__json_uint(p, end, &sh->samples);
     else if (!strcmp(key, "version"))
@@ -717,7 +746,11 @@ static int read_index(dl__dataset *ds, const char *index, const dl__options *o, 
   return 0;
 }
 
-int dl__mds_load(dl__dataset *ds, const char *path, const dl__options *o) {
+/* Calls ON_SHARD for each shard the index at PATH lists, with the dataset's folder (or URL) and
+ * the index's path; stops at its first error. */
+typedef int (*on_shard_fn)(dl__dataset *ds, const char *root, const char *index, shard *sh, void *arg);
+
+static int walk_index(dl__dataset *ds, const char *path, const dl__options *o, on_shard_fn on_shard, void *arg) {
   char index[PATH_MAX], root[PATH_MAX];
   size_t n = strlen(path);
   bool file = n >= 10 && !strcmp(path + n - 10, "index.json");
@@ -750,8 +783,8 @@ int dl__mds_load(dl__dataset *ds, const char *path, const dl__options *o) {
     while (!rc && !malformed && (more = dl__json_element(&p, end)) == 1) {
       if (!(p = shard_object(p, end, sh)))
         malformed = true;
-      else if (!(rc = check_columns(ds, sh, index)))
-        rc = load_shard(ds, root, sh, index, o);
+      else
+        rc = on_shard(ds, root, index, sh, arg);
     }
     malformed = malformed || more < 0;
   }
@@ -759,5 +792,49 @@ int dl__mds_load(dl__dataset *ds, const char *path, const dl__options *o) {
     rc = dl__fail(DL_ECORRUPT, "MDS index %s: %s", index, shards || malformed || member < 0 ? "malformed JSON" : "no \"shards\" list");
   free(text);
   free(sh);
+  return rc;
+}
+
+static int load_one(dl__dataset *ds, const char *root, const char *index, shard *sh, void *arg) {
+  int rc = check_columns(ds, sh, index);
+  return rc ? rc : load_shard(ds, root, sh, index, arg);
+}
+
+int dl__mds_load(dl__dataset *ds, const char *path, const dl__options *o) {
+  return walk_index(ds, path, o, load_one, (void *)o);
+}
+
+typedef struct digest_walk {
+  int (*each)(const char *file, const dl__mds_digest *d, void *arg);
+  void *arg;
+} digest_walk;
+
+static int each_digest(dl__dataset *ds, const char *root, const char *index, shard *sh, void *arg) {
+  (void)ds;
+  const digest_walk *w = arg;
+  for (int z = 0; z < 2; z++) {
+    const char *name = z ? sh->zip : sh->basename;
+    if (!sh->ndigests[z])
+      continue;
+    if (!inside(name))
+      return dl__fail(DL_ECORRUPT, "MDS index %s: shard '%s' lies outside the dataset's folder", index, name);
+    char file[PATH_MAX * 2 + 2];
+    snprintf(file, sizeof file, "%s/%s", root, name);
+    for (int i = 0; i < sh->ndigests[z]; i++) {
+      int rc = w->each(file, &sh->digests[z][i], w->arg);
+      if (rc)
+        return rc;
+    }
+  }
+  return 0;
+}
+
+int dl__mds_digests(const char *path, int (*each)(const char *file, const dl__mds_digest *d, void *arg), void *arg) {
+  dl__options o;
+  dl__options_parse(&o, "");
+  dl__dataset ds = {0};
+  digest_walk w = {each, arg};
+  int rc = walk_index(&ds, path, &o, each_digest, &w);
+  dl__dataset_free(&ds);
   return rc;
 }

@@ -4,13 +4,13 @@
 # measures ringfeed's against)
 set -eu
 want="build-essential cmake pkg-config libjpeg62-turbo-dev libpng-dev zlib1g-dev libbz2-dev liburing-dev libzstd-dev libwebp-dev libcurl4-openssl-dev
-      libxxhash-dev libdlpack-dev tar"
+      libxxhash-dev libdlpack-dev libssl-dev tar"
 if [ "${1:-build}" = bench ]; then
   want="$want libyuv-dev libstb-dev libswscale-dev"
 fi
 if [ "${1:-build}" = test ]; then
   want="$want clang libclang-rt-dev zstd python3 python3-numpy python3-pytest python3-pil python3-torch python3-torchvision
-        python3-venv python3-pip python3-setuptools python3-wheel git nginx openssl python3-botocore"
+        python3-venv python3-pip python3-setuptools python3-wheel git nginx openssl python3-botocore python3-xxhash"
   # Node.js for the S3 tests' server, from Debian unless another Node.js with npm is there.
   command -v npm >/dev/null || want="$want nodejs npm"
 fi

@@ -4,6 +4,7 @@
  */
 #include "internal.h"
 #include "cli_number.h"
+#include "file_digest.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -13,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -31,7 +33,8 @@ static void usage(FILE *f) {
           "      writes OUT_PREFIX-000000.rfs ... in the inputs' sample order; an OUT_PREFIX of\n"
           "      s3://bucket/prefix/name uploads each shard once written (credentials as for the loader)\n"
           "  dlshard index SHARD...     build and cache the member index of tar shards\n"
-          "  dlshard verify SHARD...    decode every image and tensor, check every checksum;\n"
+          "  dlshard verify SHARD...    decode every image and tensor, check every checksum (and\n"
+          "                             the digests an MDS index records);\n"
           "                             exits 1 naming each bad record\n"
           "  dlshard ls SHARD [-v]      records, fields, sizes and codecs (-v: every record)\n"
           "  verify and ls also take an MDS dataset's folder (or its index.json) and an ImageFolder root\n"
@@ -765,6 +768,56 @@ static int verify_tar(const char *path, int fd, uint64_t size, checker *c, long 
   return 0;
 }
 
+typedef struct digest_check {
+  long checked, bad;
+} digest_check;
+
+/* One digest an MDS index records of FILE, against the file's bytes. A file that is not there is
+ * passed over: a shard kept only compressed has no raw file, and a missing shard the load named. */
+static int check_digest(const char *file, const dl__mds_digest *d, void *arg) {
+  digest_check *c = arg;
+  int fd = open(file, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno != ENOENT) {
+      printf("%s: cannot read it to check its %s digest: %s\n", file, d->algo, strerror(errno));
+      c->bad++;
+    }
+    return 0;
+  }
+  char hex[160];
+  int rc = file_digest(fd, d->algo, hex, sizeof hex);
+  close(fd);
+  if (rc == -ENOTSUP) {
+    printf("%s: its '%s' digest is not checked: no algorithm of that name is known here\n", file, d->algo);
+    return 0;
+  }
+  c->checked++;
+  if (rc) {
+    printf("%s: reading it for its %s digest failed: %s\n", file, d->algo, strerror(-rc));
+    c->bad++;
+  } else if (strcasecmp(hex, d->hex)) {
+    printf("%s: %s digest %s, but the index records %s: the file is not the one the index was written with\n",
+           file, d->algo, hex, d->hex);
+    c->bad++;
+  }
+  return 0;
+}
+
+/* The digests the MDS index at PATH records of its shard files, each checked (Streaming's writers
+ * record them when given hashes=[...]; its readers check one when asked, with validate_hash). */
+static void verify_digests(const char *path, long *bad) {
+  digest_check c = {0};
+  if (dl__mds_digests(path, check_digest, &c)) {
+    printf("%s\n", dl_last_error());
+    (*bad)++;
+    return;
+  }
+  if (c.checked)
+    printf("%s: %ld digest%s of its shard files checked%s\n", path, c.checked, c.checked == 1 ? "" : "s",
+           c.bad ? ", not all as recorded (above)" : ", all as recorded");
+  *bad += c.bad;
+}
+
 /* A dataset that is not one shard file (an MDS dataset, an ImageFolder): loaded as the loader
  * loads it, each sample then read and its image and MDS values decoded. Samples the load left out
  * are named by its warnings and counted as bad. Its files count as shards (MDS) or images. */
@@ -787,6 +840,8 @@ static void verify_dataset(const char *path, checker *c, long *bad, long *shards
            ds.left_out == 1 ? "" : "s");
   *bad += (long)ds.left_out;
   *(dl__mds_is(path) ? shards : images) += ds.nfiles;
+  if (dl__mds_is(path))
+    verify_digests(path, bad);
   dl__buf buf = {0};
   bool has_images = any_image(&ds);
   for (size_t i = 0; i < ds.n; i++) {

@@ -3,6 +3,7 @@ decoded here by the format's description, datasets written here as MDSWriter wri
 labels, text, JSON, numbers, arrays), and damaged ones, each named."""
 import bz2
 import gzip
+import hashlib
 import io
 import json
 import os
@@ -559,6 +560,53 @@ def test_dlshard_verify_and_ls_read_an_mds_dataset(tmp_path):
     assert lines[-1] == "3 bad records", v.stdout
     ls = run("ls", bad)
     assert ls.returncode == 0 and "7 samples" in ls.stdout and "1 left out as damaged" in ls.stdout
+
+
+def test_dlshard_verify_checks_the_digests_an_mds_index_records(tmp_path):
+    """MDSWriter(hashes=[...]) records each shard file's digests in index.json (raw_data, and
+    zip_data when compressed); verify checks every one it knows the algorithm of."""
+    dlshard = os.environ.get("DL_DLSHARD")
+    if not dlshard:
+        pytest.skip("DL_DLSHARD not set")
+    xxhash = pytest.importorskip("xxhash")
+    algos = {"md5": hashlib.md5, "sha1": hashlib.sha1, "sha256": hashlib.sha256, "sha3_256": hashlib.sha3_256,
+             "blake2b": hashlib.blake2b, "blake2s": hashlib.blake2s, "xxh32": xxhash.xxh32, "xxh64": xxhash.xxh64,
+             "xxh3_64": xxhash.xxh3_64, "xxh128": xxhash.xxh128, "xxh3_128": xxhash.xxh3_128}
+    folder = tmp_path / "mds"
+    write_mds(str(folder), {"label": "int", "caption": "str"}, [{"label": i, "caption": "x" * i} for i in range(8)])
+    index = json.loads((folder / "index.json").read_text())
+    for sh in index["shards"]:
+        data = (folder / sh["raw_data"]["basename"]).read_bytes()
+        sh["hashes"] = sorted(algos)
+        sh["raw_data"]["hashes"] = {a: f(data).hexdigest() for a, f in algos.items()}
+    # The first shard kept only compressed, as compression="zstd" leaves it: its zip's digest is
+    # checked; its raw file is not there to check.
+    first = index["shards"][0]
+    zipped = zstd_bytes((folder / "shard.00000.mds").read_bytes())
+    (folder / "shard.00000.mds.zstd").write_bytes(zipped)
+    (folder / "shard.00000.mds").unlink()
+    first.update(compression="zstd", zip_data={"basename": "shard.00000.mds.zstd", "bytes": len(zipped),
+                                               "hashes": {"sha1": hashlib.sha1(zipped).hexdigest()}})
+    index["shards"][1]["raw_data"]["hashes"]["whirlpool"] = "00"
+    (folder / "index.json").write_text(json.dumps(index))
+    run = lambda: subprocess.run([dlshard, "verify", str(folder)], capture_output=True, text=True)
+    v = run()
+    assert v.returncode == 0, v.stdout + v.stderr
+    assert f"{folder}: 12 digests of its shard files checked, all as recorded" in v.stdout
+    assert "shard.00001.mds: its 'whirlpool' digest is not checked" in v.stdout
+    # One byte of the second shard changed (a caption's last letter): every sample still reads,
+    # but no digest of the file is as recorded.
+    second = folder / "shard.00001.mds"
+    data = bytearray(second.read_bytes())
+    data[-1] ^= 1
+    second.write_bytes(bytes(data))
+    v = run()
+    assert v.returncode == 1, v.stdout + v.stderr
+    wrong = [x for x in v.stdout.splitlines() if "but the index records" in x]
+    assert len(wrong) == 11 and all(x.startswith(f"{second}: ") for x in wrong), v.stdout
+    want = hashlib.sha1(bytes(data)).hexdigest()
+    assert f"{second}: sha1 digest {want}, but the index records {index['shards'][1]['raw_data']['hashes']['sha1']}" in v.stdout
+    assert v.stdout.splitlines()[-1] == "11 bad records", v.stdout
 
 
 def test_dlshard_verify_reads_an_image_folder(tmp_path):

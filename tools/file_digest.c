@@ -1,0 +1,135 @@
+#include "file_digest.h"
+
+#include <errno.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <openssl/evp.h>
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#define CHUNK (1u << 20)
+
+/* Streaming's (Python hashlib's) names against OpenSSL's; blake2b and blake2s are hashlib's default
+ * sizes. */
+static const char *const openssl_names[][2] = {
+    {"md5", "MD5"},           {"sha1", "SHA1"},         {"sha224", "SHA224"},     {"sha256", "SHA256"},
+    {"sha384", "SHA384"},     {"sha512", "SHA512"},     {"sha3_224", "SHA3-224"}, {"sha3_256", "SHA3-256"},
+    {"sha3_384", "SHA3-384"}, {"sha3_512", "SHA3-512"}, {"blake2b", "BLAKE2B-512"}, {"blake2s", "BLAKE2S-256"},
+};
+
+enum { XXH_32, XXH_64, XXH_3_64, XXH_3_128 };
+
+static const struct {
+  const char *name;
+  int kind;
+} xxh_names[] = {{"xxh32", XXH_32}, {"xxh64", XXH_64}, {"xxh3_64", XXH_3_64}, {"xxh128", XXH_3_128},
+                 {"xxh3_128", XXH_3_128}};
+
+static void to_hex(const unsigned char *d, size_t n, char *hex) {
+  for (size_t i = 0; i < n; i++)
+    sprintf(hex + 2 * i, "%02x", d[i]);
+}
+
+/* Reads FD to its end through FEED; 0 or -errno. */
+static int read_all(int fd, unsigned char *buf, void (*feed)(void *ctx, const void *p, size_t n), void *ctx) {
+  if (lseek(fd, 0, SEEK_SET) < 0)
+    return -errno;
+  for (;;) {
+    ssize_t got = read(fd, buf, CHUNK);
+    if (got < 0 && errno == EINTR)
+      continue;
+    if (got < 0)
+      return -errno;
+    if (got == 0)
+      return 0;
+    feed(ctx, buf, (size_t)got);
+  }
+}
+
+static void feed_evp(void *ctx, const void *p, size_t n) { EVP_DigestUpdate(ctx, p, n); }
+static void feed_32(void *ctx, const void *p, size_t n) { XXH32_update(ctx, p, n); }
+static void feed_64(void *ctx, const void *p, size_t n) { XXH64_update(ctx, p, n); }
+static void feed_3(void *ctx, const void *p, size_t n) { XXH3_64bits_update(ctx, p, n); }
+static void feed_128(void *ctx, const void *p, size_t n) { XXH3_128bits_update(ctx, p, n); }
+
+static int evp_digest(int fd, const EVP_MD *md, unsigned char *buf, char *hex) {
+  EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+  if (!ctx || !EVP_DigestInit_ex(ctx, md, NULL)) {
+    EVP_MD_CTX_free(ctx);
+    return -ENOMEM;
+  }
+  int rc = read_all(fd, buf, feed_evp, ctx);
+  unsigned char d[EVP_MAX_MD_SIZE];
+  unsigned len = 0;
+  if (!rc && !EVP_DigestFinal_ex(ctx, d, &len))
+    rc = -EIO;
+  if (!rc)
+    to_hex(d, len, hex);
+  EVP_MD_CTX_free(ctx);
+  return rc;
+}
+
+/* xxHash digests in their canonical (big-endian) form, as Python's xxhash writes them. */
+static int xxh_digest(int fd, int kind, unsigned char *buf, char *hex) {
+  int rc;
+  if (kind == XXH_32) {
+    XXH32_state_t st;
+    XXH32_reset(&st, 0);
+    if (!(rc = read_all(fd, buf, feed_32, &st))) {
+      XXH32_canonical_t c;
+      XXH32_canonicalFromHash(&c, XXH32_digest(&st));
+      to_hex(c.digest, sizeof c.digest, hex);
+    }
+  } else if (kind == XXH_64) {
+    XXH64_state_t st;
+    XXH64_reset(&st, 0);
+    if (!(rc = read_all(fd, buf, feed_64, &st))) {
+      XXH64_canonical_t c;
+      XXH64_canonicalFromHash(&c, XXH64_digest(&st));
+      to_hex(c.digest, sizeof c.digest, hex);
+    }
+  } else if (kind == XXH_3_64) {
+    XXH3_state_t st;
+    XXH3_64bits_reset(&st);
+    if (!(rc = read_all(fd, buf, feed_3, &st))) {
+      XXH64_canonical_t c;
+      XXH64_canonicalFromHash(&c, XXH3_64bits_digest(&st));
+      to_hex(c.digest, sizeof c.digest, hex);
+    }
+  } else {
+    XXH3_state_t st;
+    XXH3_128bits_reset(&st);
+    if (!(rc = read_all(fd, buf, feed_128, &st))) {
+      XXH128_canonical_t c;
+      XXH128_canonicalFromHash(&c, XXH3_128bits_digest(&st));
+      to_hex(c.digest, sizeof c.digest, hex);
+    }
+  }
+  return rc;
+}
+
+int file_digest(int fd, const char *algo, char *hex, size_t cap) {
+  if (cap < 2 * EVP_MAX_MD_SIZE + 1)
+    return -EINVAL;
+  const EVP_MD *md = NULL;
+  int xxh = -1;
+  for (size_t i = 0; i < sizeof openssl_names / sizeof *openssl_names; i++)
+    if (!strcmp(algo, openssl_names[i][0]))
+      md = EVP_get_digestbyname(openssl_names[i][1]);
+  for (size_t i = 0; i < sizeof xxh_names / sizeof *xxh_names; i++)
+    if (!strcmp(algo, xxh_names[i].name))
+      xxh = xxh_names[i].kind;
+  if (!md && xxh < 0)
+    return -ENOTSUP;
+  unsigned char *buf = malloc(CHUNK);
+  if (!buf)
+    return -ENOMEM;
+  int rc = md ? evp_digest(fd, md, buf, hex) : xxh_digest(fd, xxh, buf, hex);
+  free(buf);
+  return rc;
+}
