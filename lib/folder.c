@@ -74,10 +74,12 @@ static void leave_out(left_out *lo, const char *name) {
   }
 }
 
-/* An entry of PATH that stat() failed on (errno), counted for one warning. */
-static void unreadable(left_out *lo, const char *path) {
+/* An entry of PATH that cannot be read, for WHY (stat()'s errno, or WHY_NOT_FILE), counted for one
+ * warning. */
+#define WHY_NOT_FILE "not a regular file (a FIFO, device or socket)"
+static void unreadable(left_out *lo, const char *path, const char *why) {
   if (!lo->unreadable++)
-    snprintf(lo->first_unreadable, sizeof lo->first_unreadable, "%s: %s", path, strerror(errno));
+    snprintf(lo->first_unreadable, sizeof lo->first_unreadable, "%s: %s", path, why);
 }
 
 static void warn_unreadable(const char *root, const left_out *lo) {
@@ -127,12 +129,15 @@ static int walk(const char *base, const char *rel, entries *out, left_out *skipp
     snprintf(sub, sizeof sub, "%s%s%s", rel, *rel ? "/" : "", de->d_name);
     struct stat st;
     if (stat(full, &st)) {
-      unreadable(skipped, full);
+      unreadable(skipped, full, strerror(errno));
       continue;
     }
     if (S_ISDIR(st.st_mode)) {
       rc = walk(base, sub, out, skipped, &me);
-    } else if (S_ISREG(st.st_mode)) {
+    } else if (!S_ISREG(st.st_mode)) {
+      if (image_codec(de->d_name) != DL__CODEC_NONE) /* reading a FIFO would wait for a writer */
+        unreadable(skipped, full, WHY_NOT_FILE);
+    } else {
       if (image_codec(de->d_name) == DL__CODEC_NONE) {
         leave_out(skipped, de->d_name);
         continue;
@@ -202,11 +207,13 @@ static int flat_load(dl__dataset *ds, const char *root, char **files, size_t n) 
     struct stat st;
     snprintf(path, sizeof path, "%s/%s", root, files[i]);
     if (stat(path, &st)) {
-      unreadable(&skipped, path);
+      unreadable(&skipped, path, strerror(errno));
       continue;
     }
-    if (!S_ISREG(st.st_mode))
+    if (!S_ISREG(st.st_mode)) {
+      unreadable(&skipped, path, WHY_NOT_FILE);
       continue;
+    }
     const char *dot = strchr(files[i], '.');
     if (!dot)
       continue;

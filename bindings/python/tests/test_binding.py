@@ -271,6 +271,15 @@ def test_an_image_folder_names_the_entries_it_cannot_read(tmp_path, capfd):
     with ringfeed.Loader(str(flat), batch_size=4, image_size=16, workers=1, log="warn") as loader:
         assert next(loader)["key"] == ["a"]
     assert f"1 entry could not be read and was left out ({flat / 'b.jpg'}: No such file" in capfd.readouterr().err
+    # A FIFO named as an image (reading it would wait for a writer) is named too, in both layouts.
+    for root, folder in ((tmp_path / "piped", tmp_path / "piped" / "cat"), (tmp_path / "pipedflat",) * 2):
+        os.makedirs(folder)
+        os.symlink(jpg, folder / "a.jpg")
+        os.mkfifo(folder / "c.jpg")
+        with ringfeed.Loader(str(root), batch_size=1, image_size=16, workers=1, log="warn") as loader:
+            assert len(loader) == 1
+        err = capfd.readouterr().err
+        assert f"1 entry could not be read and was left out ({folder / 'c.jpg'}: not a regular file" in err, err
 
 
 @needs_testdata
