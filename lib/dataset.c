@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,6 +46,13 @@ int dl__dataset_add_file(dl__dataset *ds, const char *path, uint32_t *index) {
 int dl__open_regular(const char *path, const char *what, struct stat *st) {
   /* O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer, forever. */
   int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0 && errno == EMFILE) { /* dl_open has raised the soft limit to the hard one already */
+    struct rlimit r = {0};
+    getrlimit(RLIMIT_NOFILE, &r);
+    return dl__fail(-EMFILE, "%s %s: too many open files: the process may open %llu (ulimit -n; hard limit %llu), "
+                    "and a loader keeps each shard open: raise the limit, or make fewer, larger shards (dlshard "
+                    "create)", what, path, (unsigned long long)r.rlim_cur, (unsigned long long)r.rlim_max);
+  }
   struct stat own;
   st = st ? st : &own;
   if (fd < 0 || fstat(fd, st)) {

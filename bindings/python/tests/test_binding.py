@@ -4,6 +4,8 @@ import io
 import os
 import random
 import resource
+import subprocess
+import sys
 import tarfile
 import threading
 import time
@@ -280,6 +282,30 @@ def test_an_image_folder_names_the_entries_it_cannot_read(tmp_path, capfd):
             assert len(loader) == 1
         err = capfd.readouterr().err
         assert f"1 entry could not be read and was left out ({folder / 'c.jpg'}: not a regular file" in err, err
+
+
+@needs_testdata
+def test_more_shards_than_the_open_file_limit_allows_are_named_with_what_to_do(tmp_path):
+    # A loader keeps every shard open. dl_open lifts the soft limit to the hard one; past that, the
+    # error says which limit and what to do (it said "Too many open files" alone).
+    jpg = os.path.join(TESTDATA, "libjpeg-turbo", "testimages", "testorig.jpg")
+    for i in range(80):
+        with tarfile.open(tmp_path / f"s-{i:03d}.tar", "w") as t:
+            t.add(jpg, "s.jpg")
+    code = ("import ringfeed, sys\n"
+            "with ringfeed.Loader(sys.argv[1], batch_size=4, image_size=16, workers=1, framework='numpy') as l:\n"
+            "    print(len(l))")
+    source = f"{tmp_path}/s-{{000..079}}.tar"
+
+    def run(soft, hard):
+        env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(ringfeed.__file__)))
+        return subprocess.run([sys.executable, "-c", code, source], capture_output=True, text=True, env=env,
+                              preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard)))
+    low = run(48, 48)
+    assert low.returncode != 0 and "too many open files: the process may open 48 (ulimit -n; hard limit 48)" in low.stderr
+    assert "fewer, larger shards" in low.stderr, low.stderr
+    lifted = run(48, 512)  # the soft limit alone is low: lifted, and the loader opens
+    assert lifted.returncode == 0 and lifted.stdout.split() == ["20"], lifted.stderr
 
 
 @needs_testdata
