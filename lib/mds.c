@@ -225,19 +225,18 @@ static const char *string_or_null(const char *p, const char *end, char *out, siz
 }
 
 /* "hashes": {"sha1": "<hex>", "xxh64": "<hex>", ...} into D (*N of them; past MAX_DIGESTS, or a
- * name or digest too long to be one, skipped). */
+ * name or digest too long or not a string, skipped: the loader does not need them to read). */
 static const char *digests(const char *p, const char *end, dl__mds_digest *d, int *n) {
-  if (dl__json_null(p, end, &p))
-    return p;
-  if (p >= end || *p++ != '{')
-    return NULL;
+  if (p >= end || *p != '{')
+    return dl__json_skip(p, end); /* null, or what no writer gives */
+  p++;
   char algo[sizeof d->algo + 1];
   int member;
   while ((member = dl__json_member(&p, end, algo, sizeof algo)) == 1) {
-    char hex[sizeof d->hex + 1];
-    if (*p != '"' || !(p = dl__json_string(p, end, hex, sizeof hex)))
+    char hex[sizeof d->hex + 1] = "";
+    if (*p != '"' ? !(p = dl__json_skip(p, end)) : !(p = dl__json_string(p, end, hex, sizeof hex)))
       return NULL;
-    if (*n < MAX_DIGESTS && strlen(algo) < sizeof d->algo && strlen(hex) < sizeof d->hex) {
+    if (*n < MAX_DIGESTS && algo[0] && hex[0] && strlen(algo) < sizeof d->algo && strlen(hex) < sizeof d->hex) {
       snprintf(d[*n].algo, sizeof d->algo, "%s", algo);
       snprintf(d[*n].hex, sizeof d->hex, "%s", hex);
       ++*n;
