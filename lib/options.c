@@ -260,6 +260,8 @@ static int apply(dl__options *o, const char *key, const char *v) {
     /* Decimal, or hex after 0x; not octal: a zero-padded seed ("010") is ten, as in Python. */
     bool hex = v[0] == '0' && (v[1] == 'x' || v[1] == 'X');
     unsigned long long s = strtoull(v, &end, hex ? 16 : 10);
+    if (errno == ERANGE)
+      return bad(key, v, "above 2^64-1, the largest seed");
     if (errno || end == v || *end || v[0] == '-' || v[0] == '+' || v[0] == ' ')
       return bad(key, v, "expected a non-negative integer");
     o->seed = s;

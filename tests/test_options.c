@@ -126,6 +126,9 @@ int main(void) {
   expect_bad("gpu_share=\" 0.5\"", "expected auto or a fraction");
   expect_bad("seed=-1", "seed=-1: expected a non-negative integer");
   expect_bad("seed=0x", "seed=0x: expected a non-negative integer");
+  expect_bad("seed=18446744073709551616", "seed=18446744073709551616: above 2^64-1, the largest seed");
+  ASSERT_EQ(dl__options_parse(&o, "seed=18446744073709551615"), 0);
+  ASSERT_EQ(o.seed, UINT64_MAX);
   expect_bad("std=1,0,1", "std must not be zero");
   expect_bad("rank=4 world_size=4", "rank=4");
   expect_bad("batch_size", "not key=value");
