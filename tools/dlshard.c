@@ -787,8 +787,10 @@ static int check_digest(const char *file, const dl__mds_digest *d, void *arg) {
   char hex[160];
   int rc = file_digest(fd, d->algo, hex, sizeof hex);
   close(fd);
-  if (rc == -ENOTSUP) {
-    printf("%s: its '%s' digest is not checked: no algorithm of that name is known here\n", file, d->algo);
+  if (rc == -ENOTSUP || rc == -ENOSYS) {
+    printf("%s: its '%s' digest is not checked: %s\n", file, d->algo,
+           rc == -ENOTSUP ? "no algorithm of that name is known here"
+                          : "this dlshard was built without libcrypto (install libssl-dev and build again)");
     return 0;
   }
   c->checked++;

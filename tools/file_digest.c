@@ -8,11 +8,15 @@
 #include <string.h>
 #include <unistd.h>
 
+#ifdef DL_WITH_LIBCRYPTO
 #include <openssl/evp.h>
+#endif
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
 #define CHUNK (1u << 20)
+
+#define MAX_DIGEST 64 /* bytes, of sha512 and blake2b */
 
 /* Streaming's (Python hashlib's) names against OpenSSL's; blake2b and blake2s are hashlib's default
  * sizes. */
@@ -51,11 +55,13 @@ static int read_all(int fd, unsigned char *buf, void (*feed)(void *ctx, const vo
   }
 }
 
-static void feed_evp(void *ctx, const void *p, size_t n) { EVP_DigestUpdate(ctx, p, n); }
 static void feed_32(void *ctx, const void *p, size_t n) { XXH32_update(ctx, p, n); }
 static void feed_64(void *ctx, const void *p, size_t n) { XXH64_update(ctx, p, n); }
 static void feed_3(void *ctx, const void *p, size_t n) { XXH3_64bits_update(ctx, p, n); }
 static void feed_128(void *ctx, const void *p, size_t n) { XXH3_128bits_update(ctx, p, n); }
+
+#ifdef DL_WITH_LIBCRYPTO
+static void feed_evp(void *ctx, const void *p, size_t n) { EVP_DigestUpdate(ctx, p, n); }
 
 static int evp_digest(int fd, const EVP_MD *md, unsigned char *buf, char *hex) {
   EVP_MD_CTX *ctx = EVP_MD_CTX_new();
@@ -73,6 +79,7 @@ static int evp_digest(int fd, const EVP_MD *md, unsigned char *buf, char *hex) {
   EVP_MD_CTX_free(ctx);
   return rc;
 }
+#endif
 
 /* xxHash digests in their canonical (big-endian) form, as Python's xxhash writes them. */
 static int xxh_digest(int fd, int kind, unsigned char *buf, char *hex) {
@@ -114,22 +121,33 @@ static int xxh_digest(int fd, int kind, unsigned char *buf, char *hex) {
 }
 
 int file_digest(int fd, const char *algo, char *hex, size_t cap) {
-  if (cap < 2 * EVP_MAX_MD_SIZE + 1)
+  if (cap < 2 * MAX_DIGEST + 1)
     return -EINVAL;
-  const EVP_MD *md = NULL;
   int xxh = -1;
-  for (size_t i = 0; i < sizeof openssl_names / sizeof *openssl_names; i++)
-    if (!strcmp(algo, openssl_names[i][0]))
-      md = EVP_get_digestbyname(openssl_names[i][1]);
   for (size_t i = 0; i < sizeof xxh_names / sizeof *xxh_names; i++)
     if (!strcmp(algo, xxh_names[i].name))
       xxh = xxh_names[i].kind;
+  const char *openssl = NULL;
+  for (size_t i = 0; i < sizeof openssl_names / sizeof *openssl_names; i++)
+    if (!strcmp(algo, openssl_names[i][0]))
+      openssl = openssl_names[i][1];
+#ifdef DL_WITH_LIBCRYPTO
+  const EVP_MD *md = openssl ? EVP_get_digestbyname(openssl) : NULL;
+#else
+  const void *md = NULL;
+  if (openssl)
+    return -ENOSYS;
+#endif
   if (!md && xxh < 0)
     return -ENOTSUP;
   unsigned char *buf = malloc(CHUNK);
   if (!buf)
     return -ENOMEM;
+#ifdef DL_WITH_LIBCRYPTO
   int rc = md ? evp_digest(fd, md, buf, hex) : xxh_digest(fd, xxh, buf, hex);
+#else
+  int rc = xxh_digest(fd, xxh, buf, hex);
+#endif
   free(buf);
   return rc;
 }
