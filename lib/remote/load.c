@@ -261,8 +261,16 @@ static int target_of(dl__dataset *ds, const char *url, const dl__options *o, cha
   dl__hub *hub = NULL;
   if (!rc && !strncmp(url, "s3://", 5))
     rc = s3_of(ds, o, &s3) ? -1 : dl__s3_url(s3, url, http, cap);
-  else if (!rc && !(rc = hub_of(ds, &hub)))
-    rc = !strncmp(url, "hf://", 5) ? dl__hub_url(hub, url, http, cap) : (snprintf(http, cap, "%s", url), 0);
+  else if (!rc && !(rc = hub_of(ds, &hub)) && !strncmp(url, "hf://", 5))
+    rc = dl__hub_url(hub, url, http, cap);
+  else if (!rc) {
+    /* An http(s) URL as written, but what a URL cannot hold (a space, letters beyond ASCII, quotes,
+     * braces) percent-encoded, as browsers and Python's requests do; '%' and the reserved characters
+     * stay as they are, so an encoded URL is sent unchanged. */
+    size_t at = 0;
+    if (!dl__url_encode(http, cap, &at, url, strlen(url), ":/?#[]@!$&'()*+,;=%"))
+      rc = dl__fail(DL_ELIMIT, "source %s: URL too long", url);
+  }
   *t = (dl__target){url, http, s3, hub && dl__hub_serves(hub, http) ? hub->auth : NULL};
   return rc;
 }

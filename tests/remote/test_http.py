@@ -451,6 +451,20 @@ def own_server(tmp_path):
     shutil.rmtree(root)
 
 
+def test_a_url_written_with_spaces_or_letters_beyond_ascii_is_encoded_as_browsers_do(own_server, tmp_path):
+    # "http://host/a b.tar" was refused by libcurl ("URL using bad/illegal format"); requests and
+    # browsers send it as a%20b.tar. A URL already encoded, or with a "+", is sent as it is.
+    root, server = own_server
+    for name in ("a b.tar", "é.tar", "x+y.tar"):
+        shutil.copy(os.path.join(SHARDS, TAR), root / name)
+    env = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
+    local = bench(os.path.join(SHARDS, TAR), env=env)
+    for name in ("a b.tar", "a%20b.tar", "é.tar", "%C3%A9.tar", "x+y.tar"):
+        got = bench(f"{server.url}/{name}", env=env)
+        assert got["batch_digests"] == local["batch_digests"], name
+    assert bench(f"{server.url}/{{a b,é}}.tar", env=env)["samples"] == 2 * local["samples"]
+
+
 def test_npy_members_of_a_remote_tar_equal_local(own_server, tmp_path):
     root, server = own_server
     tensor_tar(root / "t.tar", 0, 40)
