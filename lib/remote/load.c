@@ -265,10 +265,13 @@ static int target_of(dl__dataset *ds, const char *url, const dl__options *o, cha
     rc = dl__hub_url(hub, url, http, cap);
   else if (!rc) {
     /* An http(s) URL as written, but what a URL cannot hold (a space, letters beyond ASCII, quotes,
-     * braces) percent-encoded, as browsers and Python's requests do; '%' and the reserved characters
-     * stay as they are, so an encoded URL is sent unchanged. */
-    size_t at = 0;
-    if (!dl__url_encode(http, cap, &at, url, strlen(url), ":/?#[]@!$&'()*+,;=%"))
+     * braces) percent-encoded after the host, as browsers and Python's requests do; '%' and the
+     * reserved characters stay as they are, so an encoded URL is sent unchanged. The host is left to
+     * libcurl (an internationalised name becomes punycode there). */
+    const char *scheme = strstr(url, "://");
+    size_t host = scheme ? (size_t)(scheme + 3 - url) + strcspn(scheme + 3, "/?#") : 0;
+    size_t at = (size_t)snprintf(http, cap, "%.*s", (int)host, url);
+    if (at >= cap || !dl__url_encode(http, cap, &at, url + host, strlen(url + host), ":/?#[]@!$&'()*+,;=%"))
       rc = dl__fail(DL_ELIMIT, "source %s: URL too long", url);
   }
   *t = (dl__target){url, http, s3, hub && dl__hub_serves(hub, http) ? hub->auth : NULL};
