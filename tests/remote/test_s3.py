@@ -52,6 +52,18 @@ def bench(source, env, *args, ok=True):
     return dlbench(source, *SMALL, *args, env=env, ok=ok, aws_env=False)
 
 
+def put_copies(env, keys, shard="format-tar-gnu.tar"):
+    """Puts the test shard SHARD under each of KEYS in the bucket, through the endpoint ENV names."""
+    import botocore.session
+    client = botocore.session.get_session().create_client(
+        "s3", endpoint_url=env["AWS_ENDPOINT_URL"], aws_access_key_id=KEY, aws_secret_access_key=SECRET,
+        region_name=REGION)
+    with open(os.path.join(SHARDS, shard), "rb") as f:
+        data = f.read()
+    for key in keys:
+        client.put_object(Bucket="shards", Key=key, Body=data)
+
+
 @pytest.mark.parametrize("shard,workers", [("sweep-gnu.tar", 1), ("rfs/packed-{000000..000001}.rfs", 1),
                                            ("rfs/packed-{000000..000001}.rfs", 8)])
 def test_s3_stream_equals_local_and_every_signature_checks(s3, shard, workers):
@@ -171,17 +183,12 @@ def test_virtual_hosted_addressing(s3):
 def test_keys_with_spaces_and_signs_are_signed_as_s3_expects(s3):
     # SigV4 signs the key's URI-encoded path: each byte but A-Z a-z 0-9 - . _ ~ (and "/") as %XX, a
     # space as %20 and "+" as %2B. Every request here passes AWS's own signer in the proxy.
-    import botocore.session
     env = s3["env"]
-    client = botocore.session.get_session().create_client(
-        "s3", endpoint_url=env["AWS_ENDPOINT_URL"], aws_access_key_id=KEY, aws_secret_access_key=SECRET,
-        region_name=REGION)
-    with open(os.path.join(SHARDS, "format-tar-gnu.tar"), "rb") as f:
-        data = f.read()
     local = bench(os.path.join(SHARDS, "format-tar-gnu.tar"), {})
     before = dict(s3["seen"])
-    for key in ["odd keys/a b+c.tar", "odd keys/x=y&z;w.tar", "odd keys/t~é,(1)!.tar"]:
-        client.put_object(Bucket="shards", Key=key, Body=data)
+    keys = ["odd keys/a b+c.tar", "odd keys/x=y&z;w.tar", "odd keys/t~é,(1)!.tar"]
+    put_copies(env, keys)
+    for key in keys:
         got = bench(f"s3://shards/{key}", env)
         assert got["batch_digests"] == local["batch_digests"], key
     listed = bench("s3://shards/odd keys/*.tar", env)
@@ -200,16 +207,9 @@ def test_a_glob_lists_the_bucket(s3):
 def test_a_glob_follows_every_page_of_the_listing(s3, tmp_path):
     # Listings come 1,000 keys a page; a proxy asks s3rver for pages of 2, so that a glob over 10
     # keys follows four continuation tokens. Unsigned (a public bucket): the proxy changes the query.
-    import botocore.session
     env = s3["env"]
-    client = botocore.session.get_session().create_client(
-        "s3", endpoint_url=env["AWS_ENDPOINT_URL"], aws_access_key_id=KEY, aws_secret_access_key=SECRET,
-        region_name=REGION)
-    with open(os.path.join(SHARDS, "format-tar-gnu.tar"), "rb") as f:
-        data = f.read()
-    keys = [f"pages/{p}-{i}.tar" for p in "ab" for i in range(4)] + ["pages/x&y.tar", "pages/z.txt"]
-    for key in keys:  # "&" comes back as "&amp;" in the listing's XML
-        client.put_object(Bucket="shards", Key=key, Body=data)
+    # "&" comes back as "&amp;" in the listing's XML
+    put_copies(env, [f"pages/{p}-{i}.tar" for p in "ab" for i in range(4)] + ["pages/x&y.tar", "pages/z.txt"])
     lists = []
 
     def small_pages(request):
