@@ -406,22 +406,19 @@ static bool held_elsewhere(dl_loader *l, dl__stream *s, const dl_batch *b) {
   return !s->held_told;
 }
 
-static int64_t oldest_k(const dl_batch *slots, int n) {
-  int64_t k = INT64_MAX;
-  for (int i = 0; i < n; i++)
-    k = slots[i].k < k ? slots[i].k : k;
-  return k;
-}
-
 /* Under l->mu, when the next batch has no slot: whether every slot is held by a consumer, and if
- * so the oldest batch held by another thread (*OTHER, NULL when this thread holds them all). */
-static bool all_held(dl_batch *slots, int n, const dl_batch **other) {
+ * so the oldest batch held (*OLDEST) and the oldest held by another thread (*OTHER, NULL when this
+ * thread holds them all). */
+static bool all_held(const dl_batch *slots, int n, int64_t *oldest, const dl_batch **other) {
+  *oldest = INT64_MAX;
   *other = NULL;
   for (int i = 0; i < n; i++) {
-    if (slots[i].state != DL__SLOT_HELD)
+    const dl_batch *b = &slots[i];
+    if (b->state != DL__SLOT_HELD)
       return false;
-    if (!pthread_equal(slots[i].holder, pthread_self()) && (!*other || slots[i].k < (*other)->k))
-      *other = &slots[i];
+    *oldest = b->k < *oldest ? b->k : *oldest;
+    if (!pthread_equal(b->holder, pthread_self()) && (!*other || b->k < (*other)->k))
+      *other = b;
   }
   return true;
 }
@@ -467,17 +464,16 @@ int dl_next_batch_timed(dl_loader *l, int dev, int timeout_ms, dl_batch **out) {
     /* Every slot held by this very thread: waiting cannot end (it would have to release one
      * first). Some by another consumer thread: that one releases them in its own time
      * (held_elsewhere warns when it takes long). */
-    const dl_batch *other = NULL;
-    bool stuck = !b && all_held(slots, nslots, &other);
+    const dl_batch *other;
+    int64_t oldest;
+    bool stuck = !b && all_held(slots, nslots, &oldest, &other);
     if (stuck && !other) {
       r = dl__fail(DL_EBUSY,
                    "batch %" PRId64 " cannot be filled: all %d slots hold batches held by the consumer, the "
                    "oldest batch %" PRId64 " (release batches sooner, or raise %s)",
-                   s->next_out, nslots, oldest_k(slots, nslots), s->dslots ? "device_slots" : "prefetch");
-      b = NULL;
+                   s->next_out, nslots, oldest, s->dslots ? "device_slots" : "prefetch");
       break;
     }
-    b = NULL;
     bool look = false;
     if (stuck)
       look = held_elsewhere(l, s, other);
