@@ -64,7 +64,7 @@ int dl__open_regular(const char *path, const char *what, struct stat *st) {
   if (!S_ISREG(st->st_mode)) {
     close(fd);
     return dl__fail(S_ISDIR(st->st_mode) ? -EISDIR : DL_EUNSUPPORTED, "%s %s: %s", what, path,
-                    S_ISDIR(st->st_mode) ? "is a folder" : "not a regular file (a FIFO, device or socket)");
+                    S_ISDIR(st->st_mode) ? "is a folder" : DL__NOT_REGULAR);
   }
   /* Back to blocking reads: io_uring would answer EAGAIN instead of waiting for the disk. */
   int flags = fcntl(fd, F_GETFL);

@@ -74,9 +74,8 @@ static void leave_out(left_out *lo, const char *name) {
   }
 }
 
-/* An entry of PATH that cannot be read, for WHY (stat()'s errno, or WHY_NOT_FILE), counted for one
- * warning. */
-#define WHY_NOT_FILE "not a regular file (a FIFO, device or socket)"
+/* An entry of PATH that cannot be read, for WHY (stat()'s errno, or DL__NOT_REGULAR), counted for
+ * one warning. */
 static void unreadable(left_out *lo, const char *path, const char *why) {
   if (!lo->unreadable++)
     snprintf(lo->first_unreadable, sizeof lo->first_unreadable, "%s: %s", path, why);
@@ -136,7 +135,7 @@ static int walk(const char *base, const char *rel, entries *out, left_out *skipp
       rc = walk(base, sub, out, skipped, &me);
     } else if (!S_ISREG(st.st_mode)) {
       if (image_codec(de->d_name) != DL__CODEC_NONE) /* reading a FIFO would wait for a writer */
-        unreadable(skipped, full, WHY_NOT_FILE);
+        unreadable(skipped, full, DL__NOT_REGULAR);
     } else {
       if (image_codec(de->d_name) == DL__CODEC_NONE) {
         leave_out(skipped, de->d_name);
@@ -211,7 +210,7 @@ static int flat_load(dl__dataset *ds, const char *root, char **files, size_t n) 
       continue;
     }
     if (!S_ISREG(st.st_mode)) {
-      unreadable(&skipped, path, WHY_NOT_FILE);
+      unreadable(&skipped, path, DL__NOT_REGULAR);
       continue;
     }
     const char *dot = strchr(files[i], '.');

@@ -211,6 +211,8 @@ int dl__dataset_add_file(dl__dataset *ds, const char *path, uint32_t *index);
  * metadata (may be NULL). */
 struct stat;
 int dl__open_regular(const char *path, const char *what, struct stat *st);
+/* Why such a file is not read, in its messages and in an ImageFolder's list of what it left out. */
+#define DL__NOT_REGULAR "not a regular file (a FIFO, device or socket)"
 /* An unnamed file in $TMPDIR (gone when closed), SIZE bytes long (sparse); errors name FOR_WHAT. */
 int dl__scratch_file(uint64_t size, const char *for_what);
 /* What a shard's cached index is checked against: its size and times, its inode (a file replaced
