@@ -1,4 +1,5 @@
 #include "file_digest.h"
+#include "internal.h"
 
 #include <errno.h>
 #include <stdbool.h>
@@ -34,24 +35,14 @@ static const struct {
 } xxh_names[] = {{"xxh32", XXH_32}, {"xxh64", XXH_64}, {"xxh3_64", XXH_3_64}, {"xxh128", XXH_3_128},
                  {"xxh3_128", XXH_3_128}};
 
-static void to_hex(const unsigned char *d, size_t n, char *hex) {
-  for (size_t i = 0; i < n; i++)
-    sprintf(hex + 2 * i, "%02x", d[i]);
-}
-
 /* Reads FD to its end through FEED; 0 or -errno. */
 static int read_all(int fd, unsigned char *buf, void (*feed)(void *ctx, const void *p, size_t n), void *ctx) {
-  if (lseek(fd, 0, SEEK_SET) < 0)
-    return -errno;
-  for (;;) {
-    ssize_t got = read(fd, buf, CHUNK);
-    if (got < 0 && errno == EINTR)
-      continue;
-    if (got < 0)
-      return -errno;
-    if (got == 0)
-      return 0;
+  for (uint64_t at = 0;;) {
+    int64_t got = dl__pread_full(fd, buf, CHUNK, at);
+    if (got <= 0)
+      return (int)got;
     feed(ctx, buf, (size_t)got);
+    at += (uint64_t)got;
   }
 }
 
@@ -61,6 +52,11 @@ static void feed_3(void *ctx, const void *p, size_t n) { XXH3_64bits_update(ctx,
 static void feed_128(void *ctx, const void *p, size_t n) { XXH3_128bits_update(ctx, p, n); }
 
 #ifdef DL_WITH_LIBCRYPTO
+static void to_hex(const unsigned char *d, size_t n, char *hex) {
+  for (size_t i = 0; i < n; i++)
+    sprintf(hex + 2 * i, "%02x", d[i]);
+}
+
 static void feed_evp(void *ctx, const void *p, size_t n) { EVP_DigestUpdate(ctx, p, n); }
 
 static int evp_digest(int fd, const EVP_MD *md, unsigned char *buf, char *hex) {
@@ -81,43 +77,36 @@ static int evp_digest(int fd, const EVP_MD *md, unsigned char *buf, char *hex) {
 }
 #endif
 
-/* xxHash digests in their canonical (big-endian) form, as Python's xxhash writes them. */
+/* xxHash digests as Python's xxhash writes them: the canonical (big-endian) bytes in hex, which is
+ * the value printed in hex. */
 static int xxh_digest(int fd, int kind, unsigned char *buf, char *hex) {
-  int rc;
+  static void (*const feed[])(void *, const void *, size_t) = {feed_32, feed_64, feed_3, feed_128};
+  union {
+    XXH32_state_t x32;
+    XXH64_state_t x64;
+    XXH3_state_t x3;
+  } st;
+  if (kind == XXH_32)
+    XXH32_reset(&st.x32, 0);
+  else if (kind == XXH_64)
+    XXH64_reset(&st.x64, 0);
+  else if (kind == XXH_3_64)
+    XXH3_64bits_reset(&st.x3);
+  else
+    XXH3_128bits_reset(&st.x3);
+  int rc = read_all(fd, buf, feed[kind], &st);
+  if (rc)
+    return rc;
   if (kind == XXH_32) {
-    XXH32_state_t st;
-    XXH32_reset(&st, 0);
-    if (!(rc = read_all(fd, buf, feed_32, &st))) {
-      XXH32_canonical_t c;
-      XXH32_canonicalFromHash(&c, XXH32_digest(&st));
-      to_hex(c.digest, sizeof c.digest, hex);
-    }
-  } else if (kind == XXH_64) {
-    XXH64_state_t st;
-    XXH64_reset(&st, 0);
-    if (!(rc = read_all(fd, buf, feed_64, &st))) {
-      XXH64_canonical_t c;
-      XXH64_canonicalFromHash(&c, XXH64_digest(&st));
-      to_hex(c.digest, sizeof c.digest, hex);
-    }
-  } else if (kind == XXH_3_64) {
-    XXH3_state_t st;
-    XXH3_64bits_reset(&st);
-    if (!(rc = read_all(fd, buf, feed_3, &st))) {
-      XXH64_canonical_t c;
-      XXH64_canonicalFromHash(&c, XXH3_64bits_digest(&st));
-      to_hex(c.digest, sizeof c.digest, hex);
-    }
+    sprintf(hex, "%08x", (unsigned)XXH32_digest(&st.x32));
+  } else if (kind == XXH_64 || kind == XXH_3_64) {
+    sprintf(hex, "%016llx",
+            (unsigned long long)(kind == XXH_64 ? XXH64_digest(&st.x64) : XXH3_64bits_digest(&st.x3)));
   } else {
-    XXH3_state_t st;
-    XXH3_128bits_reset(&st);
-    if (!(rc = read_all(fd, buf, feed_128, &st))) {
-      XXH128_canonical_t c;
-      XXH128_canonicalFromHash(&c, XXH3_128bits_digest(&st));
-      to_hex(c.digest, sizeof c.digest, hex);
-    }
+    XXH128_hash_t h = XXH3_128bits_digest(&st.x3);
+    sprintf(hex, "%016llx%016llx", (unsigned long long)h.high64, (unsigned long long)h.low64);
   }
-  return rc;
+  return 0;
 }
 
 int file_digest(int fd, const char *algo, char *hex, size_t cap) {
