@@ -609,6 +609,14 @@ def test_dlshard_verify_checks_the_digests_an_mds_index_records(tmp_path):
     want = hashlib.sha1(bytes(data)).hexdigest()
     assert f"{second}: sha1 digest {want}, but the index records {index['shards'][1]['raw_data']['hashes']['sha1']}" in v.stdout
     assert v.stdout.splitlines()[-1] == "11 bad records", v.stdout
+    # A FIFO where the compressed shard should be is named (by the load and by the digest check),
+    # not waited on for a writer; "hashes" that is no object leaves the rest of the index readable.
+    (folder / "shard.00000.mds.zstd").unlink()
+    os.mkfifo(folder / "shard.00000.mds.zstd")
+    index["shards"][1]["raw_data"]["hashes"] = ["sha1"]
+    (folder / "index.json").write_text(json.dumps(index))
+    v = subprocess.run([dlshard, "verify", str(folder)], capture_output=True, text=True, timeout=60)
+    assert v.returncode == 1 and "shard.00000.mds.zstd: not a regular file" in v.stdout, v.stdout + v.stderr
 
 
 def test_dlshard_verify_reads_an_image_folder(tmp_path):
