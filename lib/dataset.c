@@ -183,6 +183,21 @@ int dl__dataset_add_ref(dl__dataset *ds, const dl__fref *ref) {
   return 0;
 }
 
+int dl__dataset_declare(dl__dataset *ds, const char *shard, uint32_t fields, bool image) {
+  for (uint32_t i = 0; i < ds->ndeclared; i++)
+    if (ds->declared[i].fields == fields && ds->declared[i].image == image)
+      return 0;
+  dl__declared *grown = realloc(ds->declared, (ds->ndeclared + 1) * sizeof *grown);
+  if (!grown)
+    return -ENOMEM;
+  ds->declared = grown;
+  if (!(grown[ds->ndeclared].shard = strdup(shard)))
+    return -ENOMEM;
+  grown[ds->ndeclared].fields = fields;
+  grown[ds->ndeclared++].image = image;
+  return 0;
+}
+
 void dl__dataset_free(dl__dataset *ds) {
   for (uint32_t i = 0; i < ds->nfiles; i++) {
     if (ds->fds && ds->fds[i] >= 0)
@@ -199,6 +214,9 @@ void dl__dataset_free(dl__dataset *ds) {
   free(ds->refs);
   free(ds->mds);
   free(ds->part_first);
+  for (uint32_t i = 0; i < ds->ndeclared; i++)
+    free(ds->declared[i].shard);
+  free(ds->declared);
   for (int i = 0; i < ds->nfield_names; i++)
     free(ds->field_names[i]);
   memset(ds, 0, sizeof *ds);

@@ -183,6 +183,33 @@ static bool is_bytes_field(const dl__dataset *ds, int f) {
   return false;
 }
 
+/* A shard that declares its columns and lacks one the batch carries as a tensor, or the image,
+ * would fail each of its samples in turn: the open names it once, with where the field is. */
+static int check_declared(const dl_loader *l) {
+  const dl__dataset *ds = &l->ds;
+  for (uint32_t k = 0; k < ds->ndeclared; k++) {
+    const dl__declared *d = &ds->declared[k];
+    int missing = -1;
+    for (int f = 0; f < l->nfields && missing < 0; f++)
+      if (!(d->fields & (1u << l->fields[f].ds_index)))
+        missing = l->fields[f].ds_index;
+    if (missing < 0 && (d->image || !l->has_image))
+      continue;
+    const dl__sample *holder = NULL; /* the first sample that has it */
+    for (size_t i = 0; i < ds->n && !holder; i++)
+      if (missing >= 0 ? find_ref(ds, &ds->samples[i], missing) != NULL : ds->samples[i].codec != DL__CODEC_NONE)
+        holder = &ds->samples[i];
+    const char *from = holder ? ds->files[holder->file] : "another shard";
+    if (missing >= 0)
+      return dl__fail(DL_ENOFIELD, "%s has no column %s, a tensor field of %s: a batch needs it in every sample, "
+                      "so each sample of this shard would fail (fields= keeps only the fields named, or give "
+                      "each its own loader)", d->shard, ds->field_names[missing], from);
+    return dl__fail(DL_ENOFIELD, "%s has no image column, while %s holds images: a batch needs an image in every "
+                    "sample, so each sample of this shard would fail (give each its own loader)", d->shard, from);
+  }
+  return 0;
+}
+
 /* pad=1 needs every sample's .npy header. Over remote shards, a request after request would cost
  * a round trip per sample at open; instead the headers of a window of samples go out together
  * through the workers' HTTP backend (neighbours share a request, io_depth in flight). A header
@@ -359,6 +386,8 @@ int dl__fields_schema(dl_loader *l) {
     }
   }
   l->field_block = at;
+  if (!rc)
+    rc = check_declared(l);
   dl__buf_free(&raw);
   dl__buf_free(&pre);
   if (read_ahead)

@@ -197,7 +197,19 @@ typedef struct dl__dataset {
   uint32_t unpacked; /* zstd MDS shards read from uncompressed copies made at open */
   int64_t *part_first; /* where each "::" part of the source starts in samples (nparts + 1) */
   uint32_t nparts;
+  struct dl__declared *declared; /* the distinct column sets of shards that declare theirs */
+  uint32_t ndeclared;
 } dl__dataset;
+
+/* Shards whose samples all have the fields their index declares (an MDS shard's columns): a
+ * tensor field or an image that such a shard lacks would fail every one of its samples, so the
+ * open refuses it instead (dl__fields_schema). One entry per distinct set, naming its first shard. */
+typedef struct dl__declared {
+  char *shard;     /* as messages name it */
+  uint32_t fields; /* bit F: holds field name F */
+  bool image;
+} dl__declared;
+int dl__dataset_declare(dl__dataset *ds, const char *shard, uint32_t fields, bool image);
 
 /* Index of field NAME (LEN bytes), added when new; -1 past DL__MAX_FIELDS names or on ENOMEM. */
 int dl__dataset_field(dl__dataset *ds, const char *name, size_t len);

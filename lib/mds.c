@@ -379,11 +379,14 @@ static int check_columns(dl__dataset *ds, shard *sh, const char *index) {
         c->role = k == 0 ? ROLE_LABEL : ROLE_TENSOR;
       }
     }
+  uint32_t fields = 0;
   for (int i = 0; i < sh->ncols; i++) {
     column *c = &sh->cols[i];
     if (c->role != ROLE_TENSOR && c->role != ROLE_TEXT && c->role != ROLE_JSON && c->role != ROLE_BYTES)
       continue;
     int f = dl__dataset_field(ds, c->name, strlen(c->name));
+    if (f >= 0)
+      fields |= 1u << f;
     if (f < 0) {
       dl__log(DL__LOG_WARN, "MDS index %s: shard %s column %s: left out, %s", index, sh->basename, c->name,
               dl__field_refusal(ds, strlen(c->name)));
@@ -403,6 +406,10 @@ static int check_columns(dl__dataset *ds, shard *sh, const char *index) {
       ds->bytes_kind[f] = c->role == ROLE_TEXT ? DL__BYTES_TEXT : c->role == ROLE_JSON ? DL__BYTES_JSON : DL__BYTES_RAW;
     }
   }
+  char who[2 * PATH_MAX + 32];
+  snprintf(who, sizeof who, "MDS index %s: shard %s", index, sh->basename[0] ? sh->basename : sh->zip);
+  if (dl__dataset_declare(ds, who, fields, image >= 0))
+    return dl__fail(-ENOMEM, "out of memory");
   return 0;
 }
 

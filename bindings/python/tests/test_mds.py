@@ -299,6 +299,25 @@ def test_a_column_of_two_types_across_datasets_is_refused(tmp_path):
     assert len(both) == 2 and all(r["v"].dtype == np.int32 for r in both)
 
 
+def test_a_dataset_without_a_column_the_batch_needs_is_refused_at_open(tmp_path):
+    """Every sample of a shard that lacks a tensor column or the image would fail one by one: the
+    open says so once, naming the shard, the column and where it is."""
+    pytest.importorskip("PIL")
+    write_mds(str(tmp_path / "a"), {"v": "ndarray:int32"}, [{"v": np.ones(2, np.int32)}] * 3)
+    write_mds(str(tmp_path / "b"), {"v": "ndarray:int32", "w": "int"}, [{"v": np.ones(2, np.int32), "w": 1}] * 3)
+    write_mds(str(tmp_path / "c"), {"image": "jpeg", "v": "ndarray:int32"},
+              [{"image": jpeg(i), "v": np.ones(2, np.int32)} for i in range(3)])
+    with pytest.raises(ringfeed.Error, match=r"DL_ENOFIELD: MDS index .*a/index.json: shard shard.00000.mds has "
+                                             r"no column w, a tensor field of .*b/shard.00000.mds"):
+        ringfeed.Loader([str(tmp_path / "a"), str(tmp_path / "b")], **KW)
+    with pytest.raises(ringfeed.Error, match=r"a/index.json: shard shard.00000.mds has no image column, while "
+                                             r".*c/shard.00000.mds holds images"):
+        ringfeed.Loader([str(tmp_path / "c"), str(tmp_path / "a")], **dict(KW, image_size=16))
+    # The fields both hold are read from both; bytes columns may be absent (None) as before.
+    got = everything(ringfeed.Loader([str(tmp_path / "a"), str(tmp_path / "b")], **dict(KW, fields="v")))
+    assert len(got) == 6 and all(np.array_equal(r["v"], [1, 1]) for r in got)
+
+
 def damaged(tmp_path, how):
     folder = str(tmp_path / how)
     shards = write_mds(folder, {"image": "jpeg", "label": "int", "caption": "str"}, rows(8))
