@@ -274,9 +274,13 @@ class Loader:
             batch = self.next_batch()
             if batch is None:
                 return
-            yield batch
             with self._use() as handle:
                 last = batch["index"] == lib.dl_epoch_batches(handle, batch["epoch"]) - 1
+            # Handed on without a name here: a suspended generator that still named it would hold
+            # its slot while the loop takes the next one, whatever the loop does with its own.
+            handed = [batch]
+            del batch
+            yield handed.pop()
             if last:
                 return
 
@@ -360,8 +364,12 @@ class Loader:
                 break
             closed = (_DL_ECLOSED, "the loader was closed while waiting for a batch")
         if rc == _DL_EBUSY:
+            one = str(self._options.get("prefetch")) == "1"
             raise Error(rc, (lib.dl_last_error() or b"").decode() + "; batches are zero-copy views "
-                        "of the loader's slots: drop earlier batches, or keep copies (.clone(), .copy())")
+                        "of the loader's slots: drop earlier batches, or keep copies (.clone(), .copy())" +
+                        ("; a for loop's variable still names the last batch while the next is taken, so "
+                         "with prefetch=1 end the loop's body with `del batch`, or give prefetch=2 or more"
+                         if one else ""))
         _check(rc)
         return None  # DL_EOF
 

@@ -516,6 +516,26 @@ def test_tensors_outlive_the_loader_and_holding_every_slot_is_an_error():
 
 
 @needs_testdata
+def test_one_slot_serves_a_for_loop_that_lets_each_batch_go():
+    # The loop's own generator names no batch while the next is taken: with prefetch=1, a body
+    # that ends in `del batch` gets every batch; one that keeps it is told what to do.
+    loader = ringfeed.Loader(WDS, batch_size=4, image_size=16, prefetch=1, epochs=2, workers=2, shuffle=False,
+                             framework="numpy")
+    keys = []
+    for epoch in range(2):
+        for batch in loader:
+            keys += batch["key"]
+            del batch
+    assert len(keys) == 180 and keys[:90] == keys[90:] and len(set(keys)) == 90  # two epochs of 90
+    loader = ringfeed.Loader(WDS, batch_size=4, image_size=16, prefetch=1, epochs=1, workers=2,
+                             framework="numpy")
+    with pytest.raises(ringfeed.Error, match=r"DL_EBUSY.*with prefetch=1 end the loop's body with `del batch`"):
+        for batch in loader:
+            pass
+    loader.close()
+
+
+@needs_testdata
 def test_labels_kept_for_metrics_hold_no_slot():
     # As with DataLoader: an evaluation loop keeps every batch's labels; they are copies, so the
     # loader goes on. The images stay views of the slots (the test above holds them).
