@@ -12,6 +12,7 @@
 #include "gpu/decode.h"
 #include "gpu/nvjpeg.h"
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -92,12 +93,38 @@ static int cuda_fail(cudaError_t e, const char *what) {
   return dl__fail(DL_ECUDA, "%s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
 }
 
+/* Why CUDA found no device, in the user's terms: the runtime says "driver version is insufficient"
+ * also where no driver is installed at all. */
+static const char *no_device_reason(cudaError_t e, char *buf, size_t cap) {
+  if (e == cudaSuccess)
+    return "none found";
+  if (e == cudaErrorInsufficientDriver) {
+    void *driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+    if (!driver)
+      return "no NVIDIA driver is installed: libcuda.so.1 is not found";
+    dlclose(driver);
+    int have = 0, need = 0;
+    cudaDriverGetVersion(&have);
+    cudaRuntimeGetVersion(&need);
+    snprintf(buf, cap, "the NVIDIA driver supports CUDA %d.%d, and this ringfeed was built for CUDA %d.%d: a newer "
+             "driver is needed", have / 1000, have % 1000 / 10, need / 1000, need % 1000 / 10);
+    return buf;
+  }
+  const char *visible = getenv("CUDA_VISIBLE_DEVICES");
+  if (e == cudaErrorNoDevice && visible) {
+    snprintf(buf, cap, "%s, with CUDA_VISIBLE_DEVICES=%.64s", cudaGetErrorString(e), visible);
+    return buf;
+  }
+  return cudaGetErrorString(e);
+}
+
 int dl__cuda_open(dl_loader *l) {
   int count = 0;
   cudaError_t e = cudaGetDeviceCount(&count);
+  char why[200];
   if (e != cudaSuccess || count == 0)
     return dl__fail(DL_ENODEVICE, "option device=cuda: no CUDA device is usable here (%s)",
-                    e != cudaSuccess ? cudaGetErrorString(e) : "none found");
+                    no_device_reason(e, why, sizeof why));
   for (int i = 0; i < l->o.ndevices; i++)
     if (l->o.device_ids[i] >= count)
       return dl__fail(DL_ENODEVICE, "option device=cuda:%d: this machine has %d CUDA device%s",
