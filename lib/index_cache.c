@@ -96,8 +96,8 @@ static int read_file(const char *path, uint8_t **out, size_t *len) {
 int dl__index_cache_parse(dl__dataset *ds, uint32_t file, const uint8_t *p, size_t len, const dl__shard_id *id) {
   if (len < HEADER_BYTES + 8)
     return -1;
-  uint64_t size = id->size;
-  if (memcmp(p, DL__INDEX_CACHE_MAGIC, 8) || get64(p + 8) != size || (int64_t)get64(p + 16) != id->mtime_ns ||
+  uint64_t size = id->data_size ? id->data_size : id->size; /* where the samples lie */
+  if (memcmp(p, DL__INDEX_CACHE_MAGIC, 8) || get64(p + 8) != id->size || (int64_t)get64(p + 16) != id->mtime_ns ||
       (int64_t)get64(p + 24) != id->ctime_ns || get64(p + 32) != id->ino || get64(p + 40) != id->edges)
     return -1;
   uint64_t n = get64(p + 48), pool = get64(p + 56), recs = get64(p + 64);

@@ -1,8 +1,8 @@
 /*
  * Whole compressed files unpacked into another file: the zstd, gzip and bzip2 streams MDS shards
- * are kept in (Streaming's compression='zstd', 'gz' and 'bz2', each with an optional ':level').
- * The output must come to exactly the size the caller expects: more or less is damage, never a
- * shorter shard. Concatenated streams (zstd frames, gzip members, bzip2 streams) are read in turn.
+ * are kept in (Streaming's compression='zstd', 'gz' and 'bz2', each with an optional ':level'), and
+ * compressed tar shards. The output must come to exactly the size an MDS index gives (more or less
+ * is damage, never a shorter shard); a tar's, which nothing gives, to no more than the room for it. Concatenated streams (zstd frames, gzip members, bzip2 streams) are read in turn.
  */
 #include "internal.h"
 
@@ -120,7 +120,8 @@ static void finish(unpacker *u, int codec) {
     codec == 1 ? (void)inflateEnd(&u->gz) : (void)BZ2_bzDecompressEnd(&u->bz);
 }
 
-int dl__unpack(int in, const char *compression, uint64_t expect, int fd, const char *what, const char *name) {
+int dl__unpack(int in, const char *compression, uint64_t expect, uint64_t most, int fd, const char *what,
+               const char *name, uint64_t *size) {
   enum { CHUNK = 1 << 17 };
   int codec = codec_of(compression);
   if (codec < 0)
@@ -145,14 +146,17 @@ int dl__unpack(int in, const char *compression, uint64_t expect, int fd, const c
       const char *why = NULL;
       if (codecs[codec].step(&u, src + pos, (size_t)got - pos, &used, dst, CHUNK, &out, &why))
         rc = dl__fail(DL_ECORRUPT, "%s %s: %s: %s", what, name, label, why);
-      else if (made + out > expect)
+      else if (expect && made + out > expect)
         rc = dl__fail(DL_ECORRUPT, "%s %s: decompresses to more than the %llu bytes its index gives", what, name,
                       (unsigned long long)expect);
+      else if (!expect && made + out > most)
+        rc = dl__fail(DL_ELIMIT, "%s %s: decompresses to more than %llu bytes, the room for its uncompressed copy",
+                      what, name, (unsigned long long)most);
       else if (out && pwrite(fd, dst, out, (off_t)made) != (ssize_t)out)
         rc = dl__fail(-(errno ? errno : EIO), "%s %s: writing its uncompressed copy: %s", what, name,
                       strerror(errno ? errno : EIO));
       pos += used;
-      made += out;
+      made += rc ? 0 : out; /* what was written */
       full = out == CHUNK;
       if (!rc && !used && !out && pos < (size_t)got) /* data after the end it cannot take */
         rc = dl__fail(DL_ECORRUPT, "%s %s: %s: data it cannot read after byte %llu", what, name, label,
@@ -161,11 +165,13 @@ int dl__unpack(int in, const char *compression, uint64_t expect, int fd, const c
   }
   if (!rc && u.in_stream)
     rc = dl__fail(DL_ECORRUPT, "%s %s: its %s data ends early (truncated?)", what, name, label);
-  if (!rc && made != expect)
+  if (!rc && expect && made != expect)
     rc = dl__fail(DL_ECORRUPT, "%s %s: decompresses to %llu bytes, its index gives %llu", what, name,
                   (unsigned long long)made, (unsigned long long)expect);
   if (src && dst)
     finish(&u, codec);
+  if (size)
+    *size = made;
   free(src);
   free(dst);
   return rc;

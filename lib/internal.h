@@ -194,7 +194,7 @@ typedef struct dl__dataset {
   int64_t cache_fetches, cache_fetch_bytes; /* remote tars downloaded into the shard cache to index them */
   char skipped_shard[DL__MSG_MAX]; /* the first shard skipped whole, and why: "no samples" says it */
   uint64_t left_out; /* samples an MDS index lists but whose records are damaged (on_error=skip) */
-  uint32_t unpacked; /* zstd MDS shards read from uncompressed copies made at open */
+  uint32_t unpacked; /* compressed MDS and tar shards read from uncompressed copies made at open */
   int64_t *part_first; /* where each "::" part of the source starts in samples (nparts + 1) */
   uint32_t nparts;
   struct dl__declared *declared; /* the distinct column sets of shards that declare theirs */
@@ -228,10 +228,12 @@ int dl__open_regular(const char *path, const char *what, struct stat *st);
 /* An unnamed file in $TMPDIR (gone when closed), SIZE bytes long (sparse); errors name FOR_WHAT. */
 int dl__scratch_file(uint64_t size, const char *for_what);
 /* What a shard's cached index is checked against: its size and times, its inode (a file replaced
- * by rename has another), and a hash of its first and last 4 KiB. */
+ * by rename has another), and a hash of its first and last 4 KiB. DATA_SIZE, where not 0, is the
+ * size of what its samples are read from instead (a compressed shard's uncompressed copy). */
 typedef struct dl__shard_id {
   uint64_t size, ino, edges;
   int64_t mtime_ns, ctime_ns;
+  uint64_t data_size;
 } dl__shard_id;
 /* Adds PATH and opens it for the loader's life (ds->fds); its identity (ID may be NULL for the
  * size alone in *SIZE). */
@@ -256,8 +258,15 @@ static inline const char *dl__sample_name(const dl__dataset *ds, const dl__sampl
   return ds->pool + s->name;
 }
 
-/* Reads one tar shard's samples (through the cached index when it is valid). */
-int dl__tar_load(dl__dataset *ds, const char *path, int on_error);
+/* Reads one tar shard's samples (through the cached index when it is valid); a compressed one
+ * through an uncompressed copy (o->cache_dir). */
+int dl__tar_load(dl__dataset *ds, const char *path, const dl__options *o);
+/* For the tar shard PATH open as IN: where it is compressed (gzip, zstd, bzip2), a descriptor of its
+ * uncompressed copy in *COPY (kept in o->cache_dir by ID's version where both are given, else a
+ * temporary file) and its size; *COPY -1 where it is not. 1 when the copy holds only what came
+ * before damage (o->on_error other than fail; dl_last_error says what), 0, or a negative code. */
+int dl__tar_uncompressed(int in, const char *path, const dl__shard_id *id, const dl__options *o, int *copy,
+                         uint64_t *size);
 /* Scans a tar shard into DS (no cache); used by dl__tar_load and by tools. */
 int dl__tar_scan(dl__dataset *ds, uint32_t file, int fd, uint64_t file_size, int on_error);
 /* The integer label of a .cls member's N bytes (spaces around it allowed), *OK false when it is none. */
@@ -347,6 +356,11 @@ int dl__remote_version(const char *url, const dl__options *o, uint64_t *size, ui
  * not fit in cache_limit, or another error with its message. */
 int dl__cache_keep(const dl__options *o, const char *url, uint64_t version, uint64_t size,
                    int (*make)(int fd, void *arg), void *arg);
+/* The same for a copy whose size is known only once made (a compressed tar's): MAKE writes at most
+ * MOST bytes (cache_limit, or what the disk had free less a tenth), and -ENOSPC comes after it
+ * when the cache cannot keep what it wrote. NAME names the copy's source (a path or URL). */
+int dl__cache_keep_unsized(const dl__options *o, const char *name, uint64_t version,
+                           int (*make)(int fd, uint64_t most, void *arg), void *arg);
 /* Uploads SIZE bytes of FD as URL (s3://bucket/key). */
 int dl__remote_put(const char *url, const dl__options *o, int fd, uint64_t size);
 /* What dl__remote_load kept in DS (URLs, credentials). */
@@ -395,9 +409,11 @@ typedef struct dl__mds_spec {
 bool dl__mds_is(const char *path);
 /* inflate.c: whether COMPRESSION (as an MDS index names it: "zstd", "gz:6", "bz2") is read, and
  * file IN's compressed streams decompressed into FD from its start; they must come to exactly
- * EXPECT bytes. WHAT and NAME head the messages ("MDS shard", its path). */
+ * EXPECT bytes, or where EXPECT is 0 to at most MOST (DL_ELIMIT past it); *SIZE (may be NULL) gets
+ * what they came to. WHAT and NAME head the messages ("MDS shard", its path). */
 bool dl__unpack_reads(const char *compression);
-int dl__unpack(int in, const char *compression, uint64_t expect, int fd, const char *what, const char *name);
+int dl__unpack(int in, const char *compression, uint64_t expect, uint64_t most, int fd, const char *what,
+               const char *name, uint64_t *size);
 /* Loads the MDS dataset at PATH: a local folder or index.json, or the URL of a remote one's
  * index.json (or of its folder, ending in '/'). */
 int dl__mds_load(dl__dataset *ds, const char *path, const dl__options *o);

@@ -587,7 +587,7 @@ static int unpack_into(int fd, void *arg) {
                                : (in = dl__open_regular(z->path, "MDS shard", NULL)) < 0 ? in : 0;
   if (rc)
     return rc;
-  rc = dl__unpack(in, z->compression, z->raw_bytes, fd, "MDS shard", z->path);
+  rc = dl__unpack(in, z->compression, z->raw_bytes, z->raw_bytes, fd, "MDS shard", z->path, NULL);
   close(in);
   return rc;
 }

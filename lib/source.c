@@ -159,7 +159,7 @@ static int load_path(dl__dataset *ds, const char *path, const dl__options *o) {
   int rfs = is_rfs(path);
   if (rfs < 0)
     return rfs;
-  return rfs ? dl__rfs_load(ds, path, o->direct) : dl__tar_load(ds, path, o->on_error);
+  return rfs ? dl__rfs_load(ds, path, o->direct) : dl__tar_load(ds, path, o);
 }
 
 /* The next "::" that separates sources, or NULL; one inside the brackets of a URL's host is an

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #define BLOCK 512
@@ -409,18 +410,20 @@ static int regroup(dl__dataset *ds, size_t first, const char *shard, bool *named
   return 0;
 }
 
-/* Why a file whose first block is no tar header is not a shard: a compressed tar (WebDataset reads
- * .tar.gz as a stream; random access needs the tar itself), or not a tar at all. */
+/* Why a file whose first block is no tar header is not a shard: a compressed tar that is not read
+ * (a remote one, whose copy would be a download and a decompression at every open, or xz), or not
+ * a tar at all. Local gzip, zstd and bzip2 tars are read through copies (dl__tar_load). */
 static const char *not_a_tar(const uint8_t *h, int *code) {
   static const struct {
     const char *magic;
     size_t n;
     const char *why;
   } kinds[] = {
-      {"\x1f\x8b", 2, "a gzip-compressed file, not a tar: shards are read uncompressed (gunzip it)"},
-      {"\x28\xb5\x2f\xfd", 4, "a zstd-compressed file, not a tar: shards are read uncompressed (unzstd it)"},
-      {"\xfd" "7zXZ", 5, "an xz-compressed file, not a tar: shards are read uncompressed (unxz it)"},
-      {"BZh", 3, "a bzip2-compressed file, not a tar: shards are read uncompressed (bunzip2 it)"},
+      {"\x1f\x8b", 2, "a gzip-compressed tar: remote shards are read uncompressed (gunzip it)"},
+      {"\x28\xb5\x2f\xfd", 4, "a zstd-compressed tar: remote shards are read uncompressed (unzstd it)"},
+      {"\xfd" "7zXZ", 5, "an xz-compressed file, not a tar: shards are read uncompressed, or gzip, zstd or bzip2 "
+                         "compressed (unxz it)"},
+      {"BZh", 3, "a bzip2-compressed tar: remote shards are read uncompressed (bunzip2 it)"},
       {"PK\x03\x04", 4, "a zip archive, not a tar"},
   };
   *code = DL_EUNSUPPORTED;
@@ -624,20 +627,119 @@ done:
   return rc;
 }
 
-int dl__tar_load(dl__dataset *ds, const char *path, int on_error) {
+/* ---- compressed shards ---- */
+
+/* The compression of the file FD, as inflate.c names it, or NULL: a file that begins with a tar
+ * header is a tar, whatever its first member's name begins with. */
+static const char *compression_of(int fd) {
+  uint8_t h[BLOCK] = {0};
+  int64_t n = dl__pread_full(fd, h, BLOCK, 0);
+  if (n < 10 || (n == BLOCK && checksum_ok(h)))
+    return NULL;
+  bool bzip2 = !memcmp(h, "BZh", 3) && h[3] >= '1' && h[3] <= '9' &&
+               (!memcmp(h + 4, "1AY&SY", 6) || !memcmp(h + 4, "\x17\x72\x45\x38\x50\x90", 6));
+  return !memcmp(h, "\x1f\x8b", 2) ? "gz" : !memcmp(h, "\x28\xb5\x2f\xfd", 4) ? "zstd" : bzip2 ? "bz2" : NULL;
+}
+
+typedef struct packed {
+  int fd; /* the compressed shard */
+  const char *how, *path;
+  uint64_t made;
+} packed;
+
+static int unpack_shard(int fd, uint64_t most, void *arg) {
+  packed *p = arg;
+  return dl__unpack(p->fd, p->how, 0, most, fd, "shard", p->path, &p->made);
+}
+
+/*
+ * A compressed tar shard (gzip, zstd or bzip2, as WebDataset writes .tar.gz) is read from an
+ * uncompressed copy, for random access: kept in cache_dir when one is given (made once, for later
+ * opens and the host's other ranks), else a temporary file made at every open. Neither may grow
+ * past the room for it (cache_limit, or what the disk had free less a tenth): nothing bounds a
+ * tar's size but that.
+ */
+int dl__tar_uncompressed(int in, const char *path, const dl__shard_id *id, const dl__options *o, int *copy,
+                         uint64_t *size) {
+  *copy = -1;
+  const char *how = compression_of(in);
+  if (!how)
+    return 0;
+  packed p = {in, how, path, 0};
+  int fd = -1;
+  if (o->cache_dir[0] && id) {
+    uint64_t version = dl__rfs_checksum(id, sizeof *id);
+    fd = dl__cache_keep_unsized(o, path, version, unpack_shard, &p);
+    if (fd == -EBUSY || fd == -ENOSPC || fd == DL_ELIMIT) /* a copy larger than the cache: as a remote shard */
+      dl__log(DL__LOG_INFO, "shard %s: its uncompressed copy is not kept in cache_dir (%s); a temporary one is made",
+              path, fd == -EBUSY ? "another process is making it" : "no room within cache_limit");
+    else if (fd < 0 && fd != DL_ECORRUPT) /* damaged: a temporary copy holds what comes before the damage */
+      return fd;
+  }
+  bool damaged = false;
+  if (fd < 0) {
+    if ((fd = dl__scratch_file(0, path)) < 0)
+      return fd;
+    struct statvfs v; /* a temporary copy leaves the disk a tenth of what it had free */
+    uint64_t room = fstatvfs(fd, &v) ? UINT64_MAX : (uint64_t)((double)v.f_bavail * (double)v.f_frsize * 0.9);
+    int rc = unpack_shard(fd, room, &p);
+    /* Damaged or cut short: the members before the damage are read, as from a truncated tar. */
+    damaged = rc == DL_ECORRUPT && o->on_error != DL__ON_ERROR_FAIL;
+    if (rc && !damaged) {
+      close(fd);
+      const char *tmp = getenv("TMPDIR");
+      return rc != DL_ELIMIT ? rc
+                             : dl__fail(rc, "shard %s: its uncompressed copy does not fit in %s (%llu bytes free, "
+                                        "less a tenth): give cache_dir= on a larger disk, or decompress it there once",
+                                        path, tmp && *tmp ? tmp : "/tmp", (unsigned long long)(room / 9 * 10));
+    }
+    if (!o->cache_dir[0] && !damaged)
+      dl__log(DL__LOG_INFO, "shard %s: decompressed into a temporary copy (%llu bytes); cache_dir= keeps such "
+              "copies for later opens", path, (unsigned long long)p.made);
+  }
+  struct stat st;
+  if (fstat(fd, &st)) {
+    int e = errno;
+    close(fd);
+    return dl__fail(-e, "shard %s: its uncompressed copy: %s", path, strerror(e));
+  }
+  *copy = fd;
+  *size = (uint64_t)st.st_size;
+  return damaged;
+}
+
+int dl__tar_load(dl__dataset *ds, const char *path, const dl__options *o) {
   uint32_t file;
   uint64_t size;
   dl__shard_id id;
   int rc = dl__dataset_open_file(ds, path, &file, &size, &id);
   if (rc)
     return rc;
-  if (dl__index_cache_read(ds, file, path, &id) == 0)
-    return 0;
-  size_t first = ds->n;
-  rc = dl__tar_scan(ds, file, ds->fds[file], size, on_error);
+  /* The index cache is kept by the compressed file's identity: its copies are all the same tar.
+   * A damaged one's is not kept, so that every open says what is wrong with it. */
+  int copy;
+  rc = dl__tar_uncompressed(ds->fds[file], path, &id, o, &copy, &size);
   if (rc < 0)
     return rc;
-  if (rc == 0)
+  bool damaged = rc == 1;
+  if (damaged) {
+    dl__log(DL__LOG_WARN, "%s; keeping the members before it", dl_last_error());
+    if (!ds->skipped_shard[0])
+      snprintf(ds->skipped_shard, sizeof ds->skipped_shard, "%s", dl_last_error());
+  }
+  if (copy >= 0) {
+    close(ds->fds[file]);
+    ds->fds[file] = copy;
+    ds->unpacked++;
+    id.data_size = size;
+  }
+  if (!damaged && dl__index_cache_read(ds, file, path, &id) == 0)
+    return 0;
+  size_t first = ds->n;
+  rc = dl__tar_scan(ds, file, ds->fds[file], size, o->on_error);
+  if (rc < 0)
+    return rc;
+  if (rc == 0 && !damaged)
     dl__index_cache_write(ds, first, path, &id);
   return 0;
 }

@@ -734,11 +734,25 @@ static int verify_rfs(const char *path, int fd, uint64_t size, checker *c, long 
   return 0;
 }
 
-static int verify_tar(const char *path, int fd, uint64_t size, checker *c, long *bad) {
+static int verify_tar(const char *path, int packed, uint64_t size, checker *c, long *bad) {
+  /* A compressed shard is checked through a temporary uncompressed copy, as the loader reads it;
+   * damage to its compressed data is a bad record, and what came before it is checked. */
+  dl__options o;
+  dl__options_parse(&o, "on_error=skip");
+  int copy, fd = packed;
+  int rc = dl__tar_uncompressed(packed, path, NULL, &o, &copy, &size);
+  if (rc) {
+    printf("%s\n", dl_last_error());
+    (*bad)++;
+    if (copy < 0)
+      return 0;
+  }
+  if (copy >= 0)
+    fd = copy;
   dl__dataset ds = {0};
   uint32_t file;
   dl__dataset_add_file(&ds, path, &file);
-  int rc = dl__tar_scan(&ds, file, fd, size, DL__ON_ERROR_FAIL);
+  rc = dl__tar_scan(&ds, file, fd, size, DL__ON_ERROR_FAIL);
   if (rc < 0) {
     printf("%s\n", dl_last_error());
     (*bad)++;
@@ -765,6 +779,8 @@ static int verify_tar(const char *path, int fd, uint64_t size, checker *c, long 
   }
   dl__buf_free(&buf);
   dl__dataset_free(&ds);
+  if (copy >= 0)
+    close(copy);
   return 0;
 }
 
@@ -959,7 +975,7 @@ static int cmd_index(int argc, char **argv) {
       dl__options o; /* a remote shard's index goes to the cache the loader reads, keyed by its version */
       dl__options_parse(&o, "on_error=fail");
       int r = dl__is_url(paths[i]) ? dl__remote_load(&ds, paths[i], &o)
-                                   : dl__tar_load(&ds, paths[i], DL__ON_ERROR_FAIL);
+                                   : dl__tar_load(&ds, paths[i], &o);
       if (r) {
         fprintf(stderr, "dlshard: %s\n", dl_last_error());
         rc = 1;
@@ -1041,7 +1057,7 @@ static int cmd_ls(int argc, char **argv) {
     dl__options o;
     dl__options_parse(&o, "on_error=skip");
     close(fd);
-    if (dl__is_url(shard) ? dl__remote_load(&ds, shard, &o) : dl__tar_load(&ds, shard, DL__ON_ERROR_SKIP)) {
+    if (dl__is_url(shard) ? dl__remote_load(&ds, shard, &o) : dl__tar_load(&ds, shard, &o)) {
       fprintf(stderr, "dlshard: %s: %s\n", name, dl__is_url(shard) ? dl_last_error() : why);
       return 1;
     }

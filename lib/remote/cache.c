@@ -185,6 +185,9 @@ void dl__cache_dir_close(dl__cache_dir *d) {
   d->dirfd = -1;
 }
 
+/* The size of an entry known only once it is made (an uncompressed copy). */
+#define SIZE_UNKNOWN UINT64_MAX
+
 /* NAME's whole copy, read-locked and marked as just used. */
 static int open_entry(const dl__cache_dir *d, const char *name, uint64_t size) {
   int fd = openat(d->dirfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
@@ -192,7 +195,8 @@ static int open_entry(const dl__cache_dir *d, const char *name, uint64_t size) {
     return -errno;
   struct stat st;
   int r = flock(fd, LOCK_SH | LOCK_NB) ? -EBUSY /* its writer is just done, or it is being removed */
-          : fstat(fd, &st) || (uint64_t)st.st_size != size ? -ESTALE /* not what it must be: fetched again */
+          : fstat(fd, &st) || (size != SIZE_UNKNOWN && (uint64_t)st.st_size != size)
+              ? -ESTALE /* not what it must be: fetched again */
                                                             : 0;
   if (r) {
     close(fd);
@@ -235,9 +239,10 @@ static int fill(dl__cache_dir *d, const char *name, uint64_t size, const writer 
     close(fd);
     return r; /* the copy, or one held for a moment by its writer or an eviction: look again */
   }
+  bool unsized = size == SIZE_UNKNOWN;
   int lock = lock_folder(d);
-  r = lock < 0 ? lock : ftruncate(fd, 0) ? -errno : make_room(d, (int64_t)size);
-  if (!r && ftruncate(fd, (off_t)size))
+  r = lock < 0 ? lock : ftruncate(fd, 0) ? -errno : make_room(d, unsized ? 0 : (int64_t)size);
+  if (!r && !unsized && ftruncate(fd, (off_t)size))
     r = -errno;
   if (lock >= 0)
     unlock_folder(lock);
@@ -250,6 +255,19 @@ static int fill(dl__cache_dir *d, const char *name, uint64_t size, const writer 
     r = dl__fail(r, "shard cache %s: cannot make room for %s: %s", d->path, w->what, strerror(-r));
   else if ((r = w->write(fd, w->arg)) == 0 && fdatasync(fd))
     r = dl__fail(-errno, "shard cache %s: cannot write %s: %s", d->path, w->what, strerror(errno));
+  if (!r && unsized) { /* counted now that it is made (its .part among the entries): room for it */
+    lock = lock_folder(d);
+    r = lock < 0 ? lock : make_room(d, 0);
+    if (lock >= 0)
+      unlock_folder(lock);
+    if (r == -ENOSPC) {
+      unlinkat(d->dirfd, part, 0);
+      close(fd);
+      return -ENOSPC;
+    }
+    if (r)
+      r = dl__fail(r, "shard cache %s: cannot make room for %s: %s", d->path, w->what, strerror(-r));
+  }
   /* Renamed while still locked exclusively: no process sees it whole but unlocked. */
   if (!r && renameat(d->dirfd, part, d->dirfd, name))
     r = dl__fail(-errno, "shard cache %s: cannot store %s: %s", d->path, w->what, strerror(errno));
@@ -302,6 +320,34 @@ int dl__cache_keep(const dl__options *o, const char *url, uint64_t version, uint
   int fd = open_entry(&d, name, size);
   if (fd == -ENOENT || fd == -ESTALE)
     fd = (int64_t)size > d.limit ? -ENOSPC : fill(&d, name, size, &(writer){make, arg, url}, &(bool){false});
+  dl__cache_dir_close(&d);
+  return fd;
+}
+
+typedef struct unsized_job {
+  int (*make)(int fd, uint64_t most, void *arg);
+  void *arg;
+  uint64_t most;
+} unsized_job;
+
+static int unsized_write(int fd, void *arg) {
+  const unsized_job *j = arg;
+  return j->make(fd, j->most, j->arg);
+}
+
+int dl__cache_keep_unsized(const dl__options *o, const char *name_of, uint64_t version,
+                           int (*make)(int fd, uint64_t most, void *arg), void *arg) {
+  dl__cache_dir d;
+  int rc = dl__cache_dir_open(o, &d);
+  if (rc)
+    return rc;
+  char name[128];
+  entry_name(&(dl__remote_file){.url = (char *)name_of, .version = version}, name, sizeof name);
+  int fd = open_entry(&d, name, SIZE_UNKNOWN);
+  if (fd == -ENOENT || fd == -ESTALE) {
+    unsized_job j = {make, arg, d.limit > 0 ? (uint64_t)d.limit : 0};
+    fd = fill(&d, name, SIZE_UNKNOWN, &(writer){unsized_write, &j, name_of}, &(bool){false});
+  }
   dl__cache_dir_close(&d);
   return fd;
 }
@@ -497,10 +543,10 @@ int dl__cache_start(dl_loader *l) {
     return 0;
   if (!l->remote) {
     if (!l->ds.unpacked)
-      return dl__fail(DL_EOPTION, "option cache_dir keeps remote shards (and uncompressed copies of zstd MDS "
-                      "shards); the source is on local disk");
-    dl__log(DL__LOG_INFO, "cache_dir %s: holds the uncompressed copies of this source's zstd shards, made at open; "
-            "every sample is read from them", o->cache_dir);
+      return dl__fail(DL_EOPTION, "option cache_dir keeps remote shards (and uncompressed copies of compressed "
+                      "MDS and tar shards); the source is on local disk, uncompressed");
+    dl__log(DL__LOG_INFO, "cache_dir %s: holds the uncompressed copies of this source's compressed shards, made at "
+            "open; every sample is read from them", o->cache_dir);
     return 0;
   }
   struct dl__cache *c = calloc(1, sizeof *c);

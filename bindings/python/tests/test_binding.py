@@ -225,15 +225,15 @@ def test_a_folder_of_shards_says_to_give_them_by_a_glob(tmp_path):
 
 @needs_testdata
 def test_a_compressed_or_foreign_shard_says_what_it_is(tmp_path):
-    import gzip
+    import lzma
     import zipfile
     with open(WDS, "rb") as f:
         tar = f.read()
-    (tmp_path / "a.tar.gz").write_bytes(gzip.compress(tar))
+    (tmp_path / "a.tar.xz").write_bytes(lzma.compress(tar))
     with zipfile.ZipFile(tmp_path / "a.zip", "w") as z:
         z.writestr("x.jpg", b"0" * 600)
     (tmp_path / "a.bin").write_bytes(bytes(range(256)) * 8)
-    for name, what in (("a.tar.gz", "a gzip-compressed file, not a tar"), ("a.zip", "a zip archive, not a tar"),
+    for name, what in (("a.tar.xz", "an xz-compressed file, not a tar"), ("a.zip", "a zip archive, not a tar"),
                        ("a.bin", "not a tar archive")):
         with pytest.raises(ringfeed.Error) as e:  # the shard's warning is in the error, whatever the log level
             ringfeed.Loader(str(tmp_path / name))
@@ -242,7 +242,7 @@ def test_a_compressed_or_foreign_shard_says_what_it_is(tmp_path):
             ringfeed.Loader(str(tmp_path / name), on_error="fail")
         assert e.value.name == ("DL_ECORRUPT" if name == "a.bin" else "DL_EUNSUPPORTED") and what in e.value.message
     # One such shard among good ones is skipped with its warning, as a damaged shard is.
-    mixed = ringfeed.Loader(f"{WDS}::{tmp_path / 'a.tar.gz'}", batch_size=4, image_size=16, workers=1)
+    mixed = ringfeed.Loader(f"{WDS}::{tmp_path / 'a.tar.xz'}", batch_size=4, image_size=16, workers=1)
     assert len(mixed) == len(ringfeed.Loader(WDS, batch_size=4, image_size=16, workers=1))
     with pytest.raises(ringfeed.Error) as e:
         ringfeed.Loader("tokens:https://127.0.0.1:9/a.bin", dtype="uint16", seq_len=8)
@@ -251,6 +251,81 @@ def test_a_compressed_or_foreign_shard_says_what_it_is(tmp_path):
     windows = {"dtype": "uint16", "seq_len": 8, "batch_size": 1}
     plain = len(ringfeed.Loader(f"tokens:{tmp_path}/a.bin", **windows))
     assert len(ringfeed.Loader(f"tokens:file://{tmp_path}/a.b*::file://{tmp_path}/a.bin", **windows)) == 2 * plain > 0
+
+
+def _everything(source, **kw):
+    with ringfeed.Loader(source, batch_size=8, image_size=16, shuffle=False, workers=2, framework="numpy",
+                         epochs=1, **kw) as loader:
+        return [(k, int(label), image.copy()) for b in loader
+                for k, label, image in zip(b["key"], b["label"], b["image"])]
+
+
+def _same(a, b):
+    return len(a) == len(b) > 0 and all(x[0] == y[0] and x[1] == y[1] and np.array_equal(x[2], y[2])
+                                        for x, y in zip(a, b))
+
+
+@needs_testdata
+def test_compressed_tar_shards_are_read_through_an_uncompressed_copy(tmp_path, capfd):
+    import bz2
+    import gzip
+    with open(WDS, "rb") as f:
+        tar = f.read()
+    (tmp_path / "a.tar.gz").write_bytes(gzip.compress(tar))
+    (tmp_path / "a.tar.bz2").write_bytes(bz2.compress(tar))
+    subprocess.run(["zstd", "-q", "-o", str(tmp_path / "a.tar.zst"), WDS], check=True)
+    want = _everything(WDS)
+    capfd.readouterr()
+    for name in ("a.tar.gz", "a.tar.bz2", "a.tar.zst"):
+        # Without cache_dir a temporary copy at every open; keys, labels and pixels as the tar's.
+        assert _same(_everything(str(tmp_path / name), log="info"), want), name
+        assert f"shard {tmp_path / name}: decompressed into a temporary copy ({len(tar)} bytes)" in capfd.readouterr().err
+    # The member index is kept by the compressed file's identity, and a later open reads it (an index
+    # written again would be a new file: it is written beside the shard and renamed into place).
+    indexed = os.stat(tmp_path / "a.tar.gz.rfidx").st_ino
+    assert _same(_everything(str(tmp_path / "a.tar.gz")), want)
+    assert os.stat(tmp_path / "a.tar.gz.rfidx").st_ino == indexed
+    # With cache_dir the copy is made once, kept by the compressed file's identity, and read again.
+    cache = tmp_path / "cache"
+    assert _same(_everything(str(tmp_path / "a.tar.gz"), cache_dir=str(cache)), want)
+    (entry,) = [p for p in cache.iterdir() if not p.name.startswith(".")]
+    assert entry.read_bytes() == tar and entry.name.endswith("-a.tar.gz")
+    made = entry.stat().st_ino
+    assert _same(_everything(str(tmp_path / "a.tar.gz"), cache_dir=str(cache), log="info"), want)
+    assert "decompressed" not in capfd.readouterr().err
+    assert [p.stat().st_ino for p in cache.iterdir() if not p.name.startswith(".")] == [made]
+    # A copy larger than cache_limit is a temporary one, as a remote shard larger than the cache.
+    assert _same(_everything(str(tmp_path / "a.tar.zst"), cache_dir=str(tmp_path / "small"), cache_limit="64K",
+                             log="info"), want)
+    assert "its uncompressed copy is not kept in cache_dir (no room within cache_limit)" in capfd.readouterr().err
+    assert not [p for p in (tmp_path / "small").iterdir() if not p.name.startswith(".")]
+    # A tar whose first member's name begins as bzip2 data does is a tar.
+    odd = tmp_path / "odd.tar"
+    with tarfile.open(odd, "w", format=tarfile.USTAR_FORMAT) as t, tarfile.open(WDS) as src:
+        for m in src.getmembers():
+            data = src.extractfile(m).read()
+            m.name = "BZh91AY&SY" + m.name
+            t.addfile(m, io.BytesIO(data))
+    assert [k[:10] for k, _, _ in _everything(str(odd))] == ["BZh91AY&SY"] * len(want)
+
+
+@needs_testdata
+def test_a_damaged_compressed_shard_keeps_what_comes_before_the_damage(tmp_path, capfd):
+    import gzip
+    with open(WDS, "rb") as f:
+        tar = f.read()
+    packed = gzip.compress(tar)
+    cut = tmp_path / "cut.tar.gz"
+    cut.write_bytes(packed[:len(packed) // 2])
+    got = _everything(str(cut), on_error="skip")
+    err = capfd.readouterr().err
+    assert f"shard {cut}: its gz data ends early (truncated?); keeping the members before it" in err
+    want = _everything(WDS)
+    assert 0 < len(got) < len(want) and all(g[0] == w[0] for g, w in zip(got, want))
+    with pytest.raises(ringfeed.Error) as e:
+        ringfeed.Loader(str(cut), on_error="fail")
+    assert e.value.name == "DL_ECORRUPT" and f"shard {cut}: its gz data ends early (truncated?)" in e.value.message
+    assert not os.path.exists(f"{cut}.rfidx")  # said again at every open, not hidden behind a cached index
 
 
 @needs_testdata
