@@ -14,11 +14,14 @@ enum { PLAIN = 200000 };
 
 static uint8_t plain[PLAIN];
 
-/* A file holding N bytes of P. */
+/* A file holding N bytes of P (an unnamed one, gone when closed). */
 static int file_of(const uint8_t *p, size_t n) {
   FILE *f = tmpfile();
-  ASSERT(f && fwrite(p, 1, n, f) == n && fflush(f) == 0);
-  return dup(fileno(f)); /* the FILE is left to exit: its descriptor lives on in the dup */
+  ASSERT(f && (!n || fwrite(p, 1, n, f) == n) && fflush(f) == 0);
+  int fd = dup(fileno(f));
+  fclose(f);
+  ASSERT(fd >= 0);
+  return fd;
 }
 
 /* P (N bytes) as one gzip member into OUT; its length. */
