@@ -213,6 +213,18 @@ static bool is_named(const dl__cache_dir *d, const char *name, int fd) {
          a.st_dev == b.st_dev;
 }
 
+/* Under the folder's lock: room for NEED more bytes, what nobody holds evicted oldest first, then
+ * FD grown to SIZE (sparse) so that other processes count it; SIZE_UNKNOWN leaves it as it is. */
+static int reserve(const dl__cache_dir *d, int fd, int64_t need, uint64_t size) {
+  int lock = lock_folder(d);
+  int r = lock < 0 ? lock : make_room(d, need);
+  if (!r && size != SIZE_UNKNOWN && ftruncate(fd, (off_t)size))
+    r = -errno;
+  if (lock >= 0)
+    unlock_folder(lock);
+  return r;
+}
+
 /* How an entry's bytes are written: into FD, which is already SIZE bytes long (sparse). */
 typedef struct writer {
   int (*write)(int fd, void *arg);
@@ -239,35 +251,22 @@ static int fill(dl__cache_dir *d, const char *name, uint64_t size, const writer 
     close(fd);
     return r; /* the copy, or one held for a moment by its writer or an eviction: look again */
   }
+  /* Room made for it before it is written, or, its size unknown, once written (its .part is then
+   * among the entries counted). */
   bool unsized = size == SIZE_UNKNOWN;
-  int lock = lock_folder(d);
-  r = lock < 0 ? lock : ftruncate(fd, 0) ? -errno : make_room(d, unsized ? 0 : (int64_t)size);
-  if (!r && !unsized && ftruncate(fd, (off_t)size))
-    r = -errno;
-  if (lock >= 0)
-    unlock_folder(lock);
+  r = ftruncate(fd, 0) ? -errno : reserve(d, fd, unsized ? 0 : (int64_t)size, size);
+  bool room = r != 0; /* what failed was making room (the writer's errors have their message) */
+  if (!r && (r = w->write(fd, w->arg)) == 0 && fdatasync(fd))
+    r = dl__fail(-errno, "shard cache %s: cannot write %s: %s", d->path, w->what, strerror(errno));
+  if (!r && unsized)
+    room = (r = reserve(d, fd, 0, size)) != 0;
   if (r == -ENOSPC) {
     unlinkat(d->dirfd, part, 0);
     close(fd);
     return -ENOSPC;
   }
-  if (r)
+  if (room)
     r = dl__fail(r, "shard cache %s: cannot make room for %s: %s", d->path, w->what, strerror(-r));
-  else if ((r = w->write(fd, w->arg)) == 0 && fdatasync(fd))
-    r = dl__fail(-errno, "shard cache %s: cannot write %s: %s", d->path, w->what, strerror(errno));
-  if (!r && unsized) { /* counted now that it is made (its .part among the entries): room for it */
-    lock = lock_folder(d);
-    r = lock < 0 ? lock : make_room(d, 0);
-    if (lock >= 0)
-      unlock_folder(lock);
-    if (r == -ENOSPC) {
-      unlinkat(d->dirfd, part, 0);
-      close(fd);
-      return -ENOSPC;
-    }
-    if (r)
-      r = dl__fail(r, "shard cache %s: cannot make room for %s: %s", d->path, w->what, strerror(-r));
-  }
   /* Renamed while still locked exclusively: no process sees it whole but unlocked. */
   if (!r && renameat(d->dirfd, part, d->dirfd, name))
     r = dl__fail(-errno, "shard cache %s: cannot store %s: %s", d->path, w->what, strerror(errno));
@@ -309,8 +308,22 @@ int dl__cache_dir_get(dl__cache_dir *d, const dl__dataset *ds, uint32_t f, const
   return fill(d, name, rf->size, &(writer){download, &j, t.name}, fetched);
 }
 
-int dl__cache_keep(const dl__options *o, const char *url, uint64_t version, uint64_t size,
-                   int (*make)(int fd, void *arg), void *arg) {
+/* A copy that dl__cache_keep or dl__cache_keep_unsized makes: MADE writes it (with the most it may
+ * write where its size is unknown). */
+typedef struct keep_job {
+  int (*sized)(int fd, void *arg);
+  int (*unsized)(int fd, uint64_t most, void *arg);
+  void *arg;
+  uint64_t most;
+} keep_job;
+
+static int keep_write(int fd, void *arg) {
+  const keep_job *j = arg;
+  return j->sized ? j->sized(fd, j->arg) : j->unsized(fd, j->most, j->arg);
+}
+
+/* The entry of URL's VERSION, SIZE bytes (or SIZE_UNKNOWN): found in the folder, or made by J. */
+static int keep(const dl__options *o, const char *url, uint64_t version, uint64_t size, keep_job *j) {
   dl__cache_dir d;
   int rc = dl__cache_dir_open(o, &d);
   if (rc)
@@ -318,38 +331,23 @@ int dl__cache_keep(const dl__options *o, const char *url, uint64_t version, uint
   char name[128];
   entry_name(&(dl__remote_file){.url = (char *)url, .version = version}, name, sizeof name);
   int fd = open_entry(&d, name, size);
-  if (fd == -ENOENT || fd == -ESTALE)
-    fd = (int64_t)size > d.limit ? -ENOSPC : fill(&d, name, size, &(writer){make, arg, url}, &(bool){false});
+  j->most = d.limit > 0 ? (uint64_t)d.limit : 0;
+  if ((fd == -ENOENT || fd == -ESTALE) && size != SIZE_UNKNOWN && (int64_t)size > d.limit)
+    fd = -ENOSPC;
+  else if (fd == -ENOENT || fd == -ESTALE)
+    fd = fill(&d, name, size, &(writer){keep_write, j, url}, &(bool){false});
   dl__cache_dir_close(&d);
   return fd;
 }
 
-typedef struct unsized_job {
-  int (*make)(int fd, uint64_t most, void *arg);
-  void *arg;
-  uint64_t most;
-} unsized_job;
-
-static int unsized_write(int fd, void *arg) {
-  const unsized_job *j = arg;
-  return j->make(fd, j->most, j->arg);
+int dl__cache_keep(const dl__options *o, const char *url, uint64_t version, uint64_t size,
+                   int (*make)(int fd, void *arg), void *arg) {
+  return keep(o, url, version, size, &(keep_job){.sized = make, .arg = arg});
 }
 
-int dl__cache_keep_unsized(const dl__options *o, const char *name_of, uint64_t version,
+int dl__cache_keep_unsized(const dl__options *o, const char *name, uint64_t version,
                            int (*make)(int fd, uint64_t most, void *arg), void *arg) {
-  dl__cache_dir d;
-  int rc = dl__cache_dir_open(o, &d);
-  if (rc)
-    return rc;
-  char name[128];
-  entry_name(&(dl__remote_file){.url = (char *)name_of, .version = version}, name, sizeof name);
-  int fd = open_entry(&d, name, SIZE_UNKNOWN);
-  if (fd == -ENOENT || fd == -ESTALE) {
-    unsized_job j = {make, arg, d.limit > 0 ? (uint64_t)d.limit : 0};
-    fd = fill(&d, name, SIZE_UNKNOWN, &(writer){unsized_write, &j, name_of}, &(bool){false});
-  }
-  dl__cache_dir_close(&d);
-  return fd;
+  return keep(o, name, version, SIZE_UNKNOWN, &(keep_job){.unsized = make, .arg = arg});
 }
 
 /* ---- a loader's fetchers ---- */
