@@ -195,6 +195,9 @@ typedef struct dl__dataset {
   char skipped_shard[DL__MSG_MAX]; /* the first shard skipped whole, and why: "no samples" says it */
   uint64_t left_out; /* samples an MDS index lists but whose records are damaged (on_error=skip) */
   uint32_t unpacked; /* compressed MDS and tar shards read from uncompressed copies made at open */
+  uint32_t unpacked_temp; /* of them, tar shards copied into temporary files, which every open makes */
+  uint64_t unpacked_temp_bytes;
+  double unpacked_temp_s;
   int64_t *part_first; /* where each "::" part of the source starts in samples (nparts + 1) */
   uint32_t nparts;
   struct dl__declared *declared; /* the distinct column sets of shards that declare theirs */

@@ -281,8 +281,8 @@ static void name_repeated_files(const dl__dataset *ds) {
   if (!k)
     return; /* only a warning is lost */
   for (uint32_t i = 0; i < ds->nfiles; i++) {
-    struct stat st;
-    bool on_disk = ds->fds[i] >= 0 && !fstat(ds->fds[i], &st);
+    struct stat st; /* an unnamed copy (of a compressed shard) goes by the shard's name */
+    bool on_disk = ds->fds[i] >= 0 && !fstat(ds->fds[i], &st) && st.st_nlink > 0;
     k[i] = (file_key){.dev = on_disk ? (uint64_t)st.st_dev : 0, .ino = on_disk ? (uint64_t)st.st_ino : 0,
                       .file = i};
     k[i].key = on_disk ? dl__hash3(k[i].dev, k[i].ino, 0)
@@ -341,6 +341,11 @@ int dl__source_load(dl__dataset *ds, const char *source, const dl__options *o) {
     return dl__fail(DL_ENOSAMPLES, "source %s: no samples found%s%s", source, ds->skipped_shard[0] ? "; " : "",
                     ds->skipped_shard);
   name_repeated_files(ds);
+  /* Said where it costs: at info level each shard says it; past a few seconds, once, louder. */
+  if (ds->unpacked_temp_s >= 5)
+    dl__log(DL__LOG_WARN, "%u compressed shards were decompressed into temporary copies (%.1f GB) in %.0f s, as at "
+            "every open: cache_dir= keeps the copies for later opens", ds->unpacked_temp,
+            (double)ds->unpacked_temp_bytes / 1e9, ds->unpacked_temp_s);
   return 0;
 }
 

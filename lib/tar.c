@@ -718,6 +718,7 @@ int dl__tar_load(dl__dataset *ds, const char *path, const dl__options *o) {
   /* The index cache is kept by the compressed file's identity: its copies are all the same tar.
    * A damaged one's is not kept, so that every open says what is wrong with it. */
   int copy;
+  double t0 = dl__now();
   rc = dl__tar_uncompressed(ds->fds[file], path, &id, o, &copy, &size);
   if (rc < 0)
     return rc;
@@ -732,6 +733,12 @@ int dl__tar_load(dl__dataset *ds, const char *path, const dl__options *o) {
     ds->fds[file] = copy;
     ds->unpacked++;
     id.data_size = size;
+    struct stat st; /* a temporary copy has no name; a kept one is in cache_dir */
+    if (!fstat(copy, &st) && st.st_nlink == 0) {
+      ds->unpacked_temp++;
+      ds->unpacked_temp_bytes += size;
+      ds->unpacked_temp_s += dl__now() - t0;
+    }
   }
   if (!damaged && dl__index_cache_read(ds, file, path, &id) == 0)
     return 0;

@@ -280,6 +280,9 @@ def test_compressed_tar_shards_are_read_through_an_uncompressed_copy(tmp_path, c
         # Without cache_dir a temporary copy at every open; keys, labels and pixels as the tar's.
         assert _same(_everything(str(tmp_path / name), log="info"), want), name
         assert f"shard {tmp_path / name}: decompressed into a temporary copy ({len(tar)} bytes)" in capfd.readouterr().err
+    # Named twice, it is said as a plain shard named twice is, though each copy is a file of its own.
+    ringfeed.Loader([str(tmp_path / "a.tar.gz")] * 2, batch_size=8, image_size=16).close()
+    assert f"source: {tmp_path / 'a.tar.gz'} is named more than once" in capfd.readouterr().err
     # The member index is kept by the compressed file's identity, and a later open reads it (an index
     # written again would be a new file: it is written beside the shard and renamed into place).
     indexed = os.stat(tmp_path / "a.tar.gz.rfidx").st_ino
