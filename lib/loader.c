@@ -842,7 +842,7 @@ static void judge(const dl_loader *l, int decode, int64_t batches, double wall, 
            "for a free slot %.0f%%", 100 * v->decode, 100 * v->read, 100 * v->slot);
   if (batches < 3 || since_first <= 0) {
     v->word = "unknown";
-    snprintf(v->why, sizeof v->why, "too early: %" PRId64 " batches", batches);
+    snprintf(v->why, sizeof v->why, "too early: %" PRId64 " batch%s", batches, batches == 1 ? "" : "es");
     return;
   }
   if (v->consumer < 0.05) {

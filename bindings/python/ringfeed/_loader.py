@@ -246,7 +246,10 @@ class Loader:
             options["resume"] = _token(state)
         self._options = dict(options)
         self._source = source
-        self._log_every = int(options.get("log_stats_every") or 0)
+        every = options.get("log_stats_every") or 0
+        if isinstance(every, bool) or not isinstance(every, int) or every < 0:
+            raise ValueError(f"ringfeed: log_stats_every={every!r}: expected a number of batches (0: never)")
+        self._log_every = every
         self._handed = 0
         text = " ".join(f"{k}={_format(k, v)}" for k, v in options.items()
                         if v is not None and k != "log_stats_every")

@@ -44,6 +44,15 @@ def test_one_worker_decoding_is_the_bottleneck():
 def test_too_early_to_say():
     with ringfeed.Loader(JPEGS, batch_size=8, image_size=32, workers=1, framework="dlpack") as loader:
         assert loader.stats()["bottleneck"] == "unknown"
+        next(loader)
+        assert loader.stats()["bottleneck_why"] == "too early: 1 batch"
+
+
+@pytest.mark.parametrize("every", [-1, 2.5, "4", True])
+def test_log_stats_every_takes_a_number_of_batches(every):
+    # -1 logged at every batch (n % -1 is 0), "4" failed at the first batch it was used in.
+    with pytest.raises(ValueError, match="log_stats_every=.*expected a number of batches"):
+        ringfeed.Loader(JPEGS, batch_size=8, image_size=32, log_stats_every=every)
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="workers=auto needs two CPUs to set one aside")
