@@ -570,8 +570,8 @@ static int cmd_create(int argc, char **argv) {
     fprintf(stderr, "dlshard: %s\n", j.errmsg);
     rc = 1;
   } else {
-    printf("%zu samples in %zu shards (%s-%06d.rfs ...), %.2f s, %.0f samples/s\n", ds.n, nshards,
-           upload ? upload : prefix, 0, dt, ds.n / (dt > 0 ? dt : 1e-9));
+    printf("%zu samples in %zu shard%s (%s-%06d.rfs ...), %.2f s, %.0f samples/s\n", ds.n, nshards,
+           nshards == 1 ? "" : "s", upload ? upload : prefix, 0, dt, ds.n / (dt > 0 ? dt : 1e-9));
     if (!upload)
       name_leftovers(prefix, nshards);
   }
