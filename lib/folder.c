@@ -181,11 +181,12 @@ static int64_t label_of(const char *root, char **files, size_t i, size_t n, cons
     int64_t got = fd < 0 ? -1 : dl__pread_full(fd, text, sizeof text, 0);
     if (fd >= 0)
       close(fd);
-    bool ok = false;
-    int64_t label = got > 0 && (size_t)got < sizeof text ? dl__parse_label(text, (size_t)got, &ok) : -1;
-    if (!ok)
-      dl__log(DL__LOG_WARN, "source %s: %s holds no integer label; using -1", root, files[i]);
-    return ok ? label : -1;
+    const char *why = "is not an integer";
+    int64_t label = got > 0 && (size_t)got < sizeof text ? dl__parse_label(text, (size_t)got, &why) : -1;
+    if (why)
+      dl__log(DL__LOG_WARN, "source %s: %s holds no integer label%s; using -1", root, files[i],
+              strstr(why, "range") ? " (its number is out of range, past 2^63)" : "");
+    return why ? -1 : label;
   }
   return -1;
 }

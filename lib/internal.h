@@ -272,8 +272,9 @@ int dl__tar_uncompressed(int in, const char *path, const dl__shard_id *id, const
                          uint64_t *size);
 /* Scans a tar shard into DS (no cache); used by dl__tar_load and by tools. */
 int dl__tar_scan(dl__dataset *ds, uint32_t file, int fd, uint64_t file_size, int on_error);
-/* The integer label of a .cls member's N bytes (spaces around it allowed), *OK false when it is none. */
-int64_t dl__parse_label(const uint8_t *p, size_t n, bool *ok);
+/* The integer label of a .cls member's N bytes (spaces around it allowed); *WHY NULL, or why it is
+ * none ("is not an integer", "is out of range ..."), and -1. */
+int64_t dl__parse_label(const uint8_t *p, size_t n, const char **why);
 int dl__folder_load(dl__dataset *ds, const char *root);
 /* Reads a ringfeed shard's index into DS; DIRECT asks for O_DIRECT reads where the shard allows. */
 int dl__rfs_load(dl__dataset *ds, const char *path, int direct);

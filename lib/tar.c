@@ -175,6 +175,8 @@ typedef struct group {
   uint64_t ext_hash[32]; /* the extensions it has, to catch a member that repeats one */
   int next;
   bool fields_left_out; /* a member had no field to go to: said once, and the shard not cached */
+  uint64_t bad_labels;  /* .cls members that hold no integer label (-1 used): said once, not cached */
+  char bad_label[400];  /* the first of them, and why */
   uint64_t hidden;    /* members left out because their base name starts with a dot */
 } group;
 
@@ -215,7 +217,7 @@ static int flush(dl__dataset *ds, group *g) {
   return dl__dataset_push(ds, &g->s);
 }
 
-int64_t dl__parse_label(const uint8_t *p, size_t n, bool *ok) {
+int64_t dl__parse_label(const uint8_t *p, size_t n, const char **why) {
   size_t i = 0;
   while (i < n && isspace(p[i]))
     i++;
@@ -224,17 +226,15 @@ int64_t dl__parse_label(const uint8_t *p, size_t n, bool *ok) {
     i++;
   int64_t v = 0;
   size_t digits = 0;
+  bool over = false;
   for (; i < n && isdigit(p[i]); i++, digits++) {
-    if (v > INT64_MAX / 10 - 10) {
-      *ok = false;
-      return -1;
-    }
-    v = v * 10 + (p[i] - '0');
+    over |= v > INT64_MAX / 10 - 10;
+    v = over ? v : v * 10 + (p[i] - '0');
   }
   while (i < n && isspace(p[i]))
     i++;
-  *ok = digits > 0 && i == n;
-  return *ok ? (neg ? -v : v) : -1;
+  *why = !digits || i != n ? "is not an integer" : over ? "is out of range (past 2^63)" : NULL;
+  return *why ? -1 : neg ? -v : v;
 }
 
 /* Adds a regular member to the current group or starts a new sample. */
@@ -321,13 +321,13 @@ static int add_member(dl__dataset *ds, group *g, uint32_t file, const char *name
     const uint8_t *p = read_at(r, off, (size_t)size);
     if (!p && r->err)
       return r->err;
-    bool ok = false;
+    const char *why = "cannot be read";
     if (p)
-      g->s.label = dl__parse_label(p, (size_t)size, &ok);
-    if (!ok) {
+      g->s.label = dl__parse_label(p, (size_t)size, &why);
+    if (why) {
       g->s.label = -1;
-      dl__log(DL__LOG_WARN, "shard %s member %s: label is not an integer; using -1",
-              ds->files[file], name);
+      if (!g->bad_labels++)
+        snprintf(g->bad_label, sizeof g->bad_label, "member %.300s: label %s", name, why);
     }
   } else if (size < UINT32_MAX) {
     /* Any other member (a caption, JSON, a second image) is field EXT, delivered as its bytes:
@@ -594,6 +594,10 @@ int dl__tar_scan(dl__dataset *ds, uint32_t file, int fd, uint64_t file_size, int
     dl__log(DL__LOG_WARN, "shard %s: %llu %s (%s), whose holes tar leaves out of the shard: not read, so their "
             "samples lack them; make the shard without tar --sparse (-S)", shard, (unsigned long long)sparse_files,
             sparse_files == 1 ? "member is a sparse file" : "members are sparse files", sparse_example);
+  if (g->bad_labels)
+    dl__log(DL__LOG_WARN, "shard %s: %llu .cls member%s hold%s no integer label, and -1 is used (%s)", shard,
+            (unsigned long long)g->bad_labels, g->bad_labels == 1 ? "" : "s", g->bad_labels == 1 ? "s" : "",
+            g->bad_label);
   if (g->hidden)
     dl__log(DL__LOG_INFO, "shard %s: %llu hidden members (such as macOS's ._NAME and .DS_Store) belong to no "
             "sample; left out", shard, (unsigned long long)g->hidden);
@@ -615,7 +619,7 @@ int dl__tar_scan(dl__dataset *ds, uint32_t file, int fd, uint64_t file_size, int
     dl__log(DL__LOG_WARN, "shard %s: %s at offset %llu; keeping the members before it", shard,
             damage, (unsigned long long)off);
     rc = 1; /* usable, but not worth caching */
-  } else if (links || sparse_files || apart || g->fields_left_out) {
+  } else if (links || sparse_files || apart || g->fields_left_out || g->bad_labels) {
     rc = 1; /* not cached, so that every open says what is wrong with it */
   }
 done:

@@ -337,6 +337,35 @@ def test_a_shard_unpacked_into_a_folder_keeps_its_labels(tmp_path, capfd):
     assert "1 file that is not an image, .npy or .cls was left out (1 .txt)" in err
 
 
+def test_labels_that_are_no_integer_are_said_once_a_shard_at_every_open(tmp_path, capfd):
+    """-1 stands for them, as for a sample without a .cls; the shard's index is not cached, so a
+    later open says it again (before, only the first did, a warning per member)."""
+    path = tmp_path / "labels.tar"
+    texts = [b"3\n", b" 4 ", b"cat", b"", b"99999999999999999999", b"+7", b"-2"]
+    with tarfile.open(path, "w") as t:
+        for i, text in enumerate(texts):
+            buf = io.BytesIO()
+            Image.fromarray(np.full((8, 8, 3), i, np.uint8)).save(buf, format="PNG")
+            for ext, data in (("png", buf.getvalue()), ("cls", text)):
+                info = tarfile.TarInfo(f"{i:03d}.{ext}")
+                info.size = len(data)
+                t.addfile(info, io.BytesIO(data))
+    for _ in range(2):
+        with ringfeed.Loader(str(path), batch_size=7, image_size=8, shuffle=False, framework="numpy",
+                             log="warn") as loader:
+            assert next(loader)["label"].tolist() == [3, 4, -1, -1, -1, 7, -2]
+        err = capfd.readouterr().err
+        assert err.count("ringfeed warning") == 1, err
+        assert (f"shard {path}: 3 .cls members hold no integer label, and -1 is used (member 002.cls: label is not "
+                "an integer)") in err
+    assert not os.path.exists(f"{path}.rfidx")
+    (tmp_path / "big.cls").write_bytes(texts[4])
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(tmp_path / "big.png")
+    with ringfeed.Loader(str(tmp_path), batch_size=1, image_size=8, framework="numpy", log="warn") as loader:
+        assert next(loader)["label"].tolist() == [-1]
+    assert "big.cls holds no integer label (its number is out of range, past 2^63)" in capfd.readouterr().err
+
+
 def test_members_named_as_the_batch_names_its_own_parts_do_not_hide_them(tmp_path, capfd):
     """000.image and 000.label are members like any other: they come as image_ and label_, and
     the batch's decoded image and .cls label stay where they are."""
