@@ -184,8 +184,7 @@ static int64_t label_of(const char *root, char **files, size_t i, size_t n, cons
     const char *why = "is not an integer";
     int64_t label = got > 0 && (size_t)got < sizeof text ? dl__parse_label(text, (size_t)got, &why) : -1;
     if (why)
-      dl__log(DL__LOG_WARN, "source %s: %s holds no integer label%s; using -1", root, files[i],
-              strstr(why, "range") ? " (its number is out of range, past 2^63)" : "");
+      dl__log(DL__LOG_WARN, "source %s: %s holds no integer label: its text %s; using -1", root, files[i], why);
     return why ? -1 : label;
   }
   return -1;

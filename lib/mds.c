@@ -385,13 +385,12 @@ static int check_columns(dl__dataset *ds, shard *sh, const char *index) {
     if (c->role != ROLE_TENSOR && c->role != ROLE_TEXT && c->role != ROLE_JSON && c->role != ROLE_BYTES)
       continue;
     int f = dl__dataset_field(ds, c->name, strlen(c->name));
-    if (f >= 0)
-      fields |= 1u << f;
     if (f < 0) {
       dl__log(DL__LOG_WARN, "MDS index %s: shard %s column %s: left out, %s", index, sh->basename, c->name,
               dl__field_refusal(ds, strlen(c->name)));
       continue;
     }
+    fields |= 1u << f;
     if (!ds->mds && !(ds->mds = calloc(DL__MAX_FIELDS, sizeof *ds->mds)))
       return dl__fail(-ENOMEM, "out of memory");
     dl__mds_spec *known = &ds->mds[f];

@@ -363,7 +363,7 @@ def test_labels_that_are_no_integer_are_said_once_a_shard_at_every_open(tmp_path
     Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(tmp_path / "big.png")
     with ringfeed.Loader(str(tmp_path), batch_size=1, image_size=8, framework="numpy", log="warn") as loader:
         assert next(loader)["label"].tolist() == [-1]
-    assert "big.cls holds no integer label (its number is out of range, past 2^63)" in capfd.readouterr().err
+    assert "big.cls holds no integer label: its text is out of range (past 2^63)" in capfd.readouterr().err
 
 
 def test_members_named_as_the_batch_names_its_own_parts_do_not_hide_them(tmp_path, capfd):
