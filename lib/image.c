@@ -75,7 +75,7 @@ static int plan(dl__decode_job *job, int w, int h, dl__err *e) {
 }
 
 int dl__image_decode(dl__image_decoder *d, const dl_loader *l, const uint8_t *image, size_t len, int codec,
-                     uint64_t key, uint8_t *dst, dl__err *e) {
+                     uint64_t key, uint32_t sample, uint8_t *dst, dl__err *e) {
   plan_arg pa = {l, key};
   dl__decode_job job = {.src = image,
                         .len = len,
@@ -87,7 +87,9 @@ int dl__image_decode(dl__image_decoder *d, const dl_loader *l, const uint8_t *im
                         .plan_arg = &pa,
                         .scratch = &d->scratch,
                         .cancel = &l->cancel,
-                        .pil = codec == DL__CODEC_PIL};
+                        .pil = codec == DL__CODEC_PIL,
+                        .rows = d->rows,
+                        .sample = sample};
   int r = dl__image_decode_job(d, &job, e);
   if (r)
     return r;

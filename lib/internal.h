@@ -583,6 +583,8 @@ struct dl__decode_job {
   dl__buf *scratch;
   const _Atomic int *cancel; /* when it turns nonzero, the decode stops with DL_ECLOSED (may be NULL) */
   bool pil;                  /* SRC is an MDS "pil" value (raw pixels have no signature to sniff) */
+  struct dl__jpeg_rows *rows; /* where the rows of JPEGs begin, by SAMPLE (may be NULL) */
+  uint32_t sample;
   /* set by plan */
   dl__rect rect;
   /* out: decoded pixels (channels interleaved) and rect mapped into them */
@@ -620,6 +622,25 @@ extern const dl__decoder_ops dl__webp_ops;
 /* The codec of an image by its leading bytes, or by a name's last extension (image.c). */
 int dl__sniff_codec(const uint8_t *p, size_t n);
 int dl__codec_of_ext(const char *name);
+
+/*
+ * Where the rows of MCUs of each sample's JPEG begin, learnt as decodes walk past them
+ * (jpeg_rows.c): up to BUDGET bytes for SAMPLES samples, shared by a loader's workers.
+ */
+typedef struct dl__jpeg_rows dl__jpeg_rows;
+dl__jpeg_rows *dl__jpeg_rows_new(uint32_t samples, uint64_t budget);
+void dl__jpeg_rows_free(dl__jpeg_rows *s);
+uint64_t dl__jpeg_rows_bytes(const dl__jpeg_rows *s);
+uint64_t dl__jpeg_rows_skipped(const dl__jpeg_rows *s); /* MCU rows decodes did not Huffman-decode */
+struct jpeg_decompress_struct;
+/* For a decode of SRC (LEN bytes, its scan's data from ENTROPY_AT, D started) that needs no row
+ * above iMCU row IMCU_ROW: stand-ins for the rows above in OUT (*PREFIX_LEN bytes) that SRC from
+ * *TAIL_AT follows. -1 when the file or the row does not allow it: decode it as it is. */
+int dl__jpeg_rows_prefix(dl__jpeg_rows *st, uint32_t sample, struct jpeg_decompress_struct *d, const uint8_t *src,
+                         size_t len, size_t entropy_at, int imcu_row, dl__buf *out, size_t *prefix_len,
+                         size_t *tail_at);
+/* The first iMCU row a decode of D needs for output rows from Y0 on. */
+int dl__jpeg_rows_first(struct jpeg_decompress_struct *d, int y0);
 
 /* The DCT scaling (1, 2, 4 or 8) the JPEG decoder uses for CROP at the output size (jpeg.c). */
 int dl__jpeg_scale(const dl__rect *crop, int out_w, int out_h);
@@ -670,6 +691,7 @@ int dl__resize(const uint8_t *src, int w, int h, size_t stride, int ch, dl__rect
 
 typedef struct dl__image_decoder {
   void *jpeg, *png, *webp;
+  dl__jpeg_rows *rows; /* the loader's, or NULL */
   dl__buf scratch;
   dl__resize_scratch rs;
 } dl__image_decoder;
@@ -682,7 +704,7 @@ int dl__image_decode_job(dl__image_decoder *d, dl__decode_job *job, dl__err *e);
  * the sample whose draws come from KEY into DST: the crop, resized, maybe flipped, in the slot's
  * layout. */
 int dl__image_decode(dl__image_decoder *d, const dl_loader *l, const uint8_t *image, size_t len, int codec,
-                     uint64_t key, uint8_t *dst, dl__err *e);
+                     uint64_t key, uint32_t sample, uint8_t *dst, dl__err *e);
 
 /* ---- the loader (loader.c, ring.c, worker.c) ---- */
 
@@ -851,6 +873,7 @@ struct dl_loader {
   dl__options o;
   dl__dataset ds;
   dl__mix mix; /* repeat=: the parts' copies the samplers run over (nparts 0: none) */
+  dl__jpeg_rows *jpeg_rows; /* where each sample's JPEG rows begin (NULL: not kept) */
   int nstreams;
   dl__stream streams[DL__MAX_DEVICES];
   size_t image_bytes; /* one batch's image bytes */

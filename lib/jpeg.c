@@ -1,7 +1,9 @@
 /*
  * JPEG through libjpeg-turbo. Decodes only what the crop needs: DCT scaling (1/8, 1/4, 1/2, 1:
  * the SIMD-accelerated factors) when the crop is at least twice the output size, then
- * jpeg_crop_scanline and jpeg_skip_scanlines around the crop. Truncation and corrupt entropy data,
+ * jpeg_crop_scanline and jpeg_skip_scanlines around the crop, and rows above the crop that an earlier
+ * decode of the sample walked past are not Huffman-decoded again (jpeg_rows.c). Truncation and
+ * corrupt entropy data,
  * which libjpeg reports only as warnings and fills with grey, are errors here: no silent wrong
  * pixels.
  */
@@ -27,6 +29,9 @@ typedef struct jpeg_ctx {
   JSAMPROW rows[16];
   bool used; /* has decoded (or tried to decode) an image since it was created */
   const _Atomic int *cancel; /* the current job's */
+  dl__buf prefix;            /* stand-ins for the rows above the crop, */
+  const uint8_t *tail;       /* then the file's own bytes from the crop's rows */
+  size_t tail_len;
 } jpeg_ctx;
 
 static void on_error(j_common_ptr c) {
@@ -102,6 +107,7 @@ static void jpeg_destroy_ctx(void *p) {
   if (!x)
     return;
   jpeg_destroy_decompress(&x->d);
+  dl__buf_free(&x->prefix);
   free(x);
 }
 
@@ -145,6 +151,39 @@ static int renew(jpeg_ctx *x) {
   return 0;
 }
 
+/* The source after the stand-ins: the file from the crop's rows, then what jpeg_mem_src gives at
+ * the end of the data (a warning and an EOI), so that a file that ends early fails as it did. */
+static boolean fill_tail(j_decompress_ptr d) {
+  static const JOCTET eoi[2] = {0xFF, JPEG_EOI};
+  jpeg_ctx *x = d->client_data;
+  if (x->tail_len) {
+    d->src->next_input_byte = x->tail;
+    d->src->bytes_in_buffer = x->tail_len;
+    x->tail_len = 0;
+    return TRUE;
+  }
+  WARNMS(d, JWRN_JPEG_EOF);
+  d->src->next_input_byte = eoi;
+  d->src->bytes_in_buffer = 2;
+  return TRUE;
+}
+
+/* Output rows from Y0 on are all the decode needs: the rows above are read from stand-ins when
+ * the sample's row starts are known (jpeg_mem_src sets its own reader back at the next image). */
+static void start_near(jpeg_ctx *x, const dl__decode_job *job, size_t entropy_at, int y0) {
+  struct jpeg_decompress_struct *d = &x->d;
+  size_t n, tail;
+  int row = dl__jpeg_rows_first(d, y0);
+  if (!job->rows || row < 1 || d->src->bytes_in_buffer != job->len - entropy_at ||
+      dl__jpeg_rows_prefix(job->rows, job->sample, d, job->src, job->len, entropy_at, row, &x->prefix, &n, &tail))
+    return;
+  x->tail = job->src + tail;
+  x->tail_len = job->len - tail;
+  d->src->next_input_byte = x->prefix.p;
+  d->src->bytes_in_buffer = n;
+  d->src->fill_input_buffer = fill_tail;
+}
+
 static int jpeg_decode(void *p, dl__decode_job *job, dl__err *e) {
   jpeg_ctx *x = p;
   struct jpeg_decompress_struct *d = &x->d;
@@ -158,6 +197,7 @@ static int jpeg_decode(void *p, dl__decode_job *job, dl__err *e) {
   x->cancel = job->cancel;
   jpeg_mem_src(d, job->src, (unsigned long)job->len);
   jpeg_read_header(d, TRUE);
+  size_t entropy_at = job->len - d->src->bytes_in_buffer;
   int w = (int)d->image_width, h = (int)d->image_height;
   job->src_width = w;
   job->src_height = h;
@@ -202,8 +242,10 @@ static int jpeg_decode(void *p, dl__decode_job *job, dl__err *e) {
     jpeg_abort_decompress(d);
     return dl__err_set(e, -12, "out of memory for a %ux%d decode", cw, rows);
   }
-  if (y0 > 0)
+  if (y0 > 0) {
+    start_near(x, job, entropy_at, y0);
     jpeg_skip_scanlines(d, (JDIMENSION)y0);
+  }
   int got = 0;
   while (got < rows) {
     int want = rows - got < 16 ? rows - got : 16;

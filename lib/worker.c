@@ -125,7 +125,7 @@ static void decode(struct dl__worker *w, inflight *f, bool verify, dl__err *e) {
     uint8_t *dst = c->slot->image + (size_t)c->i * l->sample_bytes;
     struct timespec t1;
     clock_gettime(CLOCK_MONOTONIC, &t1);
-    dl__image_decode(&w->img, l, image, image_len, f->s->codec, key, dst, e);
+    dl__image_decode(&w->img, l, image, image_len, f->s->codec, key, (uint32_t)c->index, dst, e);
     atomic_fetch_add_explicit(&l->st.cpu_decoded, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&l->st.cpu_decode_ns, ns_since(&t1), memory_order_relaxed);
   }
@@ -391,6 +391,7 @@ int dl__workers_start(dl_loader *l) {
     w->slots = calloc((size_t)w->depth, sizeof *w->slots);
     if (!w->slots || !(w->hasher = dl__hasher_new()) || dl__image_decoder_init(&w->img))
       return dl__fail(-ENOMEM, "out of memory starting worker %d", i);
+    w->img.rows = l->jpeg_rows;
     w->io.ops = l->io_ops;
     w->io.l = l;
     double t = dl__now();

@@ -76,7 +76,7 @@ static int visit(const char *path, const struct stat *st, int type, struct FTW *
      * refusal sends such a file back to the CPU (checked on a GPU by test_cuda). */
     dl__err e = {0};
     uint8_t *out = malloc(l.sample_bytes);
-    if (dl__image_decode(&cpu, &l, p, n, DL__CODEC_JPEG, key, out, &e)) {
+    if (dl__image_decode(&cpu, &l, p, n, DL__CODEC_JPEG, key, 0, out, &e)) {
       if (!strstr(e.msg, "premature end of data segment") || !is_entropy_damaged(path))
         FAIL_AT("%s goes to the GPU, but the CPU says: %s", path, e.msg);
       entropy_faults++;
@@ -88,7 +88,7 @@ static int visit(const char *path, const struct stat *st, int type, struct FTW *
   } else {
     dl__err e = {0};
     uint8_t *out = malloc(l.sample_bytes);
-    if (dl__image_decode(&cpu, &l, p, n, DL__CODEC_JPEG, key, out, &e) == 0)
+    if (dl__image_decode(&cpu, &l, p, n, DL__CODEC_JPEG, key, 0, out, &e) == 0)
       cpu_ok_only++; /* fine on the CPU, unusual enough to stay there */
     free(out);
   }

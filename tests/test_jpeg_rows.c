@@ -1,0 +1,157 @@
+/*
+ * A JPEG decode that starts at its crop's rows, the rows above stood in for (jpeg_rows.c), gives
+ * what a decode that reads every row gives: the same pixels to the bit, or the same error. Over
+ * synthetic ImageNet-like files (q90 4:2:0, q96 4:4:4, odd sizes) and every JPEG of the
+ * third-party test data (DL_TESTDATA), corrupt ones included, at many crops, scales and both channel
+ * counts; and the stand-ins are really used.
+ */
+#include "internal.h"
+#include "test.h"
+#include "test_data.h"
+
+#include <ftw.h>
+#include <strings.h>
+#include <sys/stat.h>
+
+typedef struct crop {
+  double x, y, w, h; /* fractions of the image */
+} crop;
+
+static int plan(dl__decode_job *job, int w, int h, dl__err *e) {
+  (void)e;
+  const crop *c = job->plan_arg;
+  job->rect = (dl__rect){c->x * w, c->y * h, c->w * w, c->h * h};
+  if (job->rect.w < 1)
+    job->rect.w = 1;
+  if (job->rect.h < 1)
+    job->rect.h = 1;
+  return 0;
+}
+
+static dl__image_decoder plain, rowwise;
+static dl__jpeg_rows *store;
+static uint32_t next_sample;
+static long decodes, failures;
+
+static uint64_t draw(uint64_t *s) {
+  *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+  return *s >> 33;
+}
+
+/* The same crop of P through both decoders: equal results, pixels included. */
+static void same(const uint8_t *p, size_t n, const char *name, uint32_t sample, const crop *c, int out,
+                 int ch) {
+  dl__decode_job a = {.src = p,
+                      .len = n,
+                      .channels = ch,
+                      .out_w = out,
+                      .out_h = out,
+                      .max_pixels = 1 << 26,
+                      .plan = plan,
+                      .plan_arg = (void *)c,
+                      .scratch = &plain.scratch};
+  dl__decode_job b = a;
+  b.scratch = &rowwise.scratch;
+  b.rows = store;
+  b.sample = sample;
+  dl__err ea = {0}, eb = {0};
+  int ra = dl__image_decode_job(&plain, &a, &ea), rb = dl__image_decode_job(&rowwise, &b, &eb);
+  decodes++;
+  if (ra != rb || strcmp(ea.msg, eb.msg))
+    FAIL_AT("%s crop %.3f,%.3f %.3fx%.3f out %d ch %d: %d \"%s\" as a whole, %d \"%s\" from its rows", name,
+            c->x, c->y, c->w, c->h, out, ch, ra, ea.msg, rb, eb.msg);
+  if (ra) {
+    failures++;
+    return;
+  }
+  ASSERT_EQ(a.width, b.width);
+  ASSERT_EQ(a.height, b.height);
+  ASSERT_EQ(a.stride, b.stride);
+  ASSERT(a.mapped.x == b.mapped.x && a.mapped.y == b.mapped.y && a.mapped.w == b.mapped.w &&
+         a.mapped.h == b.mapped.h);
+  for (int y = 0; y < a.height; y++)
+    if (memcmp(a.pixels + (size_t)y * a.stride, b.pixels + (size_t)y * b.stride, (size_t)a.width * ch))
+      FAIL_AT("%s crop %.3f,%.3f %.3fx%.3f out %d ch %d: row %d of %d differs", name, c->x, c->y, c->w, c->h,
+              out, ch, y, a.height);
+}
+
+/* CROPS crops of one file, as a sample's epochs would draw them: its row starts are learnt by the
+ * first decodes and used by the later ones. */
+static void file_crops(const uint8_t *p, size_t n, const char *name, int crops, uint64_t seed) {
+  static const int outs[] = {224, 64, 24, 8};
+  uint32_t sample = next_sample++;
+  for (int k = 0; k < crops; k++) {
+    double w = 0.2 + 0.8 * (double)(draw(&seed) % 1000) / 1000,
+           h = 0.2 + 0.8 * (double)(draw(&seed) % 1000) / 1000;
+    crop c = {(1 - w) * (double)(draw(&seed) % 1001) / 1000, (1 - h) * (double)(draw(&seed) % 1001) / 1000, w,
+              h};
+    same(p, n, name, sample, &c, outs[draw(&seed) % 4], draw(&seed) % 3 ? 3 : 1);
+  }
+}
+
+static void synthetic(void) {
+  static const synthetic_coding codings[] = {{90, 420, 0, 0},     {96, 444, 0, 0},     {90, 420, 333, 251},
+                                             {75, 444, 97, 1200}, {90, 420, 1200, 90}, {95, 420, 40, 33}};
+  for (size_t k = 0; k < DL__ARRAY_LEN(codings); k++)
+    for (long i = 0; i < 12; i++) {
+      unsigned char *jpg;
+      unsigned long len;
+      ASSERT_EQ(synthetic_jpeg(i + 100 * (long)k, codings[k], &jpg, &len), 0);
+      char name[64];
+      snprintf(name, sizeof name, "synthetic %zu/%ld", k, i);
+      file_crops(jpg, len, name, 40, (uint64_t)k * 1000 + (uint64_t)i);
+      free(jpg);
+    }
+}
+
+static long files;
+
+static int visit(const char *path, const struct stat *st, int type, struct FTW *f) {
+  (void)f;
+  const char *dot = strrchr(path, '.');
+  if (type != FTW_F || !dot || (strcasecmp(dot, ".jpg") && strcasecmp(dot, ".jpeg")) ||
+      st->st_size > (64 << 20))
+    return 0;
+  FILE *fp = fopen(path, "rb");
+  ASSERT(fp);
+  uint8_t *p = malloc((size_t)st->st_size + 1);
+  ASSERT(p);
+  size_t n = fread(p, 1, (size_t)st->st_size, fp);
+  fclose(fp);
+  file_crops(p, n, path, 12, (uint64_t)st->st_size);
+  free(p);
+  files++;
+  return 0;
+}
+
+int main(void) {
+  ASSERT_EQ(dl__image_decoder_init(&plain), 0);
+  ASSERT_EQ(dl__image_decoder_init(&rowwise), 0);
+  ASSERT((store = dl__jpeg_rows_new(100000, 64 << 20)));
+
+  synthetic();
+  uint64_t skipped = dl__jpeg_rows_skipped(store);
+  printf("synthetic: %ld decodes the same; %" PRIu64 " rows of MCUs neither walked nor decoded\n", decodes,
+         skipped);
+  /* A crop's first row is on average a sixth of the way down: most decodes start below row 1. */
+  ASSERT_GT(skipped, (uint64_t)decodes);
+
+  const char *testdata = getenv("DL_TESTDATA");
+  struct stat st;
+  if (testdata && stat(testdata, &st) == 0) {
+    long before = decodes;
+    ASSERT_EQ(nftw(testdata, visit, 16, FTW_PHYS), 0);
+    printf("third-party: %ld files, %ld decodes the same (%ld of all failed alike); %" PRIu64
+           " rows neither walked nor decoded\n",
+           files, decodes - before, failures, dl__jpeg_rows_skipped(store) - skipped);
+    ASSERT_GT(files, 100);
+    ASSERT_GT(dl__jpeg_rows_skipped(store), skipped);
+  } else {
+    printf("third-party test data not found: synthetic files only\n");
+  }
+  printf("row index: %" PRIu64 " bytes\n", dl__jpeg_rows_bytes(store));
+  dl__jpeg_rows_free(store);
+  dl__image_decoder_free(&plain);
+  dl__image_decoder_free(&rowwise);
+  return 0;
+}
