@@ -107,6 +107,7 @@ typedef struct dl__options {
   int decode;        /* DL__DECODE_*, as asked */
   int gpu_decode_mb; /* device memory per device for decoded JPEGs */
   double gpu_share;  /* hybrid: the GPU's fixed share of each batch; < 0 adapts it */
+  int gpu_check;     /* a sequential JPEG's scan is read through on the CPU before its first GPU decode */
 } dl__options;
 
 enum { DL__S3_AUTO, DL__S3_PATH, DL__S3_VIRTUAL };
@@ -639,6 +640,12 @@ struct jpeg_decompress_struct;
 int dl__jpeg_rows_prefix(dl__jpeg_rows *st, uint32_t sample, struct jpeg_decompress_struct *d, const uint8_t *src,
                          size_t len, size_t entropy_at, int imcu_row, dl__buf *out, size_t *prefix_len,
                          size_t *tail_at);
+/* Whether the one scan of the baseline JPEG P (LEN bytes), the dataset's SAMPLE, reads to its end
+ * as libjpeg would read it without complaint: 1 it does, 0 it does not (libjpeg would find the
+ * data ends early, a code no table has, or the walk something it does not expect), -1 it is not a
+ * JPEG that is walked (progressive, restart markers, 12-bit, ...). Read once a sample; its row
+ * starts are kept on the way. */
+int dl__jpeg_rows_clean(dl__jpeg_rows *st, uint32_t sample, const uint8_t *p, size_t len);
 /* The first iMCU row a decode of D needs for output rows from Y0 on. */
 int dl__jpeg_rows_first(struct jpeg_decompress_struct *d, int y0);
 

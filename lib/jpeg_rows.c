@@ -46,8 +46,11 @@ typedef struct record {
   row_start at[];
 } record;
 
+enum { UNREAD, CLEAN, DAMAGED, UNWALKABLE }; /* what a walk of a whole scan found */
+
 struct dl__jpeg_rows {
-  _Atomic(record *) *recs; /* by sample */
+  _Atomic(record *) *recs;   /* by sample */
+  _Atomic uint8_t *verdicts; /* by sample: dl__jpeg_rows_clean's */
   uint32_t n;
   uint64_t budget;
   _Atomic uint64_t bytes, skipped;
@@ -56,7 +59,9 @@ struct dl__jpeg_rows {
 dl__jpeg_rows *dl__jpeg_rows_new(uint32_t samples, uint64_t budget) {
   dl__jpeg_rows *s = calloc(1, sizeof *s);
   /* Pages of the table that no sample touches are never given memory. */
-  if (s && !(s->recs = calloc(samples ? samples : 1, sizeof *s->recs))) {
+  if (s && (!(s->recs = calloc(samples ? samples : 1, sizeof *s->recs)) ||
+            !(s->verdicts = calloc(samples ? samples : 1, sizeof *s->verdicts)))) {
+    free(s->recs);
     free(s);
     return NULL;
   }
@@ -73,6 +78,7 @@ void dl__jpeg_rows_free(dl__jpeg_rows *s) {
   for (uint32_t i = 0; i < s->n; i++)
     free(atomic_load_explicit(&s->recs[i], memory_order_relaxed));
   free(s->recs);
+  free(s->verdicts);
   free(s);
 }
 
@@ -152,6 +158,7 @@ typedef struct scan {
   int blocks, comps;
   uint8_t comp[D_MAX_BLOCKS_IN_MCU];
   uint32_t mcus_per_row, mcu_rows, rows_per_imcu;
+  unsigned restart; /* the restart interval in MCUs, 0 for none (only a whole walk takes them) */
   huff dc[3], ac[3];
 } scan;
 
@@ -168,6 +175,7 @@ static int scan_read(j_decompress_ptr d, scan *s) {
     s->comp[b] = (uint8_t)d->MCU_membership[b];
   s->mcus_per_row = d->MCUs_per_row;
   s->mcu_rows = d->MCU_rows_in_scan;
+  s->restart = d->restart_interval;
   /* A lone component's MCU is one block: its iMCU row holds v_samp_factor rows of them. */
   s->rows_per_imcu = d->comps_in_scan == 1 ? (uint32_t)d->cur_comp_info[0]->v_samp_factor : 1;
   for (int c = 0; c < s->comps; c++) {
@@ -178,6 +186,107 @@ static int scan_read(j_decompress_ptr d, scan *s) {
       return -1;
   }
   return 0;
+}
+
+static unsigned be16(const uint8_t *p) {
+  return (unsigned)p[0] << 8 | p[1];
+}
+
+/* The scan from a file's own markers, for a file libjpeg has not read: a baseline 8-bit frame of
+ * up to three components, all in its one scan, with its tables, no restart interval. ENTROPY_AT:
+ * where the scan's data begins. */
+static int scan_parse(const uint8_t *p, size_t n, scan *s, size_t *entropy_at) {
+  JHUFF_TBL tbl[2][4];
+  bool have[2][4] = {{false}};
+  unsigned width = 0, height = 0, nf = 0;
+  uint8_t id[3], hs[3], vs[3];
+  if (n < 4 || p[0] != 0xFF || p[1] != 0xD8)
+    return -1;
+  s->restart = 0;
+  for (size_t i = 2; i + 4 <= n;) {
+    uint8_t m = p[i + 1];
+    if (p[i] != 0xFF || m == 0x01 || m == 0xD8 || m == 0xD9 || (m >= 0xD0 && m <= 0xD7))
+      return -1;
+    if (m == 0xFF) {
+      i++;
+      continue;
+    }
+    size_t len = be16(p + i + 2), sl = len - 2;
+    if (len < 2 || i + 2 + len > n)
+      return -1;
+    const uint8_t *seg = p + i + 4;
+    if (m == 0xC0 || m == 0xC1) {
+      if (nf || sl < 6 || seg[0] != 8 || !(nf = seg[5]) || nf > 3 || sl != 6 + 3 * (size_t)nf)
+        return -1;
+      height = be16(seg + 1), width = be16(seg + 3);
+      for (unsigned c = 0; c < nf; c++) {
+        id[c] = seg[6 + 3 * c], hs[c] = seg[7 + 3 * c] >> 4, vs[c] = seg[7 + 3 * c] & 15;
+        if (hs[c] < 1 || hs[c] > 4 || vs[c] < 1 || vs[c] > 4)
+          return -1;
+      }
+      if (!width || !height)
+        return -1;
+    } else if (m >= 0xC2 && m <= 0xCF && m != 0xC4 && m != 0xC8 && m != 0xCC) {
+      return -1; /* progressive, lossless, arithmetic-coded: not walked */
+    } else if (m == 0xC4) {
+      for (size_t k = 0; k < sl;) {
+        if (k + 17 > sl || (seg[k] >> 4) > 1 || (seg[k] & 15) > 3)
+          return -1;
+        JHUFF_TBL *t = &tbl[seg[k] >> 4][seg[k] & 15];
+        size_t count = 0;
+        t->bits[0] = 0;
+        for (int b = 1; b <= 16; b++)
+          count += t->bits[b] = seg[k + (size_t)b];
+        if (count > 256 || k + 17 + count > sl)
+          return -1;
+        memcpy(t->huffval, seg + k + 17, count);
+        have[seg[k] >> 4][seg[k] & 15] = true;
+        k += 17 + count;
+      }
+    } else if (m == 0xDD) {
+      if (sl != 2)
+        return -1;
+      s->restart = be16(seg);
+    } else if (m == 0xDA) {
+      unsigned ns = sl ? seg[0] : 0;
+      if (!nf || ns != nf || sl != 4 + 2 * (size_t)ns || seg[1 + 2 * ns] != 0 || seg[2 + 2 * ns] != 63 ||
+          seg[3 + 2 * ns] != 0)
+        return -1;
+      unsigned hmax = 1, vmax = 1, used = 0;
+      for (unsigned c = 0; c < nf; c++)
+        hmax = hs[c] > hmax ? hs[c] : hmax, vmax = vs[c] > vmax ? vs[c] : vmax;
+      s->comps = (int)ns;
+      s->blocks = 0;
+      for (unsigned k = 0; k < ns; k++) {
+        unsigned c = 0, td = seg[2 + 2 * k] >> 4, ta = seg[2 + 2 * k] & 15;
+        while (c < nf && id[c] != seg[1 + 2 * k])
+          c++;
+        if (c == nf || used & 1u << c || td > 3 || ta > 3 || !have[0][td] || !have[1][ta] ||
+            huff_codes(&s->dc[k], &tbl[0][td]) || huff_codes(&s->ac[k], &tbl[1][ta]))
+          return -1;
+        used |= 1u << c;
+        unsigned b = ns == 1 ? 1 : hs[c] * vs[c]; /* a lone component's MCU is one block */
+        if (s->blocks + (int)b > D_MAX_BLOCKS_IN_MCU)
+          return -1;
+        while (b--)
+          s->comp[s->blocks++] = (uint8_t)k;
+      }
+      if (ns == 1) { /* libjpeg: the component's size in blocks */
+        s->mcus_per_row = (width * hs[0] + hmax - 1) / hmax;
+        s->mcus_per_row = (s->mcus_per_row + 7) / 8;
+        s->mcu_rows = ((height * vs[0] + vmax - 1) / vmax + 7) / 8;
+        s->rows_per_imcu = vs[0];
+      } else {
+        s->mcus_per_row = (width + 8 * hmax - 1) / (8 * hmax);
+        s->mcu_rows = (height + 8 * vmax - 1) / (8 * vmax);
+        s->rows_per_imcu = 1;
+      }
+      *entropy_at = i + 2 + len;
+      return 0;
+    }
+    i += 2 + len;
+  }
+  return -1;
 }
 
 /* ---- walking the entropy-coded data ---- */
@@ -352,6 +461,60 @@ static record *record_of(dl__jpeg_rows *st, uint32_t sample, const uint8_t *p, s
   return r->len == len && r->entropy_at == at && r->stamp == h && r->rows == rows ? r : NULL;
 }
 
+/* At a restart (jdhuff.c process_restart), libjpeg drops the bits left and reads the next marker,
+ * warning of bytes before it; one other than the restart marker it expects is an error here
+ * (it resynchronises, skipping data). The DC predictors start again from 0. */
+static int restart(reader *r, int32_t *dc, unsigned count) {
+  size_t j = (tell(r) + 7) / 8;
+  for (;; j += 2) {
+    while (j < r->n && r->p[j] != 0xFF)
+      j++;
+    while (j + 1 < r->n && r->p[j + 1] == 0xFF)
+      j++;
+    if (j + 1 >= r->n)
+      return -1;
+    if (r->p[j + 1] != 0)
+      break;
+  }
+  if (r->p[j + 1] != 0xD0 + (count & 7))
+    return -1;
+  reader_at(r, r->p, r->n, (uint32_t)(j + 2) * 8);
+  dc[0] = dc[1] = dc[2] = 0;
+  return 0;
+}
+
+/* Walks MCU rows [FROM, TO) from *AT, where row FROM begins, leaving in *AT where row TO does.
+ * With REC, a row the walk gives up in is noted, and with NOTE, the starts passed. */
+static int walk_rows(record *rec, bool note, const scan *s, const uint8_t *data, size_t n, uint32_t from,
+                     uint32_t to, row_start *at) {
+  int32_t dc[3] = {at->dc[0], at->dc[1], at->dc[2]};
+  reader r;
+  reader_at(&r, data, n, at->bit);
+  uint64_t mcu = (uint64_t)from * s->mcus_per_row; /* restarts: only whole walks, from row 0 */
+  for (uint32_t y = from; y < to; y++) {
+    for (uint32_t m = 0; m < s->mcus_per_row; m++, mcu++)
+      if ((s->restart && mcu && mcu % s->restart == 0 && restart(&r, dc, (unsigned)(mcu / s->restart - 1))) ||
+          walk_mcu(&r, s, dc)) {
+        if (rec)
+          atomic_store_explicit(&rec->odd, y + 1, memory_order_relaxed);
+        return -1;
+      }
+    *at = (row_start){tell(&r), {(int16_t)dc[0], (int16_t)dc[1], (int16_t)dc[2]}};
+    if (note && y + 1 < rec->rows) {
+      rec->at[y + 1] = *at;
+      atomic_store_explicit(&rec->known, y + 2, memory_order_release);
+    }
+  }
+  return 0;
+}
+
+static void scan_lookups(scan *s) {
+  for (int c = 0; c < s->comps; c++) {
+    huff_lookups(&s->dc[c], false);
+    huff_lookups(&s->ac[c], true);
+  }
+}
+
 /* Where MCU row ROW begins: from the record, after walking to it from the last row known (and
  * noting the starts passed when no other decode is extending the record); *WALKED rows walked. */
 static int find_row(record *rec, scan *s, const uint8_t *data, size_t n, uint32_t row, row_start *out,
@@ -365,35 +528,15 @@ static int find_row(record *rec, scan *s, const uint8_t *data, size_t n, uint32_
   uint32_t odd = atomic_load_explicit(&rec->odd, memory_order_relaxed);
   if (odd && row >= odd)
     return -1; /* a walk gave up before: the file is decoded as it is, without walking again */
-  for (int c = 0; c < s->comps; c++) {
-    huff_lookups(&s->dc[c], false);
-    huff_lookups(&s->ac[c], true);
-  }
+  scan_lookups(s);
   bool note = !atomic_flag_test_and_set_explicit(&rec->busy, memory_order_acquire);
   if (note)
     known = atomic_load_explicit(&rec->known, memory_order_acquire);
-  row_start at = rec->at[known - 1];
-  int32_t dc[3] = {at.dc[0], at.dc[1], at.dc[2]};
-  reader r;
-  reader_at(&r, data, n, at.bit);
-  int ret = 0;
+  *out = rec->at[known - 1];
   *walked = row - (known - 1);
-  for (uint32_t y = known - 1; y < row && ret == 0; y++) {
-    for (uint32_t m = 0; m < s->mcus_per_row && ret == 0; m++)
-      ret = walk_mcu(&r, s, dc);
-    if (ret)
-      atomic_store_explicit(&rec->odd, y + 1, memory_order_relaxed);
-    if (ret == 0) {
-      at = (row_start){tell(&r), {(int16_t)dc[0], (int16_t)dc[1], (int16_t)dc[2]}};
-      if (note) {
-        rec->at[y + 1] = at;
-        atomic_store_explicit(&rec->known, y + 2, memory_order_release);
-      }
-    }
-  }
+  int ret = walk_rows(rec, note, s, data, n, known - 1, row, out);
   if (note)
     atomic_flag_clear_explicit(&rec->busy, memory_order_release);
-  *out = at;
   return ret;
 }
 
@@ -619,6 +762,30 @@ int dl__jpeg_rows_prefix(dl__jpeg_rows *st, uint32_t sample, struct jpeg_decompr
   *tail_at = entropy_at + tail;
   atomic_fetch_add_explicit(&st->skipped, row - walked, memory_order_relaxed);
   return 0;
+}
+
+int dl__jpeg_rows_clean(dl__jpeg_rows *st, uint32_t sample, const uint8_t *p, size_t len) {
+  if (!st || sample >= st->n)
+    return -1;
+  uint8_t v = atomic_load_explicit(&st->verdicts[sample], memory_order_relaxed);
+  if (v == UNREAD) {
+    scan s;
+    size_t at;
+    v = UNWALKABLE;
+    if (len <= UINT32_MAX / 8 && scan_parse(p, len, &s, &at) == 0) {
+      scan_lookups(&s);
+      record *rec = s.restart ? NULL : record_of(st, sample, p, len, at, s.mcu_rows);
+      bool note = rec && !atomic_flag_test_and_set_explicit(&rec->busy, memory_order_acquire);
+      uint32_t from = note ? atomic_load_explicit(&rec->known, memory_order_acquire) - 1 : 0;
+      row_start start = note ? rec->at[from] : (row_start){0};
+      bool odd = rec && atomic_load_explicit(&rec->odd, memory_order_relaxed);
+      v = !odd && walk_rows(rec, note, &s, p + at, len - at, from, s.mcu_rows, &start) == 0 ? CLEAN : DAMAGED;
+      if (note)
+        atomic_flag_clear_explicit(&rec->busy, memory_order_release);
+    }
+    atomic_store_explicit(&st->verdicts[sample], v, memory_order_relaxed);
+  }
+  return v == CLEAN ? 1 : v == DAMAGED ? 0 : -1;
 }
 
 int dl__jpeg_rows_first(struct jpeg_decompress_struct *d, int y0) {

@@ -37,6 +37,7 @@ static void set_defaults(dl__options *o) {
   o->decode = DL__DECODE_AUTO;
   o->gpu_decode_mb = 256;
   o->gpu_share = -1;
+  o->gpu_check = 1;
   o->retries = 5;
   o->timeout_ms = 30000;
 }
@@ -314,6 +315,8 @@ static int apply(dl__options *o, const char *key, const char *v) {
     return parse_bool(key, v, &o->direct);
   if (!strcmp(key, "pad"))
     return parse_bool(key, v, &o->pad);
+  if (!strcmp(key, "gpu_check"))
+    return parse_bool(key, v, &o->gpu_check);
   if (!strcmp(key, "mean"))
     return parse_floats3(key, v, o->mean);
   if (!strcmp(key, "repeat"))

@@ -1,7 +1,8 @@
 /* Third-party JPEGs whose markers are all sound but whose entropy-coded data is damaged: libjpeg
  * runs out of data mid-scan ("premature end of data segment") and the CPU path fails them; only
- * a decoder sees it, and nvJPEG's hardware engine decodes them without an error. They are the one
- * place where decode=gpu may deliver a sample the CPU path skips (test_gpu_host, test_gpu_decode). */
+ * a reader of the codes sees it, and nvJPEG's hardware engine decodes them without an error. The
+ * workers read such scans through before the GPU may take them (jpeg_rows.c), so decode=gpu
+ * skips them as the CPU path does (test_jpeg_rows, test_gpu_host, test_gpu_decode). */
 #ifndef RINGFEED_TEST_ENTROPY_DAMAGED_H
 #define RINGFEED_TEST_ENTROPY_DAMAGED_H
 

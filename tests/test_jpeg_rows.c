@@ -3,8 +3,13 @@
  * what a decode that reads every row gives: the same pixels to the bit, or the same error. Over
  * synthetic ImageNet-like files (q90 4:2:0, q96 4:4:4, odd sizes) and every JPEG of the
  * third-party test data (DL_TESTDATA), corrupt ones included, at many crops, scales and both channel
- * counts; and the stand-ins are really used.
+ * counts; and the stand-ins are really used. Half the files have their row starts learnt by a
+ * walk of the whole scan (dl__jpeg_rows_clean, which the GPU path asks) before their decodes, the
+ * others by the decodes and then walked whole.
+ * A scan that walk calls clean is one libjpeg reads to its end without finding the data short,
+ * and the files whose data is short are not called clean.
  */
+#include "entropy_damaged.h"
 #include "internal.h"
 #include "test.h"
 #include "test_data.h"
@@ -31,7 +36,7 @@ static int plan(dl__decode_job *job, int w, int h, dl__err *e) {
 static dl__image_decoder plain, rowwise;
 static dl__jpeg_rows *store;
 static uint32_t next_sample;
-static long decodes, failures;
+static long decodes, failures, clean, damaged, short_data;
 
 static uint64_t draw(uint64_t *s) {
   *s = *s * 6364136223846793005ull + 1442695040888963407ull;
@@ -75,11 +80,38 @@ static void same(const uint8_t *p, size_t n, const char *name, uint32_t sample, 
               out, ch, y, a.height);
 }
 
+/* The walk the GPU path asks for, against libjpeg reading the whole image. */
+static void walk_whole(const uint8_t *p, size_t n, const char *name, uint32_t sample) {
+  int verdict = dl__jpeg_rows_clean(store, sample, p, n);
+  crop whole = {0, 0, 1, 1};
+  dl__decode_job j = {.src = p,
+                      .len = n,
+                      .channels = 3,
+                      .out_w = 32,
+                      .out_h = 32,
+                      .max_pixels = 1 << 26,
+                      .plan = plan,
+                      .plan_arg = &whole,
+                      .scratch = &plain.scratch};
+  dl__err e = {0};
+  bool is_short = dl__image_decode_job(&plain, &j, &e) == DL_ECORRUPT && strcasestr(e.msg, "premature end");
+  if (verdict == 1 && is_short)
+    FAIL_AT("%s: the walk calls its scan clean, libjpeg: %s", name, e.msg);
+  if (is_entropy_damaged(name))
+    ASSERT_EQ(verdict, 0);
+  clean += verdict == 1;
+  damaged += verdict == 0;
+  short_data += is_short;
+  ASSERT_EQ(dl__jpeg_rows_clean(store, sample, p, n), verdict); /* kept */
+}
+
 /* CROPS crops of one file, as a sample's epochs would draw them: its row starts are learnt by the
  * first decodes and used by the later ones. */
 static void file_crops(const uint8_t *p, size_t n, const char *name, int crops, uint64_t seed) {
   static const int outs[] = {224, 64, 24, 8};
   uint32_t sample = next_sample++;
+  if (sample % 2)
+    walk_whole(p, n, name, sample);
   for (int k = 0; k < crops; k++) {
     double w = 0.2 + 0.8 * (double)(draw(&seed) % 1000) / 1000,
            h = 0.2 + 0.8 * (double)(draw(&seed) % 1000) / 1000;
@@ -87,6 +119,8 @@ static void file_crops(const uint8_t *p, size_t n, const char *name, int crops, 
               h};
     same(p, n, name, sample, &c, outs[draw(&seed) % 4], draw(&seed) % 3 ? 3 : 1);
   }
+  if (sample % 2 == 0)
+    walk_whole(p, n, name, sample);
 }
 
 static void synthetic(void) {
@@ -131,6 +165,7 @@ int main(void) {
 
   synthetic();
   uint64_t skipped = dl__jpeg_rows_skipped(store);
+  ASSERT_GT(clean, 30); /* the synthetic files walked */
   printf("synthetic: %ld decodes the same; %" PRIu64 " rows of MCUs neither walked nor decoded\n", decodes,
          skipped);
   /* A crop's first row is on average a sixth of the way down: most decodes start below row 1. */
@@ -149,6 +184,7 @@ int main(void) {
   } else {
     printf("third-party test data not found: synthetic files only\n");
   }
+  printf("whole scans walked: %ld clean, %ld not (libjpeg found %ld short)\n", clean, damaged, short_data);
   printf("row index: %" PRIu64 " bytes\n", dl__jpeg_rows_bytes(store));
   dl__jpeg_rows_free(store);
   dl__image_decoder_free(&plain);

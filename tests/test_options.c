@@ -113,6 +113,7 @@ int main(void) {
   expect_bad("image_size=0x5", "image_size=0x5");
   expect_bad("image_size=abc", "image_size=abc");
   expect_bad("flip=maybe", "flip=maybe");
+  expect_bad("gpu_check=2", "gpu_check=2");
   expect_bad("channels=2", "channels=2");
   expect_bad("device=gpu", "device=gpu");
   expect_bad("device=cuda:0,0", "listed twice");

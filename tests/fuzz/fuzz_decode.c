@@ -2,7 +2,8 @@
  * MDS pil column's raw pixels), decoded with a random-resized crop (drawn from the input) into a
  * small slot, as a worker does; and read by the JPEG marker reader that plans GPU decodes. A JPEG
  * is also decoded from its crop's rows (jpeg_rows.c), at crops low in the image, which must give
- * the same result as the whole decode, pixels and error alike. */
+ * the same result as the whole decode, pixels and error alike, and its scan walked whole as the
+ * GPU path has it walked. */
 #include "internal.h"
 
 #include <stdbool.h>
@@ -77,10 +78,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       abort(); /* a refusal says why */
   }
   if (dl__sniff_codec(data, size) == DL__CODEC_JPEG) {
-    /* The first decode learns where rows begin, the second starts from what the first learnt. */
+    /* The first decode learns where rows begin, the second starts from what the first learnt; or
+     * the walk of the whole scan that the GPU path asks for learns them first. */
     dl__jpeg_rows *store = dl__jpeg_rows_new(1, 1 << 20);
     if (!store)
       abort();
+    if (key & 2) {
+      int clean = dl__jpeg_rows_clean(store, 0, data, size);
+      if (clean < -1 || clean > 1 || dl__jpeg_rows_clean(store, 0, data, size) != clean)
+        abort();
+    }
     rows_alike(&whole, &rowwise, store, data, size, key, 3);
     rows_alike(&whole, &rowwise, store, data, size, key * 7 + 5, key & 1 ? 1 : 3);
     dl__jpeg_rows_free(store);
