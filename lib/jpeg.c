@@ -1,11 +1,10 @@
 /*
  * JPEG through libjpeg-turbo. Decodes only what the crop needs: DCT scaling (1/8, 1/4, 1/2, 1:
  * the SIMD-accelerated factors) when the crop is at least twice the output size, then
- * jpeg_crop_scanline and jpeg_skip_scanlines around the crop, and rows above the crop that an earlier
+ * jpeg_crop_scanline and jpeg_skip_scanlines around the crop; rows above the crop that an earlier
  * decode of the sample walked past are not Huffman-decoded again (jpeg_rows.c). Truncation and
- * corrupt entropy data,
- * which libjpeg reports only as warnings and fills with grey, are errors here: no silent wrong
- * pixels.
+ * corrupt entropy data, which libjpeg reports only as warnings and fills with grey, are errors
+ * here: no silent wrong pixels.
  */
 #include "internal.h"
 

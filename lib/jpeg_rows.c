@@ -15,6 +15,10 @@
  * Baseline 8-bit scans of every component without restart markers only. A walk that finds
  * anything odd (a code no table has, data that ends, a DC out of range) gives up, and the decode
  * goes the usual way, which reports what it always has.
+ *
+ * The GPU path asks the same walker to read a whole scan once a sample, from the file's own
+ * markers, restart intervals included (dl__jpeg_rows_clean): nvJPEG's engine decodes a scan whose
+ * data ends early without a word, where libjpeg finds it short.
  */
 #include "internal.h"
 
@@ -765,16 +769,15 @@ int dl__jpeg_rows_prefix(dl__jpeg_rows *st, uint32_t sample, struct jpeg_decompr
 }
 
 int dl__jpeg_rows_clean(dl__jpeg_rows *st, uint32_t sample, const uint8_t *p, size_t len) {
-  if (!st || sample >= st->n)
-    return -1;
-  uint8_t v = atomic_load_explicit(&st->verdicts[sample], memory_order_relaxed);
+  bool kept = st && sample < st->n; /* else the scan is read every time */
+  uint8_t v = kept ? atomic_load_explicit(&st->verdicts[sample], memory_order_relaxed) : UNREAD;
   if (v == UNREAD) {
     scan s;
     size_t at;
     v = UNWALKABLE;
     if (len <= UINT32_MAX / 8 && scan_parse(p, len, &s, &at) == 0) {
       scan_lookups(&s);
-      record *rec = s.restart ? NULL : record_of(st, sample, p, len, at, s.mcu_rows);
+      record *rec = s.restart || !kept ? NULL : record_of(st, sample, p, len, at, s.mcu_rows);
       bool note = rec && !atomic_flag_test_and_set_explicit(&rec->busy, memory_order_acquire);
       uint32_t from = note ? atomic_load_explicit(&rec->known, memory_order_acquire) - 1 : 0;
       row_start start = note ? rec->at[from] : (row_start){0};
@@ -783,7 +786,8 @@ int dl__jpeg_rows_clean(dl__jpeg_rows *st, uint32_t sample, const uint8_t *p, si
       if (note)
         atomic_flag_clear_explicit(&rec->busy, memory_order_release);
     }
-    atomic_store_explicit(&st->verdicts[sample], v, memory_order_relaxed);
+    if (kept)
+      atomic_store_explicit(&st->verdicts[sample], v, memory_order_relaxed);
   }
   return v == CLEAN ? 1 : v == DAMAGED ? 0 : -1;
 }

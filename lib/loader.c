@@ -321,7 +321,7 @@ int dl_open(dl_loader **out, const char *source, const char *options) {
   choose_prefetch(l);
   /* JPEG row starts (jpeg_rows.c), about 300 bytes an ImageNet image: 512 MB keeps those of 1.7
    * million, and they take no more than an eighth of the memory budget. Without them, JPEGs are
-   * decoded as they always were. */
+   * decoded as they always were (and gpu_check reads a scan through at every GPU decode). */
   if (l->has_image) {
     int64_t rows_budget = memory_budget(l, local_ranks()) / 8;
     l->jpeg_rows = dl__jpeg_rows_new(l->ds.n > UINT32_MAX ? UINT32_MAX : (uint32_t)l->ds.n,

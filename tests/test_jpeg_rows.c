@@ -103,6 +103,7 @@ static void walk_whole(const uint8_t *p, size_t n, const char *name, uint32_t sa
   damaged += verdict == 0;
   short_data += is_short;
   ASSERT_EQ(dl__jpeg_rows_clean(store, sample, p, n), verdict); /* kept */
+  ASSERT_EQ(dl__jpeg_rows_clean(NULL, 0, p, n), verdict);       /* read again without a store */
 }
 
 /* CROPS crops of one file, as a sample's epochs would draw them: its row starts are learnt by the
