@@ -15,6 +15,7 @@
 #include "test_data.h"
 
 #include <ftw.h>
+#include <pthread.h>
 #include <strings.h>
 #include <sys/stat.h>
 
@@ -159,10 +160,74 @@ static int visit(const char *path, const struct stat *st, int type, struct FTW *
   return 0;
 }
 
+/* Four threads on the same samples at once, as a loader's workers are across an epoch's end: each
+ * decode still gives the whole decode's bytes, and the walks the GPU path asks for agree (under
+ * ThreadSanitizer in make test). */
+enum { SHARED_IMAGES = 6, THREADS = 4 };
+static unsigned char *shared_jpg[SHARED_IMAGES];
+static unsigned long shared_len[SHARED_IMAGES];
+static dl__jpeg_rows *shared_store;
+
+static void *worker(void *arg) {
+  uint64_t seed = (uint64_t)(uintptr_t)arg;
+  dl__image_decoder whole, rows;
+  ASSERT_EQ(dl__image_decoder_init(&whole), 0);
+  ASSERT_EQ(dl__image_decoder_init(&rows), 0);
+  for (int k = 0; k < 30; k++) {
+    uint32_t i = (uint32_t)(draw(&seed) % SHARED_IMAGES);
+    double h = 0.2 + 0.6 * (double)(draw(&seed) % 1000) / 1000;
+    crop c = {0.1, (1 - h) * (double)(draw(&seed) % 1001) / 1000, 0.8, h};
+    if (k % 3 == 0)
+      ASSERT_EQ(dl__jpeg_rows_clean(shared_store, i, shared_jpg[i], shared_len[i]), 1);
+    dl__decode_job a = {.src = shared_jpg[i],
+                        .len = shared_len[i],
+                        .channels = 3,
+                        .out_w = 64,
+                        .out_h = 64,
+                        .max_pixels = 1 << 26,
+                        .plan = plan,
+                        .plan_arg = &c,
+                        .scratch = &whole.scratch};
+    dl__decode_job b = a;
+    b.scratch = &rows.scratch;
+    b.rows = shared_store;
+    b.sample = i;
+    dl__err ea = {0}, eb = {0};
+    ASSERT_EQ(dl__image_decode_job(&whole, &a, &ea), 0);
+    ASSERT_EQ(dl__image_decode_job(&rows, &b, &eb), 0);
+    ASSERT(a.width == b.width && a.height == b.height && a.stride == b.stride);
+    for (int y = 0; y < a.height; y++)
+      ASSERT(!memcmp(a.pixels + (size_t)y * a.stride, b.pixels + (size_t)y * b.stride, (size_t)a.width * 3));
+  }
+  dl__image_decoder_free(&whole);
+  dl__image_decoder_free(&rows);
+  return NULL;
+}
+
+static void threads(void) {
+  ASSERT((shared_store = dl__jpeg_rows_new(SHARED_IMAGES, 1 << 20)));
+  for (int i = 0; i < SHARED_IMAGES; i++)
+    ASSERT_EQ(synthetic_jpeg(500 + i, SYNTHETIC_DEFAULT, &shared_jpg[i], &shared_len[i]), 0);
+  pthread_t t[THREADS];
+  for (int i = 0; i < THREADS; i++)
+    ASSERT_EQ(pthread_create(&t[i], NULL, worker, (void *)(uintptr_t)(i + 1)), 0);
+  for (int i = 0; i < THREADS; i++)
+    ASSERT_EQ(pthread_join(t[i], NULL), 0);
+  printf("threads: %d x 30 decodes of %d shared samples the same\n", THREADS, SHARED_IMAGES);
+  ASSERT_GT(dl__jpeg_rows_skipped(shared_store), 0);
+  for (int i = 0; i < SHARED_IMAGES; i++)
+    free(shared_jpg[i]);
+  dl__jpeg_rows_free(shared_store);
+}
+
 int main(void) {
   ASSERT_EQ(dl__image_decoder_init(&plain), 0);
   ASSERT_EQ(dl__image_decoder_init(&rowwise), 0);
   ASSERT((store = dl__jpeg_rows_new(100000, 64 << 20)));
+  threads();
+  /* Under ThreadSanitizer the threads are the point: the rest is the release build's. */
+  if (getenv("DL_TEST_THREADS_ONLY"))
+    return 0;
 
   synthetic();
   uint64_t skipped = dl__jpeg_rows_skipped(store);
