@@ -34,8 +34,7 @@ static int plan(dl__decode_job *job, int w, int h, dl__err *e) {
   return 0;
 }
 
-static dl__image_decoder plain, rowwise;
-static dl__jpeg_rows *store;
+static struct pair *main_pair; /* the single-threaded parts' */
 static uint32_t next_sample;
 static long decodes, failures, clean, damaged, short_data;
 
@@ -44,9 +43,29 @@ static uint64_t draw(uint64_t *s) {
   return *s >> 33;
 }
 
-/* The same crop of P through both decoders: equal results, pixels included. */
-static void same(const uint8_t *p, size_t n, const char *name, uint32_t sample, const crop *c, int out,
-                 int ch) {
+/* A pair of decoders: one decodes whole images, the other from their crops' rows. */
+typedef struct pair {
+  dl__image_decoder whole, rows;
+  dl__jpeg_rows *store;
+} pair;
+
+static pair *pair_new(dl__jpeg_rows *store) {
+  pair *d = calloc(1, sizeof *d);
+  ASSERT(d && dl__image_decoder_init(&d->whole) == 0 && dl__image_decoder_init(&d->rows) == 0);
+  d->store = store;
+  return d;
+}
+
+static void pair_free(pair *d) {
+  dl__image_decoder_free(&d->whole);
+  dl__image_decoder_free(&d->rows);
+  free(d);
+}
+
+/* The same crop of P, the store's SAMPLE, through both decoders of D: equal results, pixels
+ * included. Returns the result. */
+static int same(pair *d, const uint8_t *p, size_t n, const char *name, uint32_t sample, const crop *c,
+                int out, int ch) {
   dl__decode_job a = {.src = p,
                       .len = n,
                       .channels = ch,
@@ -55,21 +74,18 @@ static void same(const uint8_t *p, size_t n, const char *name, uint32_t sample, 
                       .max_pixels = 1 << 26,
                       .plan = plan,
                       .plan_arg = (void *)c,
-                      .scratch = &plain.scratch};
+                      .scratch = &d->whole.scratch};
   dl__decode_job b = a;
-  b.scratch = &rowwise.scratch;
-  b.rows = store;
+  b.scratch = &d->rows.scratch;
+  b.rows = d->store;
   b.sample = sample;
   dl__err ea = {0}, eb = {0};
-  int ra = dl__image_decode_job(&plain, &a, &ea), rb = dl__image_decode_job(&rowwise, &b, &eb);
-  decodes++;
+  int ra = dl__image_decode_job(&d->whole, &a, &ea), rb = dl__image_decode_job(&d->rows, &b, &eb);
   if (ra != rb || strcmp(ea.msg, eb.msg))
     FAIL_AT("%s crop %.3f,%.3f %.3fx%.3f out %d ch %d: %d \"%s\" as a whole, %d \"%s\" from its rows", name,
             c->x, c->y, c->w, c->h, out, ch, ra, ea.msg, rb, eb.msg);
-  if (ra) {
-    failures++;
-    return;
-  }
+  if (ra)
+    return ra;
   ASSERT_EQ(a.width, b.width);
   ASSERT_EQ(a.height, b.height);
   ASSERT_EQ(a.stride, b.stride);
@@ -79,11 +95,12 @@ static void same(const uint8_t *p, size_t n, const char *name, uint32_t sample, 
     if (memcmp(a.pixels + (size_t)y * a.stride, b.pixels + (size_t)y * b.stride, (size_t)a.width * ch))
       FAIL_AT("%s crop %.3f,%.3f %.3fx%.3f out %d ch %d: row %d of %d differs", name, c->x, c->y, c->w, c->h,
               out, ch, y, a.height);
+  return 0;
 }
 
 /* The walk the GPU path asks for, against libjpeg reading the whole image. */
 static void walk_whole(const uint8_t *p, size_t n, const char *name, uint32_t sample) {
-  int verdict = dl__jpeg_rows_clean(store, sample, p, n);
+  int verdict = dl__jpeg_rows_clean(main_pair->store, sample, p, n);
   crop whole = {0, 0, 1, 1};
   dl__decode_job j = {.src = p,
                       .len = n,
@@ -93,9 +110,10 @@ static void walk_whole(const uint8_t *p, size_t n, const char *name, uint32_t sa
                       .max_pixels = 1 << 26,
                       .plan = plan,
                       .plan_arg = &whole,
-                      .scratch = &plain.scratch};
+                      .scratch = &main_pair->whole.scratch};
   dl__err e = {0};
-  bool is_short = dl__image_decode_job(&plain, &j, &e) == DL_ECORRUPT && strcasestr(e.msg, "premature end");
+  bool is_short =
+      dl__image_decode_job(&main_pair->whole, &j, &e) == DL_ECORRUPT && strcasestr(e.msg, "premature end");
   if (verdict == 1 && is_short)
     FAIL_AT("%s: the walk calls its scan clean, libjpeg: %s", name, e.msg);
   if (is_entropy_damaged(name))
@@ -103,8 +121,8 @@ static void walk_whole(const uint8_t *p, size_t n, const char *name, uint32_t sa
   clean += verdict == 1;
   damaged += verdict == 0;
   short_data += is_short;
-  ASSERT_EQ(dl__jpeg_rows_clean(store, sample, p, n), verdict); /* kept */
-  ASSERT_EQ(dl__jpeg_rows_clean(NULL, 0, p, n), verdict);       /* read again without a store */
+  ASSERT_EQ(dl__jpeg_rows_clean(main_pair->store, sample, p, n), verdict); /* kept */
+  ASSERT_EQ(dl__jpeg_rows_clean(NULL, 0, p, n), verdict);                  /* read again without a store */
 }
 
 /* CROPS crops of one file, as a sample's epochs would draw them: its row starts are learnt by the
@@ -119,7 +137,8 @@ static void file_crops(const uint8_t *p, size_t n, const char *name, int crops, 
            h = 0.2 + 0.8 * (double)(draw(&seed) % 1000) / 1000;
     crop c = {(1 - w) * (double)(draw(&seed) % 1001) / 1000, (1 - h) * (double)(draw(&seed) % 1001) / 1000, w,
               h};
-    same(p, n, name, sample, &c, outs[draw(&seed) % 4], draw(&seed) % 3 ? 3 : 1);
+    decodes++;
+    failures += same(main_pair, p, n, name, sample, &c, outs[draw(&seed) % 4], draw(&seed) % 3 ? 3 : 1) != 0;
   }
   if (sample % 2 == 0)
     walk_whole(p, n, name, sample);
@@ -170,37 +189,16 @@ static dl__jpeg_rows *shared_store;
 
 static void *worker(void *arg) {
   uint64_t seed = (uint64_t)(uintptr_t)arg;
-  dl__image_decoder whole, rows;
-  ASSERT_EQ(dl__image_decoder_init(&whole), 0);
-  ASSERT_EQ(dl__image_decoder_init(&rows), 0);
+  pair *d = pair_new(shared_store);
   for (int k = 0; k < 30; k++) {
     uint32_t i = (uint32_t)(draw(&seed) % SHARED_IMAGES);
     double h = 0.2 + 0.6 * (double)(draw(&seed) % 1000) / 1000;
     crop c = {0.1, (1 - h) * (double)(draw(&seed) % 1001) / 1000, 0.8, h};
     if (k % 3 == 0)
       ASSERT_EQ(dl__jpeg_rows_clean(shared_store, i, shared_jpg[i], shared_len[i]), 1);
-    dl__decode_job a = {.src = shared_jpg[i],
-                        .len = shared_len[i],
-                        .channels = 3,
-                        .out_w = 64,
-                        .out_h = 64,
-                        .max_pixels = 1 << 26,
-                        .plan = plan,
-                        .plan_arg = &c,
-                        .scratch = &whole.scratch};
-    dl__decode_job b = a;
-    b.scratch = &rows.scratch;
-    b.rows = shared_store;
-    b.sample = i;
-    dl__err ea = {0}, eb = {0};
-    ASSERT_EQ(dl__image_decode_job(&whole, &a, &ea), 0);
-    ASSERT_EQ(dl__image_decode_job(&rows, &b, &eb), 0);
-    ASSERT(a.width == b.width && a.height == b.height && a.stride == b.stride);
-    for (int y = 0; y < a.height; y++)
-      ASSERT(!memcmp(a.pixels + (size_t)y * a.stride, b.pixels + (size_t)y * b.stride, (size_t)a.width * 3));
+    ASSERT_EQ(same(d, shared_jpg[i], shared_len[i], "shared", i, &c, 64, 3), 0);
   }
-  dl__image_decoder_free(&whole);
-  dl__image_decoder_free(&rows);
+  pair_free(d);
   return NULL;
 }
 
@@ -221,9 +219,9 @@ static void threads(void) {
 }
 
 int main(void) {
-  ASSERT_EQ(dl__image_decoder_init(&plain), 0);
-  ASSERT_EQ(dl__image_decoder_init(&rowwise), 0);
-  ASSERT((store = dl__jpeg_rows_new(100000, 64 << 20)));
+  dl__jpeg_rows *store = dl__jpeg_rows_new(100000, 64 << 20);
+  ASSERT(store);
+  main_pair = pair_new(store);
   threads();
   /* Under ThreadSanitizer the threads are the point: the rest is the release build's. */
   if (getenv("DL_TEST_THREADS_ONLY"))
@@ -252,8 +250,7 @@ int main(void) {
   }
   printf("whole scans walked: %ld clean, %ld not (libjpeg found %ld short)\n", clean, damaged, short_data);
   printf("row index: %" PRIu64 " bytes\n", dl__jpeg_rows_bytes(store));
+  pair_free(main_pair);
   dl__jpeg_rows_free(store);
-  dl__image_decoder_free(&plain);
-  dl__image_decoder_free(&rowwise);
   return 0;
 }
