@@ -536,6 +536,11 @@ static int find_row(record *rec, scan *s, const uint8_t *data, size_t n, uint32_
   bool note = !atomic_flag_test_and_set_explicit(&rec->busy, memory_order_acquire);
   if (note)
     known = atomic_load_explicit(&rec->known, memory_order_acquire);
+  if (row < known) { /* another decode went past it meanwhile (known was read again: NOTE) */
+    atomic_flag_clear_explicit(&rec->busy, memory_order_release);
+    *out = rec->at[row];
+    return 0;
+  }
   *out = rec->at[known - 1];
   *walked = row - (known - 1);
   int ret = walk_rows(rec, note, s, data, n, known - 1, row, out);
