@@ -202,6 +202,27 @@ static void *worker(void *arg) {
   return NULL;
 }
 
+/* A store whose budget holds no record: every decode is a whole one, still the same, and the
+ * walk the GPU path asks for still gives its verdict. */
+static void no_budget(void) {
+  dl__jpeg_rows *none = dl__jpeg_rows_new(4, 16);
+  ASSERT(none);
+  pair *d = pair_new(none);
+  unsigned char *jpg;
+  unsigned long len;
+  ASSERT_EQ(synthetic_jpeg(7, SYNTHETIC_DEFAULT, &jpg, &len), 0);
+  crop c = {0.1, 0.5, 0.8, 0.45};
+  ASSERT_EQ(dl__jpeg_rows_clean(none, 0, jpg, len), 1);
+  for (int k = 0; k < 3; k++)
+    ASSERT_EQ(same(d, jpg, len, "no budget", 0, &c, 64, 3), 0);
+  ASSERT_EQ(dl__jpeg_rows_bytes(none), 0);
+  ASSERT_EQ(dl__jpeg_rows_skipped(none), 0);
+  printf("a budget of 16 bytes: no row starts kept, the same decodes\n");
+  free(jpg);
+  pair_free(d);
+  dl__jpeg_rows_free(none);
+}
+
 static void threads(void) {
   ASSERT((shared_store = dl__jpeg_rows_new(SHARED_IMAGES, 1 << 20)));
   for (int i = 0; i < SHARED_IMAGES; i++)
@@ -223,6 +244,7 @@ int main(void) {
   ASSERT(store);
   main_pair = pair_new(store);
   threads();
+  no_budget();
   /* Under ThreadSanitizer the threads are the point: the rest is the release build's. */
   if (getenv("DL_TEST_THREADS_ONLY"))
     return 0;
