@@ -37,7 +37,7 @@ static uint64_t get64(const uint8_t *p) {
   return v;
 }
 
-static int cache_dir(char *buf, size_t cap) {
+int dl__cache_folder(char *buf, size_t cap) {
   const char *xdg = getenv("XDG_CACHE_HOME");
   const char *home = getenv("HOME");
   int n;
@@ -54,7 +54,7 @@ static int cache_dir(char *buf, size_t cap) {
  * shard's absolute path or URL. */
 static int fallback_path(const char *shard, char *buf, size_t cap) {
   char dir[PATH_MAX], abs[PATH_MAX];
-  if (cache_dir(dir, sizeof dir))
+  if (dl__cache_folder(dir, sizeof dir))
     return -1;
   if (dl__is_url(shard))
     snprintf(abs, sizeof abs, "%s", shard);
@@ -66,12 +66,12 @@ static int fallback_path(const char *shard, char *buf, size_t cap) {
   return n > 0 && (size_t)n < cap ? 0 : -1;
 }
 
-static int read_file(const char *path, uint8_t **out, size_t *len) {
+int dl__cache_read(const char *path, size_t least, uint8_t **out, size_t *len) {
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0)
     return -1;
   struct stat st;
-  if (fstat(fd, &st) || st.st_size < HEADER_BYTES + 8 || st.st_size > (1ll << 34)) {
+  if (fstat(fd, &st) || st.st_size < (off_t)least || st.st_size > (1ll << 34)) {
     close(fd);
     return -1;
   }
@@ -174,7 +174,7 @@ int dl__index_cache_read(dl__dataset *ds, uint32_t file, const char *path, const
       return -1;
     uint8_t *p;
     size_t len;
-    if (read_file(cpath, &p, &len))
+    if (dl__cache_read(cpath, HEADER_BYTES + 8, &p, &len))
       continue;
     int r = dl__index_cache_parse(ds, file, p, len, id);
     free(p);
@@ -194,7 +194,7 @@ static bool folder_marked_read_only(const char *path) {
   return stat(dir, &st) == 0 && !(st.st_mode & (S_IWUSR | S_IWGRP | S_IWOTH));
 }
 
-static int write_all(const char *target, const uint8_t *p, size_t len) {
+int dl__cache_write(const char *target, const uint8_t *p, size_t len) {
   /* Named by process and thread: two loaders of one process may index one shard at once. */
   char tmp[PATH_MAX + 96];
   snprintf(tmp, sizeof tmp, "%s.tmp.%ld.%ld", target, (long)getpid(), (long)gettid());
@@ -277,12 +277,12 @@ void dl__index_cache_write(const dl__dataset *ds, size_t first, const char *path
   put64(p + len - 8, XXH64(p, len - 8, 0));
   char target[PATH_MAX + 64];
   snprintf(target, sizeof target, "%s.rfidx", path);
-  int r = dl__is_url(path) || folder_marked_read_only(path) ? -EROFS : write_all(target, p, len);
+  int r = dl__is_url(path) || folder_marked_read_only(path) ? -EROFS : dl__cache_write(target, p, len);
   if (r) {
     char dir[PATH_MAX];
-    if (fallback_path(path, target, sizeof target) == 0 && cache_dir(dir, sizeof dir) == 0) {
+    if (fallback_path(path, target, sizeof target) == 0 && dl__cache_folder(dir, sizeof dir) == 0) {
       dl__mkdirs(dir);
-      r = write_all(target, p, len);
+      r = dl__cache_write(target, p, len);
     }
     if (r)
       dl__log(DL__LOG_INFO, "shard %s: index not cached (%s)", path, strerror(-r));

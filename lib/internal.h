@@ -386,6 +386,15 @@ void dl__index_cache_write(const dl__dataset *ds, size_t first, const char *path
 /* The samples of cache bytes P (LEN of them) into DS as file FILE, when they match ID; -1 when not
  * (the cache is untrusted: every field is checked). */
 int dl__index_cache_parse(dl__dataset *ds, uint32_t file, const uint8_t *p, size_t len, const dl__shard_id *id);
+/* The cache folder ($XDG_CACHE_HOME/ringfeed or ~/.cache/ringfeed); a cache file of at least LEAST
+ * bytes read whole into *OUT (malloc'd); one written whole under TARGET or not at all (-errno). */
+int dl__cache_folder(char *buf, size_t cap);
+int dl__cache_read(const char *path, size_t least, uint8_t **out, size_t *len);
+int dl__cache_write(const char *target, const uint8_t *p, size_t len);
+/* The GPU check's verdicts on JPEG scans kept across runs (check_cache.c): read at open into
+ * l->jpeg_rows, written at close when the run read any scan. */
+void dl__check_cache_load(dl_loader *l);
+void dl__check_cache_save(dl_loader *l);
 
 /* ---- .npy payloads (npy.c) ---- */
 
@@ -633,6 +642,12 @@ dl__jpeg_rows *dl__jpeg_rows_new(uint32_t samples, uint64_t budget);
 void dl__jpeg_rows_free(dl__jpeg_rows *s);
 uint64_t dl__jpeg_rows_bytes(const dl__jpeg_rows *s);
 uint64_t dl__jpeg_rows_skipped(const dl__jpeg_rows *s); /* MCU rows decodes did not Huffman-decode */
+uint64_t dl__jpeg_rows_walked(const dl__jpeg_rows *s);  /* scans dl__jpeg_rows_clean read */
+/* The verdicts of dl__jpeg_rows_clean, a byte a sample (0: none yet), into OUT (may be NULL); the
+ * number of samples. */
+uint32_t dl__jpeg_rows_verdicts(const dl__jpeg_rows *s, uint8_t *out);
+/* Takes the verdicts V[0, N) from an earlier run where it has none; how many it took. */
+uint32_t dl__jpeg_rows_take_verdicts(dl__jpeg_rows *s, const uint8_t *v, uint32_t n);
 struct jpeg_decompress_struct;
 /* For a decode of SRC (LEN bytes, its scan's data from ENTROPY_AT, D started) that needs no row
  * above iMCU row IMCU_ROW: stand-ins for the rows above in OUT (*PREFIX_LEN bytes) that SRC from
@@ -813,6 +828,7 @@ typedef struct dl__stats {
   _Atomic int64_t cache_fetches, cache_fetch_bytes; /* shards this loader downloaded into it */
   _Atomic int64_t placed;       /* samples whose tensors were read straight into the slot */
   _Atomic int64_t placed_again; /* and those read again whole instead (a .npy header not as assumed) */
+  int64_t check_kept; /* the GPU check's verdicts an earlier run left (check_cache.c) */
   int64_t batches;
   int64_t starved; /* batches the consumer had to wait for */
   double consumer_wait_s;
@@ -881,6 +897,7 @@ struct dl_loader {
   dl__dataset ds;
   dl__mix mix; /* repeat=: the parts' copies the samplers run over (nparts 0: none) */
   dl__jpeg_rows *jpeg_rows; /* where each sample's JPEG rows begin (NULL: not kept) */
+  uint64_t check_hash;      /* the dataset's, naming its GPU check's verdicts (0: none kept) */
   int nstreams;
   dl__stream streams[DL__MAX_DEVICES];
   size_t image_bytes; /* one batch's image bytes */

@@ -57,7 +57,7 @@ struct dl__jpeg_rows {
   _Atomic uint8_t *verdicts; /* by sample: dl__jpeg_rows_clean's */
   uint32_t n;
   uint64_t budget;
-  _Atomic uint64_t bytes, skipped;
+  _Atomic uint64_t bytes, skipped, walked; /* WALKED: verdicts made by reading a scan */
 };
 
 dl__jpeg_rows *dl__jpeg_rows_new(uint32_t samples, uint64_t budget) {
@@ -92,6 +92,28 @@ uint64_t dl__jpeg_rows_bytes(const dl__jpeg_rows *s) {
 
 uint64_t dl__jpeg_rows_skipped(const dl__jpeg_rows *s) {
   return s ? atomic_load_explicit(&s->skipped, memory_order_relaxed) : 0;
+}
+
+uint64_t dl__jpeg_rows_walked(const dl__jpeg_rows *s) {
+  return s ? atomic_load_explicit(&s->walked, memory_order_relaxed) : 0;
+}
+
+uint32_t dl__jpeg_rows_verdicts(const dl__jpeg_rows *s, uint8_t *out) {
+  for (uint32_t i = 0; s && out && i < s->n; i++)
+    out[i] = atomic_load_explicit(&s->verdicts[i], memory_order_relaxed);
+  return s ? s->n : 0;
+}
+
+uint32_t dl__jpeg_rows_take_verdicts(dl__jpeg_rows *s, const uint8_t *v, uint32_t n) {
+  uint32_t taken = 0;
+  for (uint32_t i = 0; s && i < n && i < s->n; i++) {
+    uint8_t none = UNREAD;
+    if (v[i] > UNREAD && v[i] <= UNWALKABLE &&
+        atomic_compare_exchange_strong_explicit(&s->verdicts[i], &none, v[i], memory_order_relaxed,
+                                                memory_order_relaxed))
+      taken++;
+  }
+  return taken;
 }
 
 /* ---- Huffman tables, for reading and for writing ---- */
@@ -791,8 +813,10 @@ int dl__jpeg_rows_clean(dl__jpeg_rows *st, uint32_t sample, const uint8_t *p, si
       if (note)
         atomic_flag_clear_explicit(&rec->busy, memory_order_release);
     }
-    if (kept)
+    if (kept) {
       atomic_store_explicit(&st->verdicts[sample], v, memory_order_relaxed);
+      atomic_fetch_add_explicit(&st->walked, 1, memory_order_relaxed);
+    }
   }
   return v == CLEAN ? 1 : v == DAMAGED ? 0 : -1;
 }

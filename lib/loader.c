@@ -326,6 +326,8 @@ int dl_open(dl_loader **out, const char *source, const char *options) {
     int64_t rows_budget = memory_budget(l, local_ranks()) / 8;
     l->jpeg_rows = dl__jpeg_rows_new(l->ds.n > UINT32_MAX ? UINT32_MAX : (uint32_t)l->ds.n,
                                      rows_budget < (INT64_C(512) << 20) ? (uint64_t)rows_budget : UINT64_C(512) << 20);
+    if (l->o.ndevices && l->o.decode != DL__DECODE_CPU)
+      dl__check_cache_load(l); /* verdicts only a GPU decode asks for */
   }
   double t = dl__now();
   if (l->o.ndevices && (r = dl__cuda_open(l)))
@@ -925,7 +927,9 @@ int dl_stats_json(dl_loader *l, char *buf, size_t cap) {
       ",\"pinned_bytes_in_process\":%zu,\"requests\":%" PRId64 ",\"retries\":%" PRId64
       ",\"cache_hits\":%" PRId64 ",\"cache_fetches\":%" PRId64 ",\"cache_fetch_bytes\":%" PRId64
       ",\"tensors_read_in_place\":%" PRId64 ",\"tensors_read_again\":%" PRId64
-      ",\"jpeg_rows_skipped\":%" PRIu64 ",\"jpeg_row_index_mb\":%.1f,\"slot_wait_s\":%.6f,\"bottleneck\":\"%s\",\"bottleneck_why\":\"%s\",\"consumer_wait_frac\":%.4f"
+      ",\"jpeg_rows_skipped\":%" PRIu64 ",\"jpeg_row_index_mb\":%.1f,\"gpu_check_read\":%" PRIu64
+      ",\"gpu_check_kept\":%" PRId64 ","
+      "\"slot_wait_s\":%.6f,\"bottleneck\":\"%s\",\"bottleneck_why\":\"%s\",\"consumer_wait_frac\":%.4f"
       ",\"worker_decode_frac\":%.4f,\"worker_read_frac\":%.4f,\"worker_slot_wait_frac\":%.4f%s}",
       atomic_load(&l->st.samples), batches, atomic_load(&l->st.errors), atomic_load(&l->st.bytes_read),
       wall, first, l->st.open_ms, l->st.open_index_ms, l->st.open_cuda_ms, l->st.open_gpu_decode_ms,
@@ -943,7 +947,7 @@ int dl_stats_json(dl_loader *l, char *buf, size_t cap) {
       atomic_load(&l->st.cache_hits), atomic_load(&l->st.cache_fetches) + l->ds.cache_fetches,
       atomic_load(&l->st.cache_fetch_bytes) + l->ds.cache_fetch_bytes,
       atomic_load(&l->st.placed), atomic_load(&l->st.placed_again), dl__jpeg_rows_skipped(l->jpeg_rows),
-      (double)dl__jpeg_rows_bytes(l->jpeg_rows) / 1048576.0, atomic_load(&l->st.slot_wait_ns) * 1e-9, v.word, json_text(v.why, why, sizeof why), v.consumer, v.decode,
+      (double)dl__jpeg_rows_bytes(l->jpeg_rows) / 1048576.0, dl__jpeg_rows_walked(l->jpeg_rows), l->st.check_kept, atomic_load(&l->st.slot_wait_ns) * 1e-9, v.word, json_text(v.why, why, sizeof why), v.consumer, v.decode,
       v.read, v.slot, gpu);
   return n < 0 || (size_t)n >= cap ? dl__fail(-ENOSPC, "stats need %d bytes", n + 1) : n;
 }
@@ -963,6 +967,7 @@ void dl_close(dl_loader *l) {
   dl__workers_stop(l);
   if (l->cuda)
     dl__cuda_stop(l);
+  dl__check_cache_save(l);
   pthread_mutex_lock(&l->mu);
   l->closed = 1;
   any_slot(l, drop_hold);

@@ -1,0 +1,193 @@
+/*
+ * The GPU check's verdicts kept across runs (check_cache.c): a second open of the same shards
+ * takes every verdict the first made and reads no scan; what one loader learnt and another learnt
+ * are both kept; a damaged, forged or stale file is ignored and written again; a shard changed
+ * under it names another file. The loaders here decode on the CPU, and the walks the GPU path
+ * would ask for are asked directly.
+ */
+#include "internal.h"
+#include "test.h"
+#include "test_data.h"
+#include "tar_writer.h"
+
+#include <fcntl.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+enum { IMAGES = 12 };
+static char dir[256], shard[300], cache[300];
+
+/* A shard of IMAGES synthetic JPEGs, the last one's data cut short. */
+static void write_shard(void) {
+  FILE *f = fopen(shard, "wb");
+  ASSERT(f);
+  for (int i = 0; i < IMAGES; i++) {
+    unsigned char *jpg;
+    unsigned long len;
+    ASSERT_EQ(synthetic_jpeg(700 + i, SYNTHETIC_DEFAULT, &jpg, &len), 0);
+    if (i == IMAGES - 1) {
+      len = len / 2;
+      jpg[len - 2] = 0xFF, jpg[len - 1] = 0xD9;
+    }
+    char name[32];
+    snprintf(name, sizeof name, "s%04d.jpg", i);
+    ASSERT_EQ(tar_write_member(f, name, jpg, len), 0);
+    snprintf(name, sizeof name, "s%04d.cls", i);
+    ASSERT_EQ(tar_write_member(f, name, "1", 1), 0);
+    free(jpg);
+  }
+  ASSERT_EQ(tar_write_end(f), 0);
+  ASSERT_EQ(fclose(f), 0);
+}
+
+static dl_loader *open_loader(void) {
+  dl_loader *l;
+  OPEN_OK(l, shard, "workers=1 batch_size=4");
+  ASSERT(l->jpeg_rows);
+  ASSERT_EQ(l->ds.n, IMAGES);
+  dl__check_cache_load(l);
+  return l;
+}
+
+/* The walk the GPU path asks for, of samples [FROM, TO); each verdict into V. */
+static void walk(dl_loader *l, int from, int to, int *v) {
+  for (int i = from; i < to; i++) {
+    const dl__sample *s = &l->ds.samples[i];
+    uint8_t *p = malloc(s->image_len);
+    ASSERT(p);
+    ASSERT_EQ(pread(l->ds.fds[s->file], p, s->image_len, (off_t)(s->offset + s->image_at)),
+              (ssize_t)s->image_len);
+    v[i] = dl__jpeg_rows_clean(l->jpeg_rows, (uint32_t)i, p, s->image_len);
+    free(p);
+  }
+}
+
+/* The one verdicts file in the cache folder, and its bytes. */
+static uint8_t *cache_file(char *path, size_t cap, size_t *len) {
+  char cmd[600];
+  snprintf(cmd, sizeof cmd, "ls %s/*.rfcheck 2>/dev/null", cache);
+  FILE *ls = popen(cmd, "r");
+  ASSERT(ls);
+  path[0] = 0;
+  if (fgets(path, (int)cap, ls))
+    path[strcspn(path, "\n")] = 0;
+  pclose(ls);
+  ASSERT(path[0]);
+  uint8_t *p;
+  ASSERT_EQ(dl__cache_read(path, 1, &p, len), 0);
+  return p;
+}
+
+static int cache_files(void) {
+  char cmd[600];
+  snprintf(cmd, sizeof cmd, "ls %s/*.rfcheck 2>/dev/null | wc -l", cache);
+  FILE *ls = popen(cmd, "r");
+  int n = -1;
+  ASSERT(ls && fscanf(ls, "%d", &n) == 1);
+  pclose(ls);
+  return n;
+}
+
+static void rewrite(const char *path, uint8_t *p, size_t len, bool fix_sum) {
+  if (fix_sum) {
+    uint64_t sum = XXH64(p, len - 8, 0);
+    memcpy(p + len - 8, &sum, 8);
+  }
+  ASSERT_EQ(dl__cache_write(path, p, len), 0);
+}
+
+int main(void) {
+  snprintf(dir, sizeof dir, "/tmp/rf_check_cache_XXXXXX");
+  ASSERT(mkdtemp(dir));
+  snprintf(shard, sizeof shard, "%s/shard.tar", dir);
+  snprintf(cache, sizeof cache, "%s/cache/ringfeed", dir);
+  char xdg[300];
+  snprintf(xdg, sizeof xdg, "%s/cache", dir);
+  setenv("XDG_CACHE_HOME", xdg, 1);
+  write_shard();
+
+  /* The first run reads every scan and keeps what it found. */
+  int first[IMAGES], again[IMAGES];
+  dl_loader *l = open_loader();
+  ASSERT_EQ(l->st.check_kept, 0);
+  walk(l, 0, IMAGES, first);
+  ASSERT_EQ(dl__jpeg_rows_walked(l->jpeg_rows), IMAGES);
+  for (int i = 0; i < IMAGES; i++)
+    ASSERT_EQ(first[i], i == IMAGES - 1 ? 0 : 1);
+  dl_close(l);
+  char path[600];
+  size_t len;
+  uint8_t *p = cache_file(path, sizeof path, &len);
+  ASSERT_EQ(len, 24 + IMAGES + 8);
+
+  /* The second takes them all, and reads none. */
+  l = open_loader();
+  ASSERT_EQ(l->st.check_kept, IMAGES);
+  walk(l, 0, IMAGES, again);
+  ASSERT_EQ(dl__jpeg_rows_walked(l->jpeg_rows), 0);
+  ASSERT(!memcmp(first, again, sizeof first));
+  dl_close(l);
+  printf("a second open: %d verdicts kept, no scan read again\n", IMAGES);
+
+  /* Damaged (a flipped byte), forged (a value no verdict has, its hash made good), cut short:
+   * ignored, the scans read again, and the file written again. */
+  for (int k = 0; k < 3; k++) {
+    uint8_t *bad = malloc(len);
+    memcpy(bad, p, len);
+    if (k == 0)
+      bad[24 + 3] ^= 1;
+    if (k == 1)
+      bad[24 + 3] = 7;
+    rewrite(path, bad, k == 2 ? len - 5 : len, k == 1);
+    free(bad);
+    l = open_loader();
+    ASSERT_EQ(l->st.check_kept, 0);
+    walk(l, 0, IMAGES, again);
+    ASSERT_EQ(dl__jpeg_rows_walked(l->jpeg_rows), IMAGES);
+    ASSERT(!memcmp(first, again, sizeof first));
+    dl_close(l);
+    l = open_loader();
+    ASSERT_EQ(l->st.check_kept, IMAGES);
+    dl_close(l);
+  }
+  printf("a damaged, a forged and a truncated file: ignored, the scans read again and kept\n");
+
+  /* Two loaders at once, each learning half: both halves are kept. */
+  unlink(path);
+  dl_loader *a = open_loader(), *b = open_loader();
+  walk(a, 0, IMAGES / 2, again);
+  walk(b, IMAGES / 2, IMAGES, again);
+  dl_close(a);
+  dl_close(b);
+  l = open_loader();
+  ASSERT_EQ(l->st.check_kept, IMAGES);
+  walk(l, 0, IMAGES, again);
+  ASSERT(!memcmp(first, again, sizeof first));
+  dl_close(l);
+  printf("two loaders learning half each: both halves kept\n");
+
+  /* The shard changed (its mtime): the verdicts are not its any more. */
+  struct timespec when[2] = {{.tv_sec = 1000000000}, {.tv_sec = 1000000000}};
+  ASSERT_EQ(utimensat(AT_FDCWD, shard, when, 0), 0);
+  l = open_loader();
+  ASSERT_EQ(l->st.check_kept, 0);
+  dl_close(l);
+  /* Nor kept without gpu_check. */
+  OPEN_OK(l, shard, "workers=1 batch_size=4 gpu_check=0");
+  dl__check_cache_load(l);
+  ASSERT_EQ(l->st.check_kept, 0);
+  walk(l, 0, 2, again);
+  dl_close(l);
+  ASSERT_EQ(cache_files(), 1);
+  printf("a shard changed, or gpu_check=0: no verdicts taken\n");
+
+  free(p);
+  char cmd[400];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  ASSERT_EQ(system(cmd), 0);
+  return 0;
+}
