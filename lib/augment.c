@@ -46,15 +46,17 @@ static void random_resized(int W, int H, uint64_t key, dl__rect *r) {
   r->h = (double)h;
 }
 
-/* How far down its image a sample's crop ends (0..1), from its draws alone: the image's shape is
- * not known before it is read, so a 4:3 one stands in. A CPU decode of the crop reads the rows
- * down to there and no further (jpeg.c). */
-double dl__crop_bottom_hint(int mode, int ow, int oh, uint64_t key) {
+/* Where in its image a sample's crop begins and ends, top to bottom (0..1), from its draws alone:
+ * the image's shape is not known before it is read, so a 4:3 one stands in. */
+void dl__crop_rows_hint(int mode, int ow, int oh, uint64_t key, double *top, double *bottom) {
   dl__rect r;
   dl__err e = {0};
-  if (dl__crop_rect(mode, 640, 480, ow, oh, key, &r, &e))
-    return 1;
-  return (r.y + r.h) / 480;
+  if (dl__crop_rect(mode, 640, 480, ow, oh, key, &r, &e)) {
+    *top = 0, *bottom = 1;
+    return;
+  }
+  *top = r.y / 480;
+  *bottom = (r.y + r.h) / 480;
 }
 
 int dl__crop_rect(int mode, int W, int H, int ow, int oh, uint64_t key, dl__rect *r, dl__err *e) {

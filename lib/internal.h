@@ -693,7 +693,8 @@ int dl__jpeg_probe(const uint8_t *p, size_t n, bool whole, dl__jpeg_info *j);
 /* Chooses the source rectangle for MODE; draws come from KEY. */
 int dl__crop_rect(int mode, int width, int height, int out_w, int out_h, uint64_t key, dl__rect *r,
                   dl__err *e);
-double dl__crop_bottom_hint(int mode, int out_w, int out_h, uint64_t key);
+/* Where the crop for KEY begins and ends down its image (0..1), before the image is read. */
+void dl__crop_rows_hint(int mode, int out_w, int out_h, uint64_t key, double *top, double *bottom);
 
 typedef struct dl__resize_scratch {
   dl__buf tmp, coef, wide;
@@ -861,7 +862,7 @@ static inline double dl__consumer_idle_s(const dl__stats *st) {
 
 /* A sample of a batch as hybrid's split ranks it (gpu/plan.c). */
 typedef struct dl__split_rank {
-  float bottom;   /* how far down its image its crop ends (dl__crop_bottom_hint) */
+  float cost;     /* a worker's decode of it, in whole decodes (dl__split_cost) */
   uint8_t spread; /* 0: one of an even spread of the workers' share over the batch (the tie-break) */
   int i;
 } dl__split_rank;

@@ -226,8 +226,8 @@ static void missing_nvjpeg(void) {
 }
 
 /* Hybrid's choice of the workers' samples in batch K of sampler SM at the loader's crop:
- * checks it takes CPU_N, returns how many of them are neighbours and the mean crop bottom of the
- * chosen (*MINE) and of the whole batch (*ALL). */
+ * checks it takes CPU_N, those that cost a worker least, returns how many of them are neighbours
+ * and the mean cost of the chosen (*MINE) and of the whole batch (*ALL), in whole decodes. */
 static int choose(const dl__sampler *sm, int64_t k, dl_batch *b, double *mine, double *all) {
   dl_batch again = *b;
   uint8_t flags[256];
@@ -245,7 +245,7 @@ static int choose(const dl__sampler *sm, int64_t k, dl_batch *b, double *mine, d
     bool on_cpu = dl__gpu_arena_take(&l, b, i, &s) == NULL;
     int64_t epoch, draw;
     dl__sampler_sample(sm, k, i, &epoch, &draw);
-    double bottom = dl__crop_bottom_hint(l.o.crop, l.o.width, l.o.height, dl__sample_key(&l, epoch, draw));
+    double bottom = dl__split_cost(&l, epoch > sm->start_epoch, dl__sample_key(&l, epoch, draw));
     sum += bottom;
     if (on_cpu) {
       chosen_bottom += bottom;
@@ -259,7 +259,7 @@ static int choose(const dl__sampler *sm, int64_t k, dl_batch *b, double *mine, d
   }
   l.ds.direct = NULL;
   ASSERT_EQ(cpu_n, b->cpu_n);
-  ASSERT(lowest_chosen <= highest_left); /* none left to the GPU ends higher than one the workers take */
+  ASSERT(lowest_chosen <= highest_left); /* none left to the GPU costs less than one the workers take */
   *mine = chosen_bottom / cpu_n;
   *all = sum / b->len;
   return side_by_side;
@@ -273,13 +273,27 @@ static void split(void) {
   ASSERT_EQ(dl__sampler_init(&sm, 100000, 1, 0, 256, 0, 1, 7, 0, 0, NULL, 0), 0);
   dl__split_rank rank[256];
   l.split.rank = rank;
-  /* Random crops: the workers take the 77 whose crops end highest in their images, a fraction of
-   * the rows a CPU decode reads for the average one. */
+  /* Random crops: the workers take the 77 that cost them least, a fraction of the average one's
+   * cost. Without row starts a decode reads every row down to the crop's bottom; with them, the
+   * rows above are walked (the run's first epoch) or skipped (after it). */
   double mine, all;
   choose(&sm, b.k, &b, &mine, &all);
   ASSERT(mine < all - 0.1);
-  printf("hybrid, random crops: the workers' 77 of 256 samples end at %.2f of their images' height on average, "
-         "the batch's at %.2f\n", mine, all);
+  printf("hybrid, random crops: the workers' 77 of 256 samples cost %.2f of a whole decode on average, the "
+         "batch's %.2f (no row starts: down to the crop's bottom)\n", mine, all);
+  ASSERT((l.jpeg_rows = dl__jpeg_rows_new(100000, 1 << 20)));
+  const char *when[] = {"the first epoch, the rows above walked", "later epochs, the rows above skipped"};
+  for (int e = 0; e < 2; e++) {
+    b.k = e ? sm.nb_first + 5 : 5;
+    double cheapest, mean;
+    choose(&sm, b.k, &b, &cheapest, &mean);
+    ASSERT(cheapest < mean - 0.1);
+    ASSERT(cheapest < mine);
+    printf("  with row starts, %s: %.2f, the batch's %.2f\n", when[e], cheapest, mean);
+  }
+  dl__jpeg_rows_free(l.jpeg_rows);
+  l.jpeg_rows = NULL;
+  b.k = 5;
   /* Centre crops all end alike: the share is spread evenly, never two CPU samples side by side. */
   dl__options o = l.o;
   ASSERT_EQ(dl__options_parse(&l.o, "image_size=64 crop=center"), 0);

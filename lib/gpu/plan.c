@@ -39,19 +39,34 @@ static bool evenly_spread(const dl_batch *b, int i) {
 
 static int by_cpu_cost(const void *pa, const void *pb) {
   const dl__split_rank *a = pa, *b = pb;
-  if (a->bottom != b->bottom)
-    return a->bottom < b->bottom ? -1 : 1;
+  if (a->cost != b->cost)
+    return a->cost < b->cost ? -1 : 1;
   if (a->spread != b->spread)
     return a->spread < b->spread ? -1 : 1;
   return a->i < b->i ? -1 : a->i > b->i;
 }
 
-/* The workers take the samples whose crops end highest in their images. A CPU decode reads an
- * image's rows down to its crop's bottom and no further, so a crop near the top costs a worker
- * far less than one near the bottom (one core of the 2-core build machine, the q90 synthetic set:
- * top halves of the images decoded at 1,650 images/s, bottom halves at 1,025, whole images at
- * 866; bench/decode_ceiling --band), while the JPEG engines take about as long for either half.
- * Hybrid on H200 hosts: a worker's time per image 13% lower, 2-4% more images/s. Where every
+/* A CPU decode reads an image's rows down to its crop's bottom and no further (one core of the
+ * 2-core build machine, the q90 synthetic set: top halves of the images decoded at 1,650 images/s,
+ * bottom halves at 1,025, whole images at 866; bench/decode_ceiling --band), and of the rows
+ * above the crop it only walks those whose starts the sample's record does not know yet
+ * (jpeg_rows.c), a row in 0.68-0.76 of a decode's time on the q90 and q96 sets. In a run's first
+ * epoch no start is known; after it most are (a GPU sample's scan is read through by gpu_check,
+ * a CPU decode learns the rows above its crop), and a crop's cost is its height: the shortest 30%
+ * of random-resized crops span 0.49 of their images against 0.55 for the 30% that end highest. The
+ * records themselves are not asked: when a decode learnt them depends on the workers' timing, and
+ * the split is a function of the draws and the share alone (the same bytes with any worker count). */
+double dl__split_cost(const dl_loader *l, bool rows_known, uint64_t key) {
+  double top, bottom;
+  dl__crop_rows_hint(l->o.crop, l->o.width, l->o.height, key, &top, &bottom);
+  if (!l->jpeg_rows)
+    return bottom;
+  return rows_known ? bottom - top : bottom - 0.3 * top;
+}
+
+/* The workers take the samples that cost them least, while the JPEG engines take about as long
+ * for any crop of an image. Hybrid on H200 hosts, by the crop's bottom against an even spread:
+ * a worker's time per image 13% lower, 2-4% more images/s. Where every
  * sample ties (centre crops, plain resizes) the share stays spread evenly over the batch, not put
  * first: a worker claims a run of neighbouring samples at a time, and a run of CPU samples alone
  * left a few workers decoding the whole share while the rest waited (on an H200 the split batch
@@ -62,8 +77,8 @@ void dl__gpu_split_batch(dl_loader *l, const dl__sampler *sm, dl_batch *b) {
     int64_t epoch, draw;
     dl__sampler_sample(sm, b->k, i, &epoch, &draw);
     uint64_t key = dl__sample_key(l, epoch, draw);
-    r[i] = (dl__split_rank){(float)dl__crop_bottom_hint(l->o.crop, l->o.width, l->o.height, key),
-                            (uint8_t)!evenly_spread(b, i), i};
+    double cost = dl__split_cost(l, epoch > sm->start_epoch, key);
+    r[i] = (dl__split_rank){(float)cost, (uint8_t)!evenly_spread(b, i), i};
   }
   qsort(r, (size_t)b->len, sizeof *r, by_cpu_cost);
   memset(b->on_cpu, 0, (size_t)b->len);
