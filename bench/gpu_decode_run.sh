@@ -5,7 +5,8 @@
 # time limit and adds its output to $OUT/run.log and its row to $OUT/table.md as it finishes (so a
 # run cut short still tells where it was); the table is printed last.
 # Usage: bench/gpu_decode_run.sh [BUILD_DIR] [SHARDS_DIR] [PARTS]
-#   PARTS: any of abi tests start cpu ceiling bench idle train sanitize (default: all but idle); N=images
+#   PARTS: any of abi tests start cpu ceiling bench idle check train sanitize (default: all but idle and
+#   check; check needs BASE=DIR, a dlbench built from the version before); N=images
 #   per synthetic set; SKIP=torch leaves out the PyTorch contenders; RF_WORKERS=N ringfeed's workers
 #   (default: workers=auto); IDLE_VARIANTS: what the idle part runs side by side, each an environment
 #   assignment, bin=DIR (a dlbench built otherwise) or opt=K=V (a loader option: --option K=V)
@@ -90,7 +91,7 @@ if has tests; then
 fi
 
 # The synthetic sets, made once.
-if has ceiling || has bench || has start || has idle; then
+if has ceiling || has bench || has start || has idle || has check; then
   q90=$("$build/dlbench" --synthetic "$n" --make-synthetic 2> "$out/make-q90.log")
   q96=$("$build/dlbench" --synthetic "$n" --quality 96 --subsampling 444 --make-synthetic 2> "$out/make-q96.log")
 fi
@@ -266,6 +267,51 @@ if has idle; then
           --option gpu_share=$share --step-ms "$step"
         keep "$j" "$out/$set-idle-$share-$tag.err"
         row "$set hybrid gpu_share=$share, --step-ms $step, 10 epochs ($variant)" "gpu_idle_frac $(num "$j" gpu_idle_frac) in $(gaps "$j"); the loader saw its stream wait $(num "$j" consumer_stream_wait_s) s; $(num "$j" samples_per_s) images/s, share $(num "$j" gpu_share) (balanced $(num "$j" gpu_share_balanced) from $(num "$j" split_gpu_ms_per_image) ms an image on the GPU and $(num "$j" split_cpu_ms_per_image) on a worker; $(num "$j" gpu_share_moves) moves, $(num "$j" gpu_share_holds) drifts held back); per batch: GPU decode $(num "$j" gpu_decode_ms) ms, the copy thread $(num "$j" gpu_decode_host_ms) ms in it ($(num "$j" gpu_decode_pool_wait_ms) waiting for the pool), $(num "$j" gpu_stage_wait_workers_ms) waiting for the workers, $(num "$j" gpu_stage_wait_consumer_ms) for the consumer; workers $(num "$j" workers_active) of $(num "$j" workers), $(num "$j" parked_s) s set aside, decoding $(num "$j" worker_decode_frac), waiting for slots $(num "$j" worker_slot_wait_frac)"
+      done
+    done
+  done
+fi
+
+# 4c. The GPU check's verdicts kept across runs, and hybrid's split by what a crop costs a worker,
+#    against BASE (a dlbench of the version before, built otherwise): hybrid with no consumer (5
+#    epochs with the verdicts not yet kept, then kept; 8 epochs for a worker's time per image) and
+#    beside a consumer stepping at 1.2x the kept run's batch time, 3 and 10 epochs.
+if has check && [ -x "${BASE:-}/dlbench" ]; then
+  for set in q90 q96; do
+    eval src=\$$set
+    cat "$(dirname "$src")"/*.tar > /dev/null
+    args="$src ${RF_WORKERS:+--workers $RF_WORKERS} --batch 256 --size 224 --flip --device cuda:0 --json --decode hybrid"
+    forget() { rm -f "$XDG_CACHE_HOME"/ringfeed/*.rfcheck; }
+    forget
+    for run in cold kept base; do
+      bin=$build
+      [ $run = base ] && bin=$BASE
+      j="$out/$set-check-$run.json"
+      guarded 120 "$j" "$out/$set-check-$run.err" "$bin/dlbench" $args --epochs 5
+      keep "$j" "$out/$set-check-$run.err"
+      row "$set hybrid 5 epochs, $run" "$(num "$j" steady_samples_per_s) images/s steady ($(num "$j" samples_per_s) with start-up), share $(num "$j" gpu_share); scans read $(num "$j" gpu_check_read), verdicts kept from before $(num "$j" gpu_check_kept)"
+    done
+    step=$(awk -v s="$(num "$out/$set-check-kept.json" steady_samples_per_s)" 'BEGIN{ if (s > 0) printf "%.3f", 1.2 * 256 / s * 1000; else print 100 }')
+    for round in 1 2; do
+      for run in base kept; do
+        bin=$build
+        [ $run = base ] && bin=$BASE
+        j="$out/$set-split-$run-$round.json"
+        guarded 120 "$j" "$out/$set-split-$run-$round.err" "$bin/dlbench" $args --epochs 8
+        keep "$j"
+        row "$set hybrid 8 epochs, $run, round $round" "$(num "$j" steady_samples_per_s) images/s steady, share $(num "$j" gpu_share) (balanced $(num "$j" gpu_share_balanced)), $(num "$j" split_cpu_ms_per_image) ms an image on a worker, $(num "$j" split_gpu_ms_per_image) on the GPU"
+      done
+    done
+    for epochs in 3 10; do
+      for run in base cold kept; do
+        bin=$build
+        [ $run = base ] && bin=$BASE
+        [ $run = cold ] && forget
+        [ $run = cold ] && [ $epochs = 10 ] && continue
+        j="$out/$set-check-step-$run-$epochs.json"
+        guarded 120 "$j" "$out/$set-check-step-$run-$epochs.err" "$bin/dlbench" $args --epochs $epochs --step-ms "$step"
+        keep "$j" "$out/$set-check-step-$run-$epochs.err"
+        row "$set hybrid, --step-ms $step, $epochs epochs, $run" "gpu_idle_frac $(num "$j" gpu_idle_frac) in $(gaps "$j"); $(num "$j" samples_per_s) images/s, share $(num "$j" gpu_share), scans read $(num "$j" gpu_check_read), kept $(num "$j" gpu_check_kept)"
       done
     done
   done
