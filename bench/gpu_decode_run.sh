@@ -306,8 +306,8 @@ if has check && [ -x "${BASE:-}/dlbench" ]; then
       for run in base cold kept; do
         bin=$build
         [ $run = base ] && bin=$BASE
-        [ $run = cold ] && forget
         [ $run = cold ] && [ $epochs = 10 ] && continue
+        [ $run = cold ] && forget
         j="$out/$set-check-step-$run-$epochs.json"
         guarded 120 "$j" "$out/$set-check-step-$run-$epochs.err" "$bin/dlbench" $args --epochs $epochs --step-ms "$step"
         keep "$j" "$out/$set-check-step-$run-$epochs.err"
