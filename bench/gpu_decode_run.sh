@@ -11,7 +11,8 @@
 #   (default: workers=auto); IDLE_VARIANTS: what the idle part runs side by side, each an environment
 #   assignment, bin=DIR (a dlbench built otherwise) or opt=K=V (a loader option: --option K=V)
 #   (e.g. "DL_LOG_LEVEL=1 DL_LOG_LEVEL=4"; default:
-#   one run as is); IDLE_SHARES: its splits (default: auto 0.75 0.875); CEILING_ARGS: the ceiling
+#   one run as is); IDLE_SHARES: its splits (default: auto 0.75 0.875); IDLE_STEP_MS_q90 and
+#   IDLE_STEP_MS_q96: its steps (default: 1.2x the first variant's batch time); CEILING_ARGS: the ceiling
 #   part's nvjpeg_ceiling runs, separated by '|' (default: the list below)
 set -u
 build=${1:-build-device}
@@ -244,7 +245,7 @@ if has idle; then
     eval src=\$$set
     cat "$(dirname "$src")"/*.tar > /dev/null
     args="$src ${RF_WORKERS:+--workers $RF_WORKERS} --batch 256 --size 224 --flip --device cuda:0 --json"
-    step=""
+    eval step=\${IDLE_STEP_MS_$set:-}
     # The variants take turns at each split, so that a host's drift falls on all of them alike.
     for share in ${IDLE_SHARES:-auto 0.75 0.875}; do
       for variant in ${IDLE_VARIANTS:-DL_LOG_LEVEL=$DL_LOG_LEVEL}; do
