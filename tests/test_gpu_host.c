@@ -275,14 +275,14 @@ static void split(void) {
   l.split.rank = rank;
   /* Random crops: the workers take the 77 that cost them least, a fraction of the average one's
    * cost. Without row starts a decode reads every row down to the crop's bottom; with them, the
-   * rows above are walked (the run's first epoch) or skipped (after it). */
+   * rows above are walked (the run's first epoch) or, after it, skipped for some samples. */
   double mine, all;
   choose(&sm, b.k, &b, &mine, &all);
   ASSERT(mine < all - 0.1);
   printf("hybrid, random crops: the workers' 77 of 256 samples cost %.2f of a whole decode on average, the "
          "batch's %.2f (no row starts: down to the crop's bottom)\n", mine, all);
   ASSERT((l.jpeg_rows = dl__jpeg_rows_new(100000, 1 << 20)));
-  const char *when[] = {"the first epoch, the rows above walked", "later epochs, the rows above skipped"};
+  const char *when[] = {"the first epoch, the rows above walked", "later epochs, some skipped"};
   for (int e = 0; e < 2; e++) {
     b.k = e ? sm.nb_first + 5 : 5;
     double cheapest, mean;

@@ -70,9 +70,9 @@ size_t dl__gpu_arena_size(const dl_loader *l);
 /* Hybrid, when batch B opens (under l->mu): which b->cpu_n of its samples the workers decode
  * (b->on_cpu). A function of the samples' draws and the split only. */
 void dl__gpu_split_batch(dl_loader *l, const dl__sampler *sm, dl_batch *b);
-/* What a worker's decode at the crop for KEY would cost, in whole decodes of its image, with the
- * starts of the image's rows known (after the run's first epoch) or not. */
-double dl__split_cost(const dl_loader *l, bool rows_known, uint64_t key);
+/* What a worker's decode at the crop for KEY would cost, in whole decodes of its image, in the
+ * run's first epoch or a later one. */
+double dl__split_cost(const dl_loader *l, bool later_epoch, uint64_t key);
 
 /* At a claim (under l->mu): room in B's arena for sample I's bytes when the GPU may decode it,
  * else NULL. Deterministic: claims of a batch are made in sample order. */
