@@ -278,11 +278,11 @@ fi
 #    epochs with the verdicts not yet kept, then kept; 8 epochs for a worker's time per image) and
 #    beside a consumer stepping at 1.2x the kept run's batch time, 3 and 10 epochs.
 if has check && [ -x "${BASE:-}/dlbench" ]; then
+  forget() { rm -f "$XDG_CACHE_HOME"/ringfeed/*.rfcheck; } # the verdicts earlier runs kept
   for set in q90 q96; do
     eval src=\$$set
     cat "$(dirname "$src")"/*.tar > /dev/null
     args="$src ${RF_WORKERS:+--workers $RF_WORKERS} --batch 256 --size 224 --flip --device cuda:0 --json --decode hybrid"
-    forget() { rm -f "$XDG_CACHE_HOME"/ringfeed/*.rfcheck; }
     forget
     for run in cold kept base; do
       bin=$build

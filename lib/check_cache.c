@@ -31,10 +31,6 @@
 #define DL__CHECK_CACHE_MAGIC "RFGCHK01"
 #define HEAD 24
 
-static void add(XXH64_state_t *h, const void *p, size_t n) {
-  XXH64_update(h, p, n);
-}
-
 /* The dataset's hash, or 0 where it keeps no verdicts. */
 static uint64_t dataset_hash(const dl__dataset *ds) {
   if (ds->nremote || !ds->fds || !ds->nfiles || !ds->n)
@@ -53,22 +49,22 @@ static uint64_t dataset_hash(const dl__dataset *ds) {
     int64_t id[] = {(int64_t)st.st_dev, (int64_t)st.st_ino, (int64_t)st.st_size,
                     (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec,
                     (int64_t)st.st_ctim.tv_sec * 1000000000 + st.st_ctim.tv_nsec};
-    add(h, abs, strlen(abs) + 1);
-    add(h, id, sizeof id);
+    XXH64_update(h, abs, strlen(abs) + 1);
+    XXH64_update(h, id, sizeof id);
   }
   for (size_t i = 0; i < ds->n; i++) {
     const dl__sample *s = &ds->samples[i];
     uint64_t at[] = {s->file, s->offset, s->size, s->image_at, s->image_len, s->codec};
-    add(h, at, sizeof at);
+    XXH64_update(h, at, sizeof at);
   }
   uint64_t v = XXH64_digest(h);
   XXH64_freeState(h);
   return v ? v : 1;
 }
 
-static int cache_path(uint64_t hash, char *buf, size_t cap) {
-  char dir[PATH_MAX];
-  if (dl__cache_folder(dir, sizeof dir))
+/* The verdicts' file in BUF, in the cache folder DIR. */
+static int cache_path(uint64_t hash, char dir[PATH_MAX], char *buf, size_t cap) {
+  if (dl__cache_folder(dir, PATH_MAX))
     return -1;
   int n = snprintf(buf, cap, "%s/%016llx.rfcheck", dir, (unsigned long long)hash);
   return n > 0 && (size_t)n < cap ? 0 : -1;
@@ -99,9 +95,9 @@ static uint8_t *read_verdicts(const char *path, uint64_t hash, uint32_t n) {
 
 void dl__check_cache_load(dl_loader *l) {
   uint32_t n = dl__jpeg_rows_verdicts(l->jpeg_rows, NULL);
-  char path[PATH_MAX + 64];
+  char path[PATH_MAX + 64], dir[PATH_MAX];
   l->check_hash = l->o.gpu_check && n == l->ds.n ? dataset_hash(&l->ds) : 0;
-  if (!l->check_hash || cache_path(l->check_hash, path, sizeof path))
+  if (!l->check_hash || cache_path(l->check_hash, dir, path, sizeof path))
     return;
   uint8_t *v = read_verdicts(path, l->check_hash, n);
   if (!v)
@@ -114,8 +110,8 @@ void dl__check_cache_load(dl_loader *l) {
 void dl__check_cache_save(dl_loader *l) {
   uint32_t n = dl__jpeg_rows_verdicts(l->jpeg_rows, NULL);
   char path[PATH_MAX + 64], dir[PATH_MAX];
-  if (!l->check_hash || !dl__jpeg_rows_walked(l->jpeg_rows) || cache_path(l->check_hash, path, sizeof path) ||
-      dl__cache_folder(dir, sizeof dir))
+  if (!l->check_hash || !dl__jpeg_rows_walked(l->jpeg_rows) ||
+      cache_path(l->check_hash, dir, path, sizeof path))
     return;
   uint8_t *p = malloc(HEAD + (size_t)n + 8);
   if (!p)

@@ -661,6 +661,9 @@ static int pairs_to(const scan *s, int from, int to, int most, plan *p) {
 
 static int choose(const scan *s, uint64_t blocks[3], const row_start *at, plan *p) {
   static const int32_t tweaks[] = {0, 1, -1, 2, -2, 3, -3, 4, -4, 5, -5, 6, -6, 7, -7, 8, -8};
+  /* Component 0's first block is the tweak and its last sets the predictor: two at least. */
+  if (blocks[0] < 2)
+    return -1;
   uint64_t zero_bits = 0;
   for (int c = 0; c < s->comps; c++) {
     int z = block_bits(s, c, 0);
@@ -670,9 +673,6 @@ static int choose(const scan *s, uint64_t blocks[3], const row_start *at, plan *
   }
   for (size_t k = 0; k < DL__ARRAY_LEN(tweaks); k++) {
     plan q = {.tweak = tweaks[k]};
-    /* Component 0's first block is the tweak and its last sets the predictor: two at least. */
-    if (blocks[0] < 2)
-      return -1;
     int64_t bits = (int64_t)zero_bits;
     bool ok = true;
     for (int c = 0; c < s->comps && ok; c++) {

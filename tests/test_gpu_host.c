@@ -240,18 +240,18 @@ static int choose(const dl__sampler *sm, int64_t k, dl_batch *b, double *mine, d
   dl__sample s = {.codec = DL__CODEC_JPEG, .size = 1000};
   int cpu_n = 0, side_by_side = 0;
   bool last = false;
-  double chosen_bottom = 0, highest_left = 2, lowest_chosen = -1, sum = 0;
+  double chosen_cost = 0, cheapest_left = 2, dearest_chosen = -1, sum = 0;
   for (int i = 0; i < b->len; i++) {
     bool on_cpu = dl__gpu_arena_take(&l, b, i, &s) == NULL;
     int64_t epoch, draw;
     dl__sampler_sample(sm, k, i, &epoch, &draw);
-    double bottom = dl__split_cost(&l, epoch > sm->start_epoch, dl__sample_key(&l, epoch, draw));
-    sum += bottom;
+    double cost = dl__split_cost(&l, epoch > sm->start_epoch, dl__sample_key(&l, epoch, draw));
+    sum += cost;
     if (on_cpu) {
-      chosen_bottom += bottom;
-      lowest_chosen = bottom > lowest_chosen ? bottom : lowest_chosen;
+      chosen_cost += cost;
+      dearest_chosen = cost > dearest_chosen ? cost : dearest_chosen;
     } else {
-      highest_left = bottom < highest_left ? bottom : highest_left;
+      cheapest_left = cost < cheapest_left ? cost : cheapest_left;
     }
     cpu_n += on_cpu;
     side_by_side += on_cpu && last;
@@ -259,8 +259,8 @@ static int choose(const dl__sampler *sm, int64_t k, dl_batch *b, double *mine, d
   }
   l.ds.direct = NULL;
   ASSERT_EQ(cpu_n, b->cpu_n);
-  ASSERT(lowest_chosen <= highest_left); /* none left to the GPU costs less than one the workers take */
-  *mine = chosen_bottom / cpu_n;
+  ASSERT(dearest_chosen <= cheapest_left); /* none left to the GPU costs less than one the workers take */
+  *mine = chosen_cost / cpu_n;
   *all = sum / b->len;
   return side_by_side;
 }
