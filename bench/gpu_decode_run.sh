@@ -80,7 +80,7 @@ if has tests; then
     row "$t" "exit $? ($(grep -vE '^ringfeed|^$|^slow consumer' "$out/$t.log" | tail -1))"
     keep "$out/$t.log"
   done
-  grep -E "third-party|synthetic|on_error|workers|relative|leaks|slow consumer|compared|resumed" "$out/test_gpu_decode.log" \
+  grep -E "third-party|scans cut|synthetic|on_error|workers|relative|leaks|slow consumer|compared|resumed" "$out/test_gpu_decode.log" \
     "$out/test_cuda.log" | grep -v "handed out and released" | sed 's/^[^:]*: *//' > "$out/test_lines.txt"
   while read -r line; do row "&nbsp;" "$line"; done < "$out/test_lines.txt"
   if python3 -c "import torch; assert torch.cuda.is_available()" 2> /dev/null; then

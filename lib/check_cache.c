@@ -13,7 +13,7 @@
  * processes each add what they learnt to what the file holds when they close.
  *
  * Layout (little-endian): DL__CHECK_CACHE_MAGIC, u64 the dataset's hash, u64 samples, a byte a
- * sample (0 not read, 1 clean, 2 damaged, 3 not a scan that is read), u64 XXH64 of all before.
+ * sample (0 not read, 1 clean, 2 damaged), u64 XXH64 of all before.
  */
 #include "internal.h"
 
@@ -28,7 +28,7 @@
 #include <xxhash.h>
 
 /* Changes whenever what a verdict means does. */
-#define DL__CHECK_CACHE_MAGIC "RFGCHK01"
+#define DL__CHECK_CACHE_MAGIC "RFGCHK02"
 #define HEAD 24
 
 /* The dataset's hash, or 0 where it keeps no verdicts. */
@@ -83,7 +83,7 @@ static uint8_t *read_verdicts(const char *path, uint64_t hash, uint32_t n) {
   bool ok = !memcmp(p, DL__CHECK_CACHE_MAGIC, 8) && got_hash == hash && got_n == n &&
             len == HEAD + (size_t)n + 8 && XXH64(p, len - 8, 0) == sum;
   for (uint32_t i = 0; ok && i < n; i++)
-    ok = p[HEAD + i] <= 3;
+    ok = p[HEAD + i] <= 2;
   if (!ok) {
     dl__log(DL__LOG_INFO, "%s: not the GPU check's verdicts for this dataset; they are read again", path);
     free(p);

@@ -655,12 +655,15 @@ struct jpeg_decompress_struct;
 int dl__jpeg_rows_prefix(dl__jpeg_rows *st, uint32_t sample, struct jpeg_decompress_struct *d, const uint8_t *src,
                          size_t len, size_t entropy_at, int imcu_row, dl__buf *out, size_t *prefix_len,
                          size_t *tail_at);
-/* Whether the one scan of the baseline JPEG P (LEN bytes), the dataset's SAMPLE, reads to its end
- * as libjpeg would read it without complaint: 1 it does, 0 it does not (libjpeg would find the
- * data ends early, a code no table has, or the walk something it does not expect), -1 it is not a
- * JPEG that is walked (progressive, restart markers, 12-bit, ...). Read once a sample; its row
- * starts are kept on the way. */
-int dl__jpeg_rows_clean(dl__jpeg_rows *st, uint32_t sample, const uint8_t *p, size_t len);
+/* Whether the JPEG P (LEN bytes), the dataset's SAMPLE, reads to its end as libjpeg would read it
+ * without complaint: 1 it does, 0 it does not (libjpeg would find the data ends early, a code no
+ * table has, or the walk something it does not expect). A baseline scan is walked here, its row
+ * starts kept on the way; any other image is read by libjpeg (dl__jpeg_sound), and is not
+ * sound over MAX_PIXELS. Read once a sample. */
+int dl__jpeg_rows_clean(dl__jpeg_rows *st, uint32_t sample, const uint8_t *p, size_t len, int64_t max_pixels);
+/* Whether libjpeg reads every scan of the JPEG P (LEN bytes), of at most MAX_PIXELS, to its
+ * coefficients without an error or a warning: 1, else 0. */
+int dl__jpeg_sound(const uint8_t *p, size_t len, int64_t max_pixels);
 /* The first iMCU row a decode of D needs for output rows from Y0 on. */
 int dl__jpeg_rows_first(struct jpeg_decompress_struct *d, int y0);
 

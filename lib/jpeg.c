@@ -110,6 +110,26 @@ static void jpeg_destroy_ctx(void *p) {
   free(x);
 }
 
+int dl__jpeg_sound(const uint8_t *p, size_t len, int64_t max_pixels) {
+  void *made;
+  if (jpeg_create(&made))
+    return 0;
+  jpeg_ctx *x = made;
+  volatile int sound = 0;
+  if (!setjmp(x->jump)) {
+    jpeg_mem_src(&x->d, p, (unsigned long)len);
+    jpeg_read_header(&x->d, TRUE);
+    /* Its coefficients are held whole, as a decode of it would hold them: no larger than the CPU
+     * path would take. */
+    if ((int64_t)x->d.image_width * x->d.image_height <= max_pixels) {
+      jpeg_read_coefficients(&x->d); /* every scan's codes, to the EOI: no IDCT, no colour */
+      sound = x->err.num_warnings == 0;
+    }
+  }
+  jpeg_destroy_ctx(x);
+  return sound;
+}
+
 static void cmyk_to_out(uint8_t *row, int width, bool inverted, int channels) {
   for (int i = 0; i < width; i++) {
     int c = row[4 * i], m = row[4 * i + 1], y = row[4 * i + 2], k = row[4 * i + 3];

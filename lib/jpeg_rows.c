@@ -18,7 +18,8 @@
  *
  * The GPU path asks the same walker to read a whole scan once a sample, from the file's own
  * markers, restart intervals included (dl__jpeg_rows_clean): nvJPEG's engine decodes a scan whose
- * data ends early without a word, where libjpeg finds it short.
+ * data ends early without a word, where libjpeg finds it short. Images in several scans
+ * (progressive, non-interleaved) are read by libjpeg itself, to their coefficients.
  */
 #include "internal.h"
 
@@ -50,7 +51,7 @@ typedef struct record {
   row_start at[];
 } record;
 
-enum { UNREAD, CLEAN, DAMAGED, UNWALKABLE }; /* what a walk of a whole scan found */
+enum { UNREAD, CLEAN, DAMAGED }; /* what a read of a whole image's codes found */
 
 struct dl__jpeg_rows {
   _Atomic(record *) *recs;   /* by sample */
@@ -108,7 +109,7 @@ uint32_t dl__jpeg_rows_take_verdicts(dl__jpeg_rows *s, const uint8_t *v, uint32_
   uint32_t taken = 0;
   for (uint32_t i = 0; s && i < n && i < s->n; i++) {
     uint8_t none = UNREAD;
-    if (v[i] > UNREAD && v[i] <= UNWALKABLE &&
+    if (v[i] > UNREAD && v[i] <= DAMAGED &&
         atomic_compare_exchange_strong_explicit(&s->verdicts[i], &none, v[i], memory_order_relaxed,
                                                 memory_order_relaxed))
       taken++;
@@ -795,14 +796,18 @@ int dl__jpeg_rows_prefix(dl__jpeg_rows *st, uint32_t sample, struct jpeg_decompr
   return 0;
 }
 
-int dl__jpeg_rows_clean(dl__jpeg_rows *st, uint32_t sample, const uint8_t *p, size_t len) {
+int dl__jpeg_rows_clean(dl__jpeg_rows *st, uint32_t sample, const uint8_t *p, size_t len,
+                        int64_t max_pixels) {
   bool kept = st && sample < st->n; /* else the scan is read every time */
   uint8_t v = kept ? atomic_load_explicit(&st->verdicts[sample], memory_order_relaxed) : UNREAD;
   if (v == UNREAD) {
     scan s;
     size_t at;
-    v = UNWALKABLE;
-    if (len <= UINT32_MAX / 8 && scan_parse(p, len, &s, &at) == 0) {
+    if (len > UINT32_MAX / 8 || scan_parse(p, len, &s, &at)) {
+      /* Several scans (progressive, one component at a time) or none the walker reads: libjpeg
+       * reads every code, and any complaint keeps the image on the CPU. */
+      v = dl__jpeg_sound(p, len, max_pixels) ? CLEAN : DAMAGED;
+    } else {
       scan_lookups(&s);
       record *rec = s.restart || !kept ? NULL : record_of(st, sample, p, len, at, s.mcu_rows);
       bool note = rec && !atomic_flag_test_and_set_explicit(&rec->busy, memory_order_acquire);
@@ -818,7 +823,7 @@ int dl__jpeg_rows_clean(dl__jpeg_rows *st, uint32_t sample, const uint8_t *p, si
       atomic_fetch_add_explicit(&st->walked, 1, memory_order_relaxed);
     }
   }
-  return v == CLEAN ? 1 : v == DAMAGED ? 0 : -1;
+  return v == CLEAN;
 }
 
 int dl__jpeg_rows_first(struct jpeg_decompress_struct *d, int y0) {

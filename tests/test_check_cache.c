@@ -62,7 +62,7 @@ static void walk(dl_loader *l, int from, int to, int *v) {
     ASSERT(p);
     ASSERT_EQ(pread(l->ds.fds[s->file], p, s->image_len, (off_t)(s->offset + s->image_at)),
               (ssize_t)s->image_len);
-    v[i] = dl__jpeg_rows_clean(l->jpeg_rows, (uint32_t)i, p, s->image_len);
+    v[i] = dl__jpeg_rows_clean(l->jpeg_rows, (uint32_t)i, p, s->image_len, l->o.max_pixels);
     free(p);
   }
 }

@@ -6,7 +6,8 @@
 //   with on_error=fail the same messages name them; no file the CPU decodes fails on the GPU. That
 //   includes damage inside entropy-coded data with sound markers (entropy_damaged.h), which the
 //   hardware engine decodes without a word: the workers read such scans through before the GPU
-//   may take them.
+//   may take them. So are scans cut short in progressive and non-interleaved files, which nvJPEG's
+//   CUDA decoder takes.
 // - Determinism: the same bytes with 1 or 6 workers (decode=gpu, and hybrid with a fixed split).
 // - The other crops, sizes, one channel, NCHW and a rank's share agree with the CPU's too; a resume
 //   token continues with the uninterrupted run's bytes.
@@ -214,6 +215,63 @@ static void same_messages(const char *shards) {
   ASSERT_GT(errors, 3);
   printf("on_error=fail: the same message for %d failed batches on both paths (%d of them first failing on "
          "entropy damage), e.g. \"%s\"\n", errors, damaged, example);
+}
+
+// Scans cut in half in files of several scans (progressive, non-interleaved), which nvJPEG's CUDA
+// decoder takes: every one the CPU path fails, decode=gpu fails alike, and the rest agree in their
+// pixels. With gpu_check=0 the same files show what the check keeps from the GPU.
+static void damaged_scans(const char *dir) {
+  char source[600];
+  snprintf(source, sizeof source, "%s/damaged-scans.tar", dir);
+  FILE *f = fopen(source, "wb");
+  ASSERT(f);
+  int n = 0;
+  for (int progressive = 0; progressive < 2; progressive++) {
+    size_t len, cut_len;
+    uint8_t *p = several_scans_jpeg(progressive, &len), *q;
+    for (int scan = -1; scan < 64; scan++) {
+      if (scan >= 0 && !(q = cut_scan(p, len, scan, &cut_len)))
+        continue;
+      char name[64], label[16];
+      snprintf(name, sizeof name, "%05d.jpg", n);
+      ASSERT_EQ(tar_write_member(f, name, scan < 0 ? p : q, scan < 0 ? len : cut_len), 0);
+      snprintf(name, sizeof name, "%05d.cls", n);
+      ASSERT_EQ(tar_write_member(f, name, label, (size_t)snprintf(label, sizeof label, "%d", n)), 0);
+      n++;
+      if (scan >= 0)
+        free(q);
+    }
+    free(p);
+  }
+  tar_write_end(f);
+  fclose(f);
+  const char *base = "batch_size=8 image_size=64 flip=1 seed=4 workers=2 shuffle=0";
+  char opts[400];
+  stream_copy cpu, gpu, trusting;
+  snprintf(opts, sizeof opts, "%s decode=cpu", base);
+  collect_from(source, opts, &cpu);
+  snprintf(opts, sizeof opts, "%s device=cuda:0 decode=gpu", base);
+  collect_from(source, opts, &gpu);
+  snprintf(opts, sizeof opts, "%s device=cuda:0 decode=gpu gpu_check=0", base);
+  collect_from(source, opts, &trusting);
+  diff_report d;
+  compare_runs(&cpu, &gpu, NULL, &d);
+  int failed = 0, silent = 0;
+  for (int k = 0; k < cpu.batches; k++)
+    for (int i = 0; i < cpu.len[k]; i++) {
+      failed += cpu.err[k][i] != 0;
+      silent += cpu.err[k][i] != 0 && trusting.err[k][i] == 0;
+    }
+  printf("scans cut in half: %d of %d samples fail on the CPU and on the GPU alike, %.0f decoded by nvJPEG, the "
+         "rest within %.3f levels; unchecked (gpu_check=0), nvJPEG would have delivered %d of those failures as "
+         "images\n",
+         failed, n, stat_of(&gpu, "gpu_decoded"), d.worst, silent);
+  ASSERT_GT(failed, 3);
+  ASSERT_GE(stat_of(&gpu, "gpu_decoded"), 2);
+  within_limit(&d, "scans cut in half");
+  free_copy(&cpu);
+  free_copy(&gpu);
+  free_copy(&trusting);
 }
 
 static void synthetic_sets(const char *dir) {
@@ -446,6 +504,7 @@ int main(void) {
   printf("decode=gpu here: %.*s\n", reason ? (int)(strchr(reason + 17, '"') - reason + 1) : 0, reason);
   third_party(shards);
   same_messages(shards);
+  damaged_scans(dir);
   synthetic_sets(dir);
   determinism(dir);
   option_matrix(dir, shards);

@@ -112,6 +112,29 @@ static int route_file(const char *testdata, const char *rel, bool engines) {
   return r;
 }
 
+/* Every scan of the JPEG P (NAME) cut in turn: wherever the CPU then fails the file, the GPU must
+ * not take it (nvJPEG's CUDA decoder fills in what is missing without a word). Returns how many
+ * cuts the CPU failed. */
+static int cut_scans(const char *name, const uint8_t *p, size_t n) {
+  static int64_t index = 3 << 19;
+  uint8_t *q, *out = malloc(l.sample_bytes);
+  size_t m;
+  int failed = 0;
+  for (int scan = 0; scan < 64; scan++) {
+    if (!(q = cut_scan(p, n, scan, &m)))
+      continue;
+    dl__err e = {0};
+    bool cpu_fails = dl__image_decode(&cpu, &l, q, m, DL__CODEC_JPEG, 42, 0, out, &e) != 0;
+    int gpu = route(q, m, true, 42, index++);
+    if (cpu_fails && gpu)
+      FAIL_AT("%s with scan %d cut: the CPU says \"%s\", yet decoder %d would take it", name, scan, e.msg, gpu);
+    failed += cpu_fails;
+    free(q);
+  }
+  free(out);
+  return failed;
+}
+
 static void routes(const char *testdata) {
   l.arena_bytes = 16 << 20;
   l.gpu_pool = 256 << 20;
@@ -145,11 +168,29 @@ static void routes(const char *testdata) {
   /* Progressive scans that refine coefficients no scan coded: libjpeg's to judge (it warns, then
    * runs out of data), where nvJPEG's CUDA decoder delivered an image without a word. */
   ASSERT_EQ(route_file(testdata, "jpeg-decoder/tests/crashtest/images/subtract-with-overflow.jpg", true), 0);
-  /* A baseline file cut short: the data never reaches its EOI. */
+  /* Damaged scans of files that decode in several scans (progressive, non-interleaved): kept on
+   * the CPU, which names them. */
   char path[4096];
-  snprintf(path, sizeof path, "%s/libjpeg-turbo/testimages/testorig.jpg", testdata);
+  snprintf(path, sizeof path, "%s/libjpeg-turbo/testimages-historical/testimgp.jpg", testdata);
   size_t n;
   uint8_t *p = read_file(path, &n);
+  ASSERT(p);
+  int progressive_cuts = cut_scans(path, p, n), separate_cuts = 0;
+  free(p);
+  for (int progressive = 0; progressive < 2; progressive++) {
+    p = several_scans_jpeg(progressive, &n);
+    ASSERT_EQ(route(p, n, true, 42, (5 + progressive) << 19), DL__GPU_ENGINE_CUDA); /* whole: the CUDA decoder's */
+    int cuts = cut_scans(progressive ? "a progressive JPEG" : "a non-interleaved JPEG", p, n);
+    ASSERT_GT(cuts, progressive ? 3 : 0);
+    progressive_cuts += progressive ? cuts : 0;
+    separate_cuts += progressive ? 0 : cuts;
+    free(p);
+  }
+  printf("scans cut in half: the CPU failed %d of two progressive files' and %d of a non-interleaved one's, none "
+         "went to the GPU\n", progressive_cuts, separate_cuts);
+  /* A baseline file cut short: the data never reaches its EOI. */
+  snprintf(path, sizeof path, "%s/libjpeg-turbo/testimages/testorig.jpg", testdata);
+  p = read_file(path, &n);
   ASSERT(p);
   ASSERT_EQ(route(p, n - 100, true, 1, 1 << 20), 0);
   ASSERT_EQ(route(p, n, true, 1, (1 << 20) + 1), DL__GPU_ENGINE_HW);

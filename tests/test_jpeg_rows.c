@@ -100,7 +100,7 @@ static int same(pair *d, const uint8_t *p, size_t n, const char *name, uint32_t 
 
 /* The walk the GPU path asks for, against libjpeg reading the whole image. */
 static void walk_whole(const uint8_t *p, size_t n, const char *name, uint32_t sample) {
-  int verdict = dl__jpeg_rows_clean(main_pair->store, sample, p, n);
+  int verdict = dl__jpeg_rows_clean(main_pair->store, sample, p, n, 1 << 26);
   crop whole = {0, 0, 1, 1};
   dl__decode_job j = {.src = p,
                       .len = n,
@@ -121,8 +121,8 @@ static void walk_whole(const uint8_t *p, size_t n, const char *name, uint32_t sa
   clean += verdict == 1;
   damaged += verdict == 0;
   short_data += is_short;
-  ASSERT_EQ(dl__jpeg_rows_clean(main_pair->store, sample, p, n), verdict); /* kept */
-  ASSERT_EQ(dl__jpeg_rows_clean(NULL, 0, p, n), verdict);                  /* read again without a store */
+  ASSERT_EQ(dl__jpeg_rows_clean(main_pair->store, sample, p, n, 1 << 26), verdict); /* kept */
+  ASSERT_EQ(dl__jpeg_rows_clean(NULL, 0, p, n, 1 << 26), verdict); /* read again without a store */
 }
 
 /* CROPS crops of one file, as a sample's epochs would draw them: its row starts are learnt by the
@@ -195,7 +195,7 @@ static void *worker(void *arg) {
     double h = 0.2 + 0.6 * (double)(draw(&seed) % 1000) / 1000;
     crop c = {0.1, (1 - h) * (double)(draw(&seed) % 1001) / 1000, 0.8, h};
     if (k % 3 == 0)
-      ASSERT_EQ(dl__jpeg_rows_clean(shared_store, i, shared_jpg[i], shared_len[i]), 1);
+      ASSERT_EQ(dl__jpeg_rows_clean(shared_store, i, shared_jpg[i], shared_len[i], 1 << 26), 1);
     ASSERT_EQ(same(d, shared_jpg[i], shared_len[i], "shared", i, &c, 64, 3), 0);
   }
   pair_free(d);
@@ -212,7 +212,7 @@ static void no_budget(void) {
   unsigned long len;
   ASSERT_EQ(synthetic_jpeg(7, SYNTHETIC_DEFAULT, &jpg, &len), 0);
   crop c = {0.1, 0.5, 0.8, 0.45};
-  ASSERT_EQ(dl__jpeg_rows_clean(none, 0, jpg, len), 1);
+  ASSERT_EQ(dl__jpeg_rows_clean(none, 0, jpg, len, 1 << 26), 1);
   for (int k = 0; k < 3; k++)
     ASSERT_EQ(same(d, jpg, len, "no budget", 0, &c, 64, 3), 0);
   ASSERT_EQ(dl__jpeg_rows_bytes(none), 0);

@@ -215,11 +215,11 @@ bool dl__gpu_plan(const dl_loader *l, dl_batch *b, int i, int64_t index, uint8_t
       (int64_t)j.width * j.height > l->o.max_pixels)
     return false;
   /* Damage inside the entropy-coded data of sound markers (the data ends before the last block:
-   * libjpeg's "premature end of data segment") shows only to a reader of the codes; the engine
-   * decodes it without complaint. A sequential scan is read through on the CPU once a sample
-   * (jpeg_rows.c, three quarters of a decode's time), and one that is not sound stays with the CPU
-   * path; gpu_check=0 trusts the data. */
-  if (l->o.gpu_check && j.sof != 0xC2 && dl__jpeg_rows_clean(l->jpeg_rows, (uint32_t)index, image, len) == 0)
+   * libjpeg's "premature end of data segment") shows only to a reader of the codes; nvJPEG
+   * decodes it without complaint. Every scan is read through on the CPU once a sample (jpeg_rows.c,
+   * three quarters of a decode's time), and an image that is not sound stays with the CPU path;
+   * gpu_check=0 trusts the data. */
+  if (l->o.gpu_check && !dl__jpeg_rows_clean(l->jpeg_rows, (uint32_t)index, image, len, l->o.max_pixels))
     return false;
   bool single = j.scans == 1 && !j.between_scans && j.first_scan_components == j.components;
   /* A sequential scan codes every block with at least a DC and an end-of-block code, two bits:
