@@ -121,9 +121,9 @@ DL_EXTERN const char *dl_last_error(void);
  *   (remote sources) fields(a,b)
  *   log(quiet|error|warn|info|debug) decode(auto|cpu|gpu|hybrid: where JPEGs are decoded; auto is
  *   hybrid on CUDA when nvJPEG loads, the workers decoding every JPEG while it starts in the
- *   background) gpu_share(auto|0..1) gpu_decode_mb gpu_check(1|0: a sequential JPEG's scan is read
- *   through on the CPU once a sample before the GPU may decode it; what it finds is kept in the
- *   cache folder for later runs of the same local shards)
+ *   background) gpu_share(auto|0..1) gpu_decode_mb gpu_check(1|0: a JPEG's entropy-coded data is
+ *   read through on the CPU once a sample before the GPU may decode it; what it finds is kept in
+ *   the cache folder for later runs of the same local shards)
  * decode=gpu|hybrid fail with DL_ENODEVICE, naming the reason, where nvJPEG or a GPU is missing.
  * A SOURCE of "tokens:FILES" reads flat binary token files (dtype=uint16|uint32, seq_len=L) as
  * windows of L+1 tokens.

@@ -107,7 +107,7 @@ typedef struct dl__options {
   int decode;        /* DL__DECODE_*, as asked */
   int gpu_decode_mb; /* device memory per device for decoded JPEGs */
   double gpu_share;  /* hybrid: the GPU's fixed share of each batch; < 0 adapts it */
-  int gpu_check;     /* a sequential JPEG's scan is read through on the CPU before its first GPU decode */
+  int gpu_check;     /* a JPEG's entropy-coded data is read through on the CPU before its first GPU decode */
 } dl__options;
 
 enum { DL__S3_AUTO, DL__S3_PATH, DL__S3_VIRTUAL };
