@@ -141,6 +141,13 @@ static bool reference(const char *key) {
          (!strncmp(r->path, "libjpeg-turbo/", 14) || !strncmp(r->path, "jpeg-decoder/tests/reftest/", 27));
 }
 
+// A run of SOURCE with the options BASE, then MORE.
+static void collect_with(const char *source, const char *base, const char *more, stream_copy *out) {
+  char opts[600];
+  snprintf(opts, sizeof opts, "%s %s", base, more);
+  collect_from(source, opts, out);
+}
+
 static void third_party(const char *shards) {
   char tsv[4096], source[4096];
   snprintf(tsv, sizeof tsv, "%s/jpeg-sweep.tsv", shards);
@@ -148,12 +155,9 @@ static void third_party(const char *shards) {
   read_manifest(tsv);
   ASSERT_GT(nrows, 300);
   const char *base = "batch_size=32 image_size=224 flip=1 seed=5 workers=4 shuffle=0 max_pixels=40000000";
-  char opts[512];
   stream_copy cpu, gpu;
-  snprintf(opts, sizeof opts, "%s decode=cpu", base);
-  collect_from(source, opts, &cpu);
-  snprintf(opts, sizeof opts, "%s device=cuda:0 decode=gpu", base);
-  collect_from(source, opts, &gpu);
+  collect_with(source, base, "decode=cpu", &cpu);
+  collect_with(source, base, "device=cuda:0 decode=gpu", &gpu);
   diff_report d;
   compare_runs(&cpu, &gpu, reference, &d);
   const manifest_row *w = row_of(d.worst_key);
@@ -246,14 +250,10 @@ static void damaged_scans(const char *dir) {
   tar_write_end(f);
   fclose(f);
   const char *base = "batch_size=8 image_size=64 flip=1 seed=4 workers=2 shuffle=0";
-  char opts[400];
   stream_copy cpu, gpu, trusting;
-  snprintf(opts, sizeof opts, "%s decode=cpu", base);
-  collect_from(source, opts, &cpu);
-  snprintf(opts, sizeof opts, "%s device=cuda:0 decode=gpu", base);
-  collect_from(source, opts, &gpu);
-  snprintf(opts, sizeof opts, "%s device=cuda:0 decode=gpu gpu_check=0", base);
-  collect_from(source, opts, &trusting);
+  collect_with(source, base, "decode=cpu", &cpu);
+  collect_with(source, base, "device=cuda:0 decode=gpu", &gpu);
+  collect_with(source, base, "device=cuda:0 decode=gpu gpu_check=0", &trusting);
   diff_report d;
   compare_runs(&cpu, &gpu, NULL, &d);
   int failed = 0, silent = 0;
@@ -293,14 +293,10 @@ static void synthetic_sets(const char *dir) {
     }
     snprintf(source, sizeof source, "%s/q%d-%d-{0..2}.tar", dir, codings[c][0], codings[c][1]);
     const char *base = "batch_size=32 image_size=224 flip=1 seed=9 workers=4";
-    char opts[400];
     stream_copy cpu, gpu, hybrid;
-    snprintf(opts, sizeof opts, "%s decode=cpu", base);
-    collect_from(source, opts, &cpu);
-    snprintf(opts, sizeof opts, "%s device=cuda:0 decode=gpu", base);
-    collect_from(source, opts, &gpu);
-    snprintf(opts, sizeof opts, "%s device=cuda:0 decode=hybrid", base);
-    collect_from(source, opts, &hybrid);
+    collect_with(source, base, "decode=cpu", &cpu);
+    collect_with(source, base, "device=cuda:0 decode=gpu", &gpu);
+    collect_with(source, base, "device=cuda:0 decode=hybrid", &hybrid);
     diff_report d, h;
     compare_runs(&cpu, &gpu, NULL, &d);
     compare_runs(&cpu, &hybrid, NULL, &h);
