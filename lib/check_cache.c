@@ -1,7 +1,8 @@
 /*
- * The GPU path's verdicts on JPEG scans (gpu_check: dl__jpeg_rows_clean reads a sample's scan
- * through once, about three quarters of a CPU decode), kept across runs in the cache folder, so
- * that only a dataset's first run pays for them in its first epoch.
+ * The GPU path's verdicts on JPEGs (gpu_check: dl__jpeg_rows_clean reads a sample's entropy-coded
+ * data through once, three quarters of a CPU decode for a baseline file, about a whole one for a
+ * progressive file), kept across runs in the cache folder, so that only a dataset's first run
+ * pays for them in its first epoch.
  *
  * One file per dataset, named by a hash of what the verdicts are about: every shard's path and
  * identity (device, inode, size, mtime, ctime) and every sample's place in the shards. A shard
@@ -13,7 +14,7 @@
  * processes each add what they learnt to what the file holds when they close.
  *
  * Layout (little-endian): DL__CHECK_CACHE_MAGIC, u64 the dataset's hash, u64 samples, a byte a
- * sample (0 not read, 1 clean, 2 damaged), u64 XXH64 of all before.
+ * sample (DL__VERDICT_*: 0 not read, 1 clean, 2 damaged), u64 XXH64 of all before.
  */
 #include "internal.h"
 
@@ -83,7 +84,7 @@ static uint8_t *read_verdicts(const char *path, uint64_t hash, uint32_t n) {
   bool ok = !memcmp(p, DL__CHECK_CACHE_MAGIC, 8) && got_hash == hash && got_n == n &&
             len == HEAD + (size_t)n + 8 && XXH64(p, len - 8, 0) == sum;
   for (uint32_t i = 0; ok && i < n; i++)
-    ok = p[HEAD + i] <= 2;
+    ok = p[HEAD + i] <= DL__VERDICT_DAMAGED;
   if (!ok) {
     dl__log(DL__LOG_INFO, "%s: not the GPU check's verdicts for this dataset; they are read again", path);
     free(p);

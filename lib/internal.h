@@ -643,8 +643,9 @@ void dl__jpeg_rows_free(dl__jpeg_rows *s);
 uint64_t dl__jpeg_rows_bytes(const dl__jpeg_rows *s);
 uint64_t dl__jpeg_rows_skipped(const dl__jpeg_rows *s); /* MCU rows decodes did not Huffman-decode */
 uint64_t dl__jpeg_rows_walked(const dl__jpeg_rows *s);  /* scans dl__jpeg_rows_clean read */
-/* The verdicts of dl__jpeg_rows_clean, a byte a sample (0: none yet), into OUT (may be NULL); the
- * number of samples. */
+/* What a read of a whole image's codes found (dl__jpeg_rows_clean), a byte a sample. */
+enum { DL__VERDICT_UNREAD, DL__VERDICT_CLEAN, DL__VERDICT_DAMAGED };
+/* The verdicts of dl__jpeg_rows_clean into OUT (may be NULL); the number of samples. */
 uint32_t dl__jpeg_rows_verdicts(const dl__jpeg_rows *s, uint8_t *out);
 /* Takes the verdicts V[0, N) from an earlier run where it has none; how many it took. */
 uint32_t dl__jpeg_rows_take_verdicts(dl__jpeg_rows *s, const uint8_t *v, uint32_t n);

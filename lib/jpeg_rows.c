@@ -51,8 +51,6 @@ typedef struct record {
   row_start at[];
 } record;
 
-enum { UNREAD, CLEAN, DAMAGED }; /* what a read of a whole image's codes found */
-
 struct dl__jpeg_rows {
   _Atomic(record *) *recs;   /* by sample */
   _Atomic uint8_t *verdicts; /* by sample: dl__jpeg_rows_clean's */
@@ -108,8 +106,8 @@ uint32_t dl__jpeg_rows_verdicts(const dl__jpeg_rows *s, uint8_t *out) {
 uint32_t dl__jpeg_rows_take_verdicts(dl__jpeg_rows *s, const uint8_t *v, uint32_t n) {
   uint32_t taken = 0;
   for (uint32_t i = 0; s && i < n && i < s->n; i++) {
-    uint8_t none = UNREAD;
-    if (v[i] > UNREAD && v[i] <= DAMAGED &&
+    uint8_t none = DL__VERDICT_UNREAD;
+    if (v[i] > DL__VERDICT_UNREAD && v[i] <= DL__VERDICT_DAMAGED &&
         atomic_compare_exchange_strong_explicit(&s->verdicts[i], &none, v[i], memory_order_relaxed,
                                                 memory_order_relaxed))
       taken++;
@@ -799,14 +797,14 @@ int dl__jpeg_rows_prefix(dl__jpeg_rows *st, uint32_t sample, struct jpeg_decompr
 int dl__jpeg_rows_clean(dl__jpeg_rows *st, uint32_t sample, const uint8_t *p, size_t len,
                         int64_t max_pixels) {
   bool kept = st && sample < st->n; /* else the scan is read every time */
-  uint8_t v = kept ? atomic_load_explicit(&st->verdicts[sample], memory_order_relaxed) : UNREAD;
-  if (v == UNREAD) {
+  uint8_t v = kept ? atomic_load_explicit(&st->verdicts[sample], memory_order_relaxed) : DL__VERDICT_UNREAD;
+  if (v == DL__VERDICT_UNREAD) {
     scan s;
     size_t at;
     if (len > UINT32_MAX / 8 || scan_parse(p, len, &s, &at)) {
       /* Several scans (progressive, one component at a time) or none the walker reads: libjpeg
        * reads every code, and any complaint keeps the image on the CPU. */
-      v = dl__jpeg_sound(p, len, max_pixels) ? CLEAN : DAMAGED;
+      v = dl__jpeg_sound(p, len, max_pixels) ? DL__VERDICT_CLEAN : DL__VERDICT_DAMAGED;
     } else {
       scan_lookups(&s);
       record *rec = s.restart || !kept ? NULL : record_of(st, sample, p, len, at, s.mcu_rows);
@@ -814,7 +812,8 @@ int dl__jpeg_rows_clean(dl__jpeg_rows *st, uint32_t sample, const uint8_t *p, si
       uint32_t from = note ? atomic_load_explicit(&rec->known, memory_order_acquire) - 1 : 0;
       row_start start = note ? rec->at[from] : (row_start){0};
       bool odd = rec && atomic_load_explicit(&rec->odd, memory_order_relaxed);
-      v = !odd && walk_rows(rec, note, &s, p + at, len - at, from, s.mcu_rows, &start) == 0 ? CLEAN : DAMAGED;
+      bool whole = !odd && walk_rows(rec, note, &s, p + at, len - at, from, s.mcu_rows, &start) == 0;
+      v = whole ? DL__VERDICT_CLEAN : DL__VERDICT_DAMAGED;
       if (note)
         atomic_flag_clear_explicit(&rec->busy, memory_order_release);
     }
@@ -823,7 +822,7 @@ int dl__jpeg_rows_clean(dl__jpeg_rows *st, uint32_t sample, const uint8_t *p, si
       atomic_fetch_add_explicit(&st->walked, 1, memory_order_relaxed);
     }
   }
-  return v == CLEAN;
+  return v == DL__VERDICT_CLEAN;
 }
 
 int dl__jpeg_rows_first(struct jpeg_decompress_struct *d, int y0) {

@@ -71,7 +71,7 @@ static inline uint8_t *several_scans_jpeg(int progressive, size_t *n) {
   c.image_width = W, c.image_height = H, c.input_components = 3, c.in_color_space = JCS_RGB;
   jpeg_set_defaults(&c);
   jpeg_set_quality(&c, 90, TRUE);
-  static jpeg_scan_info one_each[3];
+  jpeg_scan_info one_each[3];
   for (int i = 0; i < 3; i++) {
     memset(&one_each[i], 0, sizeof one_each[i]);
     one_each[i].comps_in_scan = 1, one_each[i].component_index[0] = i, one_each[i].Se = 63;

@@ -176,6 +176,7 @@ static void routes(const char *testdata) {
   uint8_t *p = read_file(path, &n);
   ASSERT(p);
   int progressive_cuts = cut_scans(path, p, n), separate_cuts = 0;
+  ASSERT_GT(progressive_cuts, 3);
   free(p);
   for (int progressive = 0; progressive < 2; progressive++) {
     p = several_scans_jpeg(progressive, &n);

@@ -216,9 +216,9 @@ bool dl__gpu_plan(const dl_loader *l, dl_batch *b, int i, int64_t index, uint8_t
     return false;
   /* Damage inside the entropy-coded data of sound markers (the data ends before the last block:
    * libjpeg's "premature end of data segment") shows only to a reader of the codes; nvJPEG
-   * decodes it without complaint. Every scan is read through on the CPU once a sample (jpeg_rows.c,
-   * three quarters of a decode's time), and an image that is not sound stays with the CPU path;
-   * gpu_check=0 trusts the data. */
+   * decodes it without complaint. Every scan is read through on the CPU once a sample (jpeg_rows.c:
+   * three quarters of a decode's time, about a whole one for a progressive file), and an image that
+   * is not sound stays with the CPU path; gpu_check=0 trusts the data. */
   if (l->o.gpu_check && !dl__jpeg_rows_clean(l->jpeg_rows, (uint32_t)index, image, len, l->o.max_pixels))
     return false;
   bool single = j.scans == 1 && !j.between_scans && j.first_scan_components == j.components;
