@@ -5,7 +5,7 @@
 # time limit and adds its output to $OUT/run.log and its row to $OUT/table.md as it finishes (so a
 # run cut short still tells where it was); the table is printed last.
 # Usage: bench/gpu_decode_run.sh [BUILD_DIR] [SHARDS_DIR] [PARTS]
-#   PARTS: any of abi tests start cpu ceiling bench idle check train sanitize (default: all but idle and
+#   PARTS: any of abi tests start cpu ceiling bench idle trace check train sanitize (default: all but idle, trace and
 #   check; check needs BASE=DIR, a dlbench built from the version before); N=images
 #   per synthetic set; SKIP=torch leaves out the PyTorch contenders; RF_WORKERS=N ringfeed's workers
 #   (default: workers=auto); IDLE_VARIANTS: what the idle part runs side by side, each an environment
@@ -92,7 +92,7 @@ if has tests; then
 fi
 
 # The synthetic sets, made once.
-if has ceiling || has bench || has start || has idle || has check; then
+if has ceiling || has bench || has start || has idle || has trace || has check; then
   q90=$("$build/dlbench" --synthetic "$n" --make-synthetic 2> "$out/make-q90.log")
   q96=$("$build/dlbench" --synthetic "$n" --quality 96 --subsampling 444 --make-synthetic 2> "$out/make-q96.log")
 fi
@@ -269,6 +269,32 @@ if has idle; then
         keep "$j" "$out/$set-idle-$share-$tag.err"
         row "$set hybrid gpu_share=$share, --step-ms $step, 10 epochs ($variant)" "gpu_idle_frac $(num "$j" gpu_idle_frac) in $(gaps "$j"); the loader saw its stream wait $(num "$j" consumer_stream_wait_s) s; $(num "$j" samples_per_s) images/s, share $(num "$j" gpu_share) (balanced $(num "$j" gpu_share_balanced) from $(num "$j" split_gpu_ms_per_image) ms an image on the GPU and $(num "$j" split_cpu_ms_per_image) on a worker; $(num "$j" gpu_share_moves) moves, $(num "$j" gpu_share_holds) drifts held back); per batch: GPU decode $(num "$j" gpu_decode_ms) ms, the copy thread $(num "$j" gpu_decode_host_ms) ms in it ($(num "$j" gpu_decode_pool_wait_ms) waiting for the pool), $(num "$j" gpu_stage_wait_workers_ms) waiting for the workers, $(num "$j" gpu_stage_wait_consumer_ms) for the consumer; workers $(num "$j" workers_active) of $(num "$j" workers), $(num "$j" parked_s) s set aside, decoding $(num "$j" worker_decode_frac), waiting for slots $(num "$j" worker_slot_wait_frac)"
       done
+    done
+  done
+fi
+
+# 4b'. The same consumer on a GPU timeline (bench/gpu_timeline.c, CUPTI): every gap in the
+#    consumer's stream, put down to a host that queued the step late or to the GPU holding it, and
+#    what ran on the other streams meanwhile (bench/timeline_gaps.py). Runs without the trace
+#    beside them say what tracing itself costs. decode=cpu is the reference that idles 0.0001.
+if has trace && [ -f "$build/bench/libgpu_timeline.so" ]; then
+  for set in q90 q96; do
+    eval src=\$$set
+    cat "$(dirname "$src")"/*.tar > /dev/null
+    eval step=\${IDLE_STEP_MS_$set:-20}
+    for mode in ${TRACE_MODES:-hybrid cpu}; do
+      args="$src ${RF_WORKERS:+--workers $RF_WORKERS} --batch 256 --size 224 --flip --device cuda:0 --json --epochs ${TRACE_EPOCHS:-3} --decode $mode --step-ms $step"
+      j="$out/$set-trace-$mode-plain.json"
+      guarded 90 "$j" "$out/$set-trace-$mode-plain.err" "$build/dlbench" $args
+      keep "$j" "$out/$set-trace-$mode-plain.err"
+      j="$out/$set-trace-$mode.json"
+      guarded 180 "$j" "$out/$set-trace-$mode.err" env CUDA_INJECTION64_PATH="$PWD/$build/bench/libgpu_timeline.so" \
+        GPU_TIMELINE_OUT="$out/$set-trace-$mode.tsv" "$build/dlbench" $args
+      keep "$j" "$out/$set-trace-$mode.err"
+      timeout 120 python3 bench/timeline_gaps.py "$out/$set-trace-$mode.tsv" > "$out/$set-trace-$mode.txt" 2>&1
+      keep "$out/$set-trace-$mode.txt"
+      gzip -c "$out/$set-trace-$mode.tsv" > "$dest/$set-trace-$mode.tsv.gz"
+      row "$set $mode, --step-ms $step, traced" "gpu_idle_frac $(num "$out/$set-trace-$mode-plain.json" gpu_idle_frac) untraced, $(num "$j" gpu_idle_frac) traced; $(head -1 "$out/$set-trace-$mode.txt"); $(sed -n 2,4p "$out/$set-trace-$mode.txt" | tr '\n' ';')"
     done
   done
 fi
