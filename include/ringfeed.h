@@ -125,6 +125,9 @@ DL_EXTERN const char *dl_last_error(void);
  *   read through on the CPU once a sample before the GPU may decode it; what it finds is kept in
  *   the cache folder for later runs of the same local shards)
  * decode=gpu|hybrid fail with DL_ENODEVICE, naming the reason, where nvJPEG or a GPU is missing.
+ * A build with CUDA, when loaded, sets CUDA_DEVICE_MAX_CONNECTIONS=32 where it is unset: with
+ * CUDA's 8 hardware queues the loader's GPU work waits behind the model's. It takes effect only
+ * if CUDA starts after that; the stats' cuda_queues says what applies.
  * A SOURCE of "tokens:FILES" reads flat binary token files (dtype=uint16|uint32, seq_len=L) as
  * windows of L+1 tokens.
  * An unknown key or bad value fails with DL_EOPTION and a message naming it.

@@ -910,7 +910,7 @@ int dl_stats_json(dl_loader *l, char *buf, size_t cap) {
    * H200, a consumer with no GPU work of its own: 115% of the time). */
   judge(l, decode, batches, last, batches ? last - first / 1000 : 0, wait - first_wait, &v);
   char why[400];
-  char gpu[1024] = "", io_reason[320], decode_reason[512], workers_reason[320], prefetch_reason[400], active_why[240];
+  char gpu[1536] = "", io_reason[320], decode_reason[512], workers_reason[320], prefetch_reason[400], active_why[240];
   if (l->cuda)
     dl__cuda_stats(l, gpu, sizeof gpu);
   int n = snprintf(

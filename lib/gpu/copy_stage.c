@@ -118,6 +118,48 @@ static const char *no_device_reason(cudaError_t e, char *buf, size_t cap) {
   return cudaGetErrorString(e);
 }
 
+/*
+ * CUDA feeds a device through a few hardware work queues, 8 unless CUDA_DEVICE_MAX_CONNECTIONS
+ * says otherwise when CUDA starts, and streams share them in turn: work queued on one waits for
+ * everything queued before it on the others sharing its queue. With 8, the copy stream shared a
+ * queue with the consumer's, so each batch's crop kernel waited for the whole step the model had
+ * queued (an H200, hybrid beside a consumer stepping at about 1.2x the batch time: GPU idle
+ * 0.016-0.021 with 8, 0.004-0.008 with 32; its GPU decode took 8.4-9.0 ms a q90 batch beside the
+ * steps with 8, 5.9 with 32). So, loaded before CUDA starts and with the variable unset, ringfeed
+ * asks for 32, the most CUDA gives. A value the user set is kept: it is also how to ask for CUDA's
+ * own default.
+ */
+enum { QUEUES_USER, QUEUES_OURS, QUEUES_LATE };
+static int queues_how = QUEUES_USER;
+
+__attribute__((constructor)) static void queues_ask(void) {
+  if (getenv("CUDA_DEVICE_MAX_CONNECTIONS"))
+    return;
+  /* libcuda already in the process: CUDA may have started with its default (a PyTorch that made a
+   * tensor on the GPU before ringfeed was loaded). The variable set now may come too late. */
+  void *driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL | RTLD_NOLOAD);
+  if (driver)
+    dlclose(driver);
+  queues_how = driver ? QUEUES_LATE : QUEUES_OURS;
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
+}
+
+/* The hardware queues per device, and why, for the log and the stats. */
+static int queues_describe(char *why, size_t cap) {
+  const char *v = getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+  int n = v ? atoi(v) : 8;
+  if (queues_how == QUEUES_USER)
+    snprintf(why, cap, "CUDA_DEVICE_MAX_CONNECTIONS=%d, as set before ringfeed was loaded", n);
+  else if (queues_how == QUEUES_OURS)
+    snprintf(why, cap, "CUDA_DEVICE_MAX_CONNECTIONS unset: ringfeed asked for 32 when it was loaded, before CUDA "
+             "started");
+  else
+    n = 8, snprintf(why, cap, "CUDA was loaded in this process before ringfeed, with CUDA_DEVICE_MAX_CONNECTIONS "
+                    "unset: probably CUDA's default of 8, which the loader's GPU work shares with the model's (load "
+                    "ringfeed before CUDA starts, or set CUDA_DEVICE_MAX_CONNECTIONS=32)");
+  return n;
+}
+
 int dl__cuda_open(dl_loader *l) {
   int count = 0;
   cudaError_t e = cudaGetDeviceCount(&count);
@@ -147,6 +189,12 @@ int dl__cuda_open(dl_loader *l) {
     if ((e = cudaSetDevice(c->g[i].id)) != cudaSuccess || (e = cudaFree(NULL)) != cudaSuccess)
       return dl__fail(DL_ENODEVICE, "option device=cuda:%d: CUDA could not start on it (%s)", c->g[i].id,
                       cudaGetErrorString(e));
+  /* Too few queues cost JPEG decoding on the GPU most (see queues_ask): a warning there. */
+  char queues_why[400], no_decoder[200];
+  int queues = queues_describe(queues_why, sizeof queues_why);
+  bool gpu_decode = l->o.decode != DL__DECODE_CPU && dl__gpu_decoders_available(no_decoder, sizeof no_decoder);
+  dl__log(queues_how == QUEUES_LATE && gpu_decode ? DL__LOG_WARN : DL__LOG_INFO, "CUDA work queues per device: %d (%s)",
+          queues, queues_why);
   return 0;
 }
 
@@ -737,11 +785,13 @@ int dl__cuda_stats(dl_loader *l, char *buf, size_t cap) {
    * device: near 1, it is what the consumer waits for. */
   double life_ms = (dl__now() - l->open_time) * 1e3 * c->n;
   double busy = life_ms > 0 ? (ms + decode_ms) / life_ms : 0;
+  char queues_why[400];
+  int queues = queues_describe(queues_why, sizeof queues_why);
   return snprintf(buf, cap,
-                  ",\"gpu_stage_busy_frac\":%.4f,\"pin_ms\":%.3f,\"gpu_decoders_start_ms\":%.3f,\"h2d_bytes\":%lld,\"h2d_gpu_ms\":%.3f,\"h2d_gb_s\":%.3f,\"device_slots\":%d"
+                  ",\"cuda_queues\":%d,\"cuda_queues_reason\":\"%s\",\"gpu_stage_busy_frac\":%.4f,\"pin_ms\":%.3f,\"gpu_decoders_start_ms\":%.3f,\"h2d_bytes\":%lld,\"h2d_gpu_ms\":%.3f,\"h2d_gb_s\":%.3f,\"device_slots\":%d"
                   ",\"gpu_decode_ms\":%.3f,\"gpu_decode_host_ms\":%.3f,\"gpu_decode_pool_wait_ms\":%.3f,\"gpu_decode_batches\":%lld"
                   ",\"gpu_stage_wait_workers_ms\":%.3f,\"gpu_stage_wait_consumer_ms\":%.3f,\"pinned_mb\":%.1f,\"device_mb\":%.1f",
-                  busy, pin_ms, decoders_ms, (long long)bytes, ms, ms > 0 ? bytes / ms / 1e6 : 0.0, l->o.device_slots,
+                  queues, queues_why, busy, pin_ms, decoders_ms, (long long)bytes, ms, ms > 0 ? bytes / ms / 1e6 : 0.0, l->o.device_slots,
                   decode_batches ? decode_ms / (double)decode_batches : 0.0,
                   decode_batches ? decode_host_ms / (double)decode_batches : 0.0,
                   decode_batches ? pool_wait_ms / (double)decode_batches : 0.0, (long long)decode_batches,

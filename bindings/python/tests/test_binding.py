@@ -723,3 +723,34 @@ def test_works_without_numpy_or_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split()[0] == "9"
+
+
+@needs_testdata
+def test_cuda_work_queues_asked_for_when_loaded():
+    """A CUDA build loaded before CUDA starts, CUDA_DEVICE_MAX_CONNECTIONS unset, asks for 32 hardware
+    queues (with CUDA's 8, the loader's GPU work waited behind the model's kernels); a value the user
+    set is kept. A build without CUDA leaves the variable alone."""
+    code = (
+        f"sys_path = {os.path.abspath(os.path.join(os.path.dirname(__file__), '..'))!r}\n"
+        "import ctypes, sys\n"
+        "sys.path.insert(0, sys_path)\n"
+        "import ringfeed\n"
+        "libc = ctypes.CDLL(None)\n"
+        "libc.getenv.restype = ctypes.c_char_p\n"
+        "value = libc.getenv(b'CUDA_DEVICE_MAX_CONNECTIONS')\n"
+        "try:\n"
+        f"    ringfeed.Loader({WDS!r}, batch_size=10, image_size=16, workers=1, device='cuda:0')\n"
+        "    built = 'cuda'\n"
+        "except ringfeed.Error as e:\n"
+        "    built = 'none' if 'built without CUDA' in e.message else 'cuda'\n"
+        "print(built, value.decode() if value else '-')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_DEVICE_MAX_CONNECTIONS"}
+    unset = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert unset.returncode == 0, unset.stderr
+    built, value = unset.stdout.split()
+    assert value == ("32" if built == "cuda" else "-")
+    env["CUDA_DEVICE_MAX_CONNECTIONS"] = "4"
+    kept = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert kept.returncode == 0, kept.stderr
+    assert kept.stdout.split() == [built, "4"]

@@ -2,7 +2,10 @@
 and the consumer's stream ordering. Skipped where torch has no CUDA device."""
 
 import io
+import json
 import os
+import subprocess
+import sys
 import tarfile
 
 import pytest
@@ -124,3 +127,38 @@ def test_workers_auto_leaves_a_cpu_to_the_gpu_decoder(shard, monkeypatch):
     if cpus > 1:
         assert s["workers_reason"] == (f"workers=auto: {cpus - 1}, the CPUs this process may use, "
                                        "less one for the thread feeding the GPU's JPEG decoder")
+
+
+def test_cuda_work_queues_in_stats(shard):
+    """Loaded before CUDA started (this test process imports ringfeed first), the library asked for
+    32 hardware queues unless the user set CUDA_DEVICE_MAX_CONNECTIONS; the stats say which."""
+    with ringfeed.Loader(shard, batch_size=16, image_size=64, device="cuda:0", decode="cpu") as loader:
+        s = loader.stats()
+    user = os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS")  # Python's copy: as it was before the library loaded
+    if user:
+        assert s["cuda_queues"] == int(user) and "as set before ringfeed" in s["cuda_queues_reason"]
+    else:
+        assert s["cuda_queues"] == 32 and "ringfeed asked for 32" in s["cuda_queues_reason"]
+
+
+def test_cuda_started_before_ringfeed_is_named(shard):
+    """PyTorch starting CUDA before ringfeed is loaded leaves CUDA's 8 queues, shared with the model: the
+    stats say so, and with JPEG decoding on the GPU a warning names the fix."""
+    code = (
+        "import json, sys, torch\n"
+        "torch.zeros(1, device='cuda')\n"
+        f"sys.path.insert(0, {os.path.abspath(os.path.join(os.path.dirname(__file__), '..'))!r})\n"
+        "import ringfeed\n"
+        f"with ringfeed.Loader({shard!r}, batch_size=16, image_size=64, device='cuda:0') as loader:\n"
+        "    next(loader)\n"
+        "    s = loader.stats()\n"
+        "print(json.dumps({k: s[k] for k in ('cuda_queues', 'cuda_queues_reason', 'decode_backend')}))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_DEVICE_MAX_CONNECTIONS"}
+    env["DL_LOG_LEVEL"] = "2"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    s = json.loads(out.stdout.splitlines()[-1])
+    assert s["cuda_queues"] == 8 and "CUDA was loaded in this process before ringfeed" in s["cuda_queues_reason"]
+    if s["decode_backend"] != "cpu":
+        assert "set CUDA_DEVICE_MAX_CONNECTIONS=32" in out.stderr, out.stderr
