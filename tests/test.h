@@ -2,8 +2,10 @@
 #ifndef RINGFEED_TEST_H
 #define RINGFEED_TEST_H
 
+#include <execinfo.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,8 +13,31 @@
 
 #define TEST_SKIP 77
 
+/* A crash says where: the crashing thread's stack, as addresses in the binary and its libraries
+ * (addr2line -e FILE resolves them), then the signal's default action. The sanitizers' own
+ * handlers say more, and are left in place. */
+static void test_crashed(int sig) {
+  void *at[64];
+  int n = backtrace(at, 64);
+  char msg[80];
+  int len = snprintf(msg, sizeof msg, "crashed: signal %d (%s); the stack:\n", sig, strsignal(sig));
+  if (write(2, msg, (size_t)len) < 0)
+    _exit(128 + sig);
+  backtrace_symbols_fd(at, n, 2);
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
 /* Unbuffered, so a failure's message and the progress before it stay in order in the log. */
-__attribute__((constructor)) static void test_unbuffered_stdout(void) { setvbuf(stdout, NULL, _IONBF, 0); }
+__attribute__((constructor)) static void test_unbuffered_stdout(void) {
+  setvbuf(stdout, NULL, _IONBF, 0);
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+  void *warm[1];
+  backtrace(warm, 1); /* loads libgcc's unwinder now, not inside the handler */
+  signal(SIGSEGV, test_crashed);
+  signal(SIGBUS, test_crashed);
+#endif
+}
 
 #define FAIL_AT(...)                                                                               \
   do {                                                                                             \
