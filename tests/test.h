@@ -13,6 +13,8 @@
 
 #define TEST_SKIP 77
 
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+#define TEST_CRASH_STACK 1
 /* A crash says where: the crashing thread's stack, as addresses in the binary and its libraries
  * (addr2line -e FILE resolves them), then the signal's default action. The sanitizers' own
  * handlers say more, and are left in place. */
@@ -27,11 +29,12 @@ static void test_crashed(int sig) {
   signal(sig, SIG_DFL);
   raise(sig);
 }
+#endif
 
 /* Unbuffered, so a failure's message and the progress before it stay in order in the log. */
 __attribute__((constructor)) static void test_unbuffered_stdout(void) {
   setvbuf(stdout, NULL, _IONBF, 0);
-#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+#ifdef TEST_CRASH_STACK
   void *warm[1];
   backtrace(warm, 1); /* loads libgcc's unwinder now, not inside the handler */
   signal(SIGSEGV, test_crashed);
