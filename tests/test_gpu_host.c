@@ -4,7 +4,7 @@
  *   CPU without complaint (so a file libjpeg rejects is never a GPU sample: it stays on the CPU,
  *   which names it as it always has), and the usual suspects go where they should (progressive
  *   to the CUDA decoder, arithmetic, 12-bit, CMYK, truncated files and sound markers around
- *   damaged entropy-coded data to the CPU);
+ *   damaged entropy-coded data to the CPU, those of several scans even with gpu_check=0);
  * - the region the engine decodes holds the crop and its filter's reach, on the 16-pixel grid;
  * - decode=gpu and decode=hybrid without a GPU fail at open with DL_ENODEVICE and the reason;
  *   decode=auto decodes on the CPU and says so in the stats; a missing nvJPEG is named;
@@ -183,6 +183,12 @@ static void routes(const char *testdata) {
     ASSERT_EQ(route(p, n, true, 42, (5 + progressive) << 19), DL__GPU_ENGINE_CUDA); /* whole: the CUDA decoder's */
     int cuts = cut_scans(progressive ? "a progressive JPEG" : "a non-interleaved JPEG", p, n);
     ASSERT_GT(cuts, progressive ? 3 : 0);
+    /* Trusting the data (gpu_check=0) covers single-scan files only: nvJPEG's CUDA decoder is
+     * never given an unread scan of these (plan.c says why). */
+    l.o.gpu_check = 0;
+    ASSERT_EQ(cut_scans(progressive ? "a progressive JPEG, gpu_check=0" : "a non-interleaved JPEG, gpu_check=0", p, n),
+              cuts);
+    l.o.gpu_check = 1;
     progressive_cuts += progressive ? cuts : 0;
     separate_cuts += progressive ? 0 : cuts;
     free(p);

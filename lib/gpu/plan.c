@@ -214,14 +214,18 @@ bool dl__gpu_plan(const dl_loader *l, dl_batch *b, int i, int64_t index, uint8_t
       j.cmyk || j.bogus_progression || (j.components != 1 && j.components != 3) || j.width < 16 || j.height < 16 ||
       (int64_t)j.width * j.height > l->o.max_pixels)
     return false;
+  bool single = j.scans == 1 && !j.between_scans && j.first_scan_components == j.components;
   /* Damage inside the entropy-coded data of sound markers (the data ends before the last block:
    * libjpeg's "premature end of data segment") shows only to a reader of the codes; nvJPEG
    * decodes it without complaint. Every scan is read through on the CPU once a sample (jpeg_rows.c:
    * three quarters of a decode's time, about a whole one for a progressive file), and an image that
-   * is not sound stays with the CPU path; gpu_check=0 trusts the data. */
-  if (l->o.gpu_check && !dl__jpeg_rows_clean(l->jpeg_rows, (uint32_t)index, image, len, l->o.max_pixels))
+   * is not sound stays with the CPU path. gpu_check=0 trusts the data of single-scan files only:
+   * after damaged scans of progressive and non-interleaved files, nvJPEG's CUDA decoder took the
+   * process down when its state was destroyed (an H200, nvJPEG 13.0.1: twice in about 20 runs of
+   * test_gpu_decode, both on closing the one loader that gave it such files unread). */
+  if ((l->o.gpu_check || !single) &&
+      !dl__jpeg_rows_clean(l->jpeg_rows, (uint32_t)index, image, len, l->o.max_pixels))
     return false;
-  bool single = j.scans == 1 && !j.between_scans && j.first_scan_components == j.components;
   /* A sequential scan codes every block with at least a DC and an end-of-block code, two bits:
    * less data than that is damage a hardware decoder would fill in silently. */
   if (j.sof != 0xC2 && (int64_t)j.entropy_bytes * 4 < j.blocks)
