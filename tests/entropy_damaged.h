@@ -49,6 +49,10 @@ static inline uint8_t *cut_scan(const uint8_t *p, size_t n, int scan, size_t *ou
       return NULL;
     size_t cut = data + (end - data) / 2;
     uint8_t *q = (uint8_t *)malloc(n);
+    if (!q) {
+      fprintf(stderr, "out of memory for a copy of %zu bytes\n", n);
+      exit(1);
+    }
     memcpy(q, p, cut);
     memcpy(q + cut, p + end, n - end);
     *out_n = cut + n - end;

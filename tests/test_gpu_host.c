@@ -116,7 +116,7 @@ static int route_file(const char *testdata, const char *rel, bool engines) {
  * not take it (nvJPEG's CUDA decoder fills in what is missing without a word). Returns how many
  * cuts the CPU failed. */
 static int cut_scans(const char *name, const uint8_t *p, size_t n) {
-  static int64_t index = 3 << 19;
+  static int64_t index = 3 << 19; /* every cut of every call a sample of its own: no verdict kept from before */
   uint8_t *q, *out = malloc(l.sample_bytes);
   size_t m;
   int failed = 0;
