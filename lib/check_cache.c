@@ -6,8 +6,9 @@
  *
  * One file per dataset, named by a hash of what the verdicts are about: every shard's path and
  * identity (device, inode, size, mtime, ctime) and every sample's place in the shards. A shard
- * changed or replaced gives another name, and its verdicts are read again. Datasets whose files
- * are not all kept open (an image folder) or not local (URLs) keep none.
+ * changed or replaced gives another name, and its verdicts are read again. An image folder's
+ * files, opened per read, are named by what stat said of each when the folder was listed
+ * (dl__dataset_file_seen). Datasets not local (URLs) keep none.
  *
  * The file is untrusted input: its size, magic, hash and every value are checked, and one that
  * does not pass is ignored (and written again at close). Loaders of one dataset in several
@@ -32,18 +33,42 @@
 #define DL__CHECK_CACHE_MAGIC "RFGCHK02"
 #define HEAD 24
 
+void dl__file_seen_of(const struct stat *st, dl__file_seen *out) {
+  *out = (dl__file_seen){.dev = (uint64_t)st->st_dev, .ino = (uint64_t)st->st_ino, .size = (uint64_t)st->st_size,
+                         .mtime_ns = (int64_t)st->st_mtim.tv_sec * 1000000000 + st->st_mtim.tv_nsec,
+                         .ctime_ns = (int64_t)st->st_ctim.tv_sec * 1000000000 + st->st_ctim.tv_nsec};
+}
+
+/* A chain of small hashes, one a file, rather than a hash state kept in the dataset. */
+void dl__dataset_file_seen(dl__dataset *ds, uint32_t file, const dl__file_seen *id) {
+  struct {
+    uint64_t before, file;
+    dl__file_seen id;
+  } link = {ds->seen_hash, file, *id};
+  ds->seen_hash = XXH64(&link, sizeof link, 0);
+  ds->nseen++;
+}
+
 /* The dataset's hash, or 0 where it keeps no verdicts. */
 static uint64_t dataset_hash(const dl__dataset *ds) {
   if (ds->nremote || !ds->fds || !ds->nfiles || !ds->n)
+    return 0;
+  uint32_t per_read = 0; /* files opened per read: every one must have been seen */
+  for (uint32_t f = 0; f < ds->nfiles; f++)
+    per_read += ds->fds[f] < 0;
+  if (per_read != ds->nseen)
     return 0;
   XXH64_state_t *h = XXH64_createState();
   if (!h)
     return 0;
   XXH64_reset(h, 0);
+  XXH64_update(h, &ds->seen_hash, sizeof ds->seen_hash);
   for (uint32_t f = 0; f < ds->nfiles; f++) {
     char abs[PATH_MAX];
     struct stat st;
-    if (ds->fds[f] < 0 || fstat(ds->fds[f], &st) || !realpath(ds->files[f], abs)) {
+    if (ds->fds[f] < 0)
+      continue;
+    if (fstat(ds->fds[f], &st) || !realpath(ds->files[f], abs)) {
       XXH64_freeState(h);
       return 0;
     }

@@ -19,6 +19,7 @@ typedef struct entry {
   char *dir;  /* relative to the class folder, "" at its top */
   char *name;
   uint64_t size;
+  dl__file_seen seen;
 } entry;
 
 typedef struct entries {
@@ -155,6 +156,7 @@ static int walk(const char *base, const char *rel, entries *out, left_out *skipp
       e->dir = strdup(rel);
       e->name = strdup(de->d_name);
       e->size = (uint64_t)st.st_size;
+      dl__file_seen_of(&st, &e->seen);
       if (!e->dir || !e->name) {
         free(e->dir);
         free(e->name);
@@ -237,6 +239,9 @@ static int flat_load(dl__dataset *ds, const char *root, char **files, size_t n) 
                     .image_len = codec ? (uint32_t)(st.st_size < UINT32_MAX ? st.st_size : UINT32_MAX) : 0};
     if ((rc = dl__dataset_add_file(ds, path, &s.file)))
       break;
+    dl__file_seen seen;
+    dl__file_seen_of(&st, &seen);
+    dl__dataset_file_seen(ds, s.file, &seen);
     if (npy) {
       int f = dl__dataset_field(ds, ext, stem == 3 ? 3 : stem - 4);
       dl__fref ref = {.name = (uint16_t)f, .kind = zst ? DL__REF_NPY_ZST : DL__REF_NPY,
@@ -356,6 +361,8 @@ int dl__folder_load(dl__dataset *ds, const char *root) {
                       .image_len = (uint32_t)(e->size < UINT32_MAX ? e->size : UINT32_MAX)};
       const char *dot = strrchr(name, '.');
       rc = dl__dataset_add_file(ds, path, &s.file);
+      if (!rc)
+        dl__dataset_file_seen(ds, s.file, &e->seen);
       if (!rc && ((s.name = dl__dataset_intern(ds, name, strlen(name))) == UINT32_MAX ||
                   (s.key = dl__dataset_intern(ds, name, (size_t)(dot - name))) == UINT32_MAX))
         rc = dl__fail(-ENOMEM, "out of memory listing %s", root);

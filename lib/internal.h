@@ -203,6 +203,8 @@ typedef struct dl__dataset {
   uint32_t nparts;
   struct dl__declared *declared; /* the distinct column sets of shards that declare theirs */
   uint32_t ndeclared;
+  uint64_t seen_hash; /* files not kept open (an ImageFolder's): their identities at open, folded */
+  uint32_t nseen;     /* in by dl__dataset_file_seen, which name the GPU check's kept verdicts */
 } dl__dataset;
 
 /* Shards whose samples all have the fields their index declares (an MDS shard's columns): a
@@ -395,6 +397,15 @@ int dl__cache_write(const char *target, const uint8_t *p, size_t len);
  * l->jpeg_rows, written at close when the run read any scan. */
 void dl__check_cache_load(dl_loader *l);
 void dl__check_cache_save(dl_loader *l);
+/* What a file opened per read was at open (stat), for the verdicts' name: a file that changes
+ * after gives the dataset another. */
+typedef struct dl__file_seen {
+  uint64_t dev, ino, size;
+  int64_t mtime_ns, ctime_ns;
+} dl__file_seen;
+void dl__file_seen_of(const struct stat *st, dl__file_seen *out);
+/* Folds in the identity of FILE, just added to DS (dl__dataset_add_file) and read per read. */
+void dl__dataset_file_seen(dl__dataset *ds, uint32_t file, const dl__file_seen *id);
 
 /* ---- .npy payloads (npy.c) ---- */
 

@@ -2,8 +2,8 @@
  * The GPU check's verdicts kept across runs (check_cache.c): a second open of the same shards
  * takes every verdict the first made and reads no scan; what one loader learnt and another learnt
  * are both kept; a damaged, forged or stale file is ignored and written again; a shard changed
- * under it names another file. The loaders here decode on the CPU, and the walks the GPU path
- * would ask for are asked directly.
+ * under it names another file. Image folders keep theirs too, named by their files' identities.
+ * The loaders here decode on the CPU, and the walks the GPU path would ask for are asked directly.
  */
 #include "internal.h"
 #include "test.h"
@@ -45,14 +45,41 @@ static void write_shard(void) {
   ASSERT_EQ(fclose(f), 0);
 }
 
-static dl_loader *open_loader(void) {
+/* The same images as an image folder: root/<class>/<image>, or all in ROOT (flat), the last
+ * one's data cut short. */
+static void write_folder(const char *root, bool flat) {
+  char path[400];
+  ASSERT_EQ(dl__mkdirs(root), 0);
+  for (int i = 0; i < IMAGES; i++) {
+    unsigned char *jpg;
+    unsigned long len;
+    ASSERT_EQ(synthetic_jpeg(700 + i, SYNTHETIC_DEFAULT, &jpg, &len), 0);
+    if (i == IMAGES - 1) {
+      len = len / 2;
+      jpg[len - 2] = 0xFF, jpg[len - 1] = 0xD9;
+    }
+    if (flat) {
+      snprintf(path, sizeof path, "%s/s%04d.jpg", root, i);
+    } else {
+      snprintf(path, sizeof path, "%s/c%d", root, i % 2);
+      ASSERT_EQ(dl__mkdirs(path), 0);
+      snprintf(path, sizeof path, "%s/c%d/s%04d.jpg", root, i % 2, i);
+    }
+    test_write_file(path, jpg, len);
+    free(jpg);
+  }
+}
+
+static dl_loader *open_source(const char *source) {
   dl_loader *l;
-  OPEN_OK(l, shard, "workers=1 batch_size=4");
+  OPEN_OK(l, source, "workers=1 batch_size=4");
   ASSERT(l->jpeg_rows);
   ASSERT_EQ(l->ds.n, IMAGES);
   dl__check_cache_load(l);
   return l;
 }
+
+static dl_loader *open_loader(void) { return open_source(shard); }
 
 /* The walk the GPU path asks for, of samples [FROM, TO); each verdict into V. */
 static void walk(dl_loader *l, int from, int to, int *v) {
@@ -60,8 +87,11 @@ static void walk(dl_loader *l, int from, int to, int *v) {
     const dl__sample *s = &l->ds.samples[i];
     uint8_t *p = malloc(s->image_len);
     ASSERT(p);
-    ASSERT_EQ(pread(l->ds.fds[s->file], p, s->image_len, (off_t)(s->offset + s->image_at)),
-              (ssize_t)s->image_len);
+    int fd = l->ds.fds[s->file] >= 0 ? l->ds.fds[s->file] : open(l->ds.files[s->file], O_RDONLY);
+    ASSERT(fd >= 0);
+    ASSERT_EQ(pread(fd, p, s->image_len, (off_t)(s->offset + s->image_at)), (ssize_t)s->image_len);
+    if (fd != l->ds.fds[s->file])
+      close(fd);
     v[i] = dl__jpeg_rows_clean(l->jpeg_rows, (uint32_t)i, p, s->image_len, l->o.max_pixels);
     free(p);
   }
@@ -176,6 +206,35 @@ int main(void) {
   dl_close(l);
   ASSERT_EQ(cache_files(NULL, 0, NULL, NULL), 1);
   printf("a shard changed, or gpu_check=0: no verdicts taken\n");
+
+  /* Image folders, whose files are opened per read: named by what stat said of each at open. */
+  for (int flat = 0; flat < 2; flat++) {
+    char root[400], one[460];
+    snprintf(root, sizeof root, "%s/%s", dir, flat ? "flat" : "classes");
+    write_folder(root, flat);
+    int seen[IMAGES];
+    l = open_source(root);
+    ASSERT_EQ(l->st.check_kept, 0);
+    walk(l, 0, IMAGES, seen);
+    int damaged = 0;
+    for (int i = 0; i < IMAGES; i++)
+      damaged += !seen[i];
+    ASSERT_EQ(damaged, 1);
+    dl_close(l);
+    l = open_source(root);
+    ASSERT_EQ(l->st.check_kept, IMAGES);
+    walk(l, 0, IMAGES, again);
+    ASSERT_EQ(dl__jpeg_rows_walked(l->jpeg_rows), 0);
+    ASSERT(!memcmp(seen, again, sizeof seen));
+    dl_close(l);
+    /* One image rewritten (its mtime and ctime move): the folder's verdicts are read again. */
+    snprintf(one, sizeof one, flat ? "%s/s0003.jpg" : "%s/c1/s0003.jpg", root);
+    ASSERT_EQ(utimensat(AT_FDCWD, one, when, 0), 0);
+    l = open_source(root);
+    ASSERT_EQ(l->st.check_kept, 0);
+    dl_close(l);
+  }
+  printf("image folders, with classes and flat: a second open keeps every verdict; one image touched, none\n");
 
   /* A cache folder that cannot be made (its place is a file): nothing kept, nothing lost. */
   char blocked[400];
