@@ -22,18 +22,24 @@
 enum { IMAGES = 12 };
 static char dir[256], shard[300], cache[300];
 
-/* A shard of IMAGES synthetic JPEGs, the last one's data cut short. */
+/* Image I of IMAGES synthetic JPEGs (malloc'd), the last one's data cut short. */
+static unsigned char *image(int i, unsigned long *len) {
+  unsigned char *jpg;
+  ASSERT_EQ(synthetic_jpeg(700 + i, SYNTHETIC_DEFAULT, &jpg, len), 0);
+  if (i == IMAGES - 1) {
+    *len = *len / 2;
+    jpg[*len - 2] = 0xFF, jpg[*len - 1] = 0xD9;
+  }
+  return jpg;
+}
+
+/* A shard of the images. */
 static void write_shard(void) {
   FILE *f = fopen(shard, "wb");
   ASSERT(f);
   for (int i = 0; i < IMAGES; i++) {
-    unsigned char *jpg;
     unsigned long len;
-    ASSERT_EQ(synthetic_jpeg(700 + i, SYNTHETIC_DEFAULT, &jpg, &len), 0);
-    if (i == IMAGES - 1) {
-      len = len / 2;
-      jpg[len - 2] = 0xFF, jpg[len - 1] = 0xD9;
-    }
+    unsigned char *jpg = image(i, &len);
     char name[32];
     snprintf(name, sizeof name, "s%04d.jpg", i);
     ASSERT_EQ(tar_write_member(f, name, jpg, len), 0);
@@ -45,19 +51,13 @@ static void write_shard(void) {
   ASSERT_EQ(fclose(f), 0);
 }
 
-/* The same images as an image folder: root/<class>/<image>, or all in ROOT (flat), the last
- * one's data cut short. */
+/* The same images as an image folder: root/<class>/<image>, or all in ROOT (flat). */
 static void write_folder(const char *root, bool flat) {
   char path[400];
   ASSERT_EQ(dl__mkdirs(root), 0);
   for (int i = 0; i < IMAGES; i++) {
-    unsigned char *jpg;
     unsigned long len;
-    ASSERT_EQ(synthetic_jpeg(700 + i, SYNTHETIC_DEFAULT, &jpg, &len), 0);
-    if (i == IMAGES - 1) {
-      len = len / 2;
-      jpg[len - 2] = 0xFF, jpg[len - 1] = 0xD9;
-    }
+    unsigned char *jpg = image(i, &len);
     if (flat) {
       snprintf(path, sizeof path, "%s/s%04d.jpg", root, i);
     } else {
