@@ -6,9 +6,10 @@
  *
  * One file per dataset, named by a hash of what the verdicts are about: every shard's path and
  * identity (device, inode, size, mtime, ctime) and every sample's place in the shards. A shard
- * changed or replaced gives another name, and its verdicts are read again. An image folder's
- * files, opened per read, are named by what stat said of each when the folder was listed
- * (dl__dataset_file_seen). Datasets not local (URLs) keep none.
+ * changed or replaced gives another name, and its verdicts are read again; a compressed shard
+ * read from a temporary copy is named by the compressed file. An image folder's files, opened per
+ * read, are named by what stat said of each when the folder was listed (dl__dataset_file_seen).
+ * Datasets not local (URLs) keep none.
  *
  * The file is untrusted input: its size, magic, hash and every value are checked, and one that
  * does not pass is ignored (and written again at close). Loaders of one dataset in several
@@ -68,7 +69,10 @@ static uint64_t dataset_hash(const dl__dataset *ds) {
     struct stat st;
     if (ds->fds[f] < 0)
       continue;
-    if (fstat(ds->fds[f], &st) || !realpath(ds->files[f], abs)) {
+    /* An unnamed uncompressed copy (a compressed shard's, made at every open) stands for the file
+     * at its path, whose identity names it. */
+    bool copy = !fstat(ds->fds[f], &st) && st.st_nlink == 0;
+    if ((copy ? stat(ds->files[f], &st) : fstat(ds->fds[f], &st)) || !realpath(ds->files[f], abs)) {
       XXH64_freeState(h);
       return 0;
     }

@@ -18,6 +18,7 @@
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>
+#include <zstd.h>
 
 enum { IMAGES = 12 };
 static char dir[256], shard[300], cache[300];
@@ -235,6 +236,34 @@ int main(void) {
     dl_close(l);
   }
   printf("image folders, with classes and flat: a second open keeps every verdict; one image touched, none\n");
+
+  /* A compressed shard, read from a temporary copy made at every open: named by the compressed
+   * file, so a second open keeps the verdicts. */
+  char packed[400];
+  snprintf(packed, sizeof packed, "%s/packed.tar.zst", dir);
+  uint8_t *plain;
+  size_t plain_len;
+  ASSERT_EQ(dl__cache_read(shard, 1, &plain, &plain_len), 0);
+  size_t cap = ZSTD_compressBound(plain_len);
+  uint8_t *z = malloc(cap);
+  ASSERT(z);
+  size_t z_len = ZSTD_compress(z, cap, plain, plain_len, 3);
+  ASSERT(!ZSTD_isError(z_len));
+  test_write_file(packed, z, z_len);
+  free(z);
+  free(plain);
+  l = open_source(packed);
+  ASSERT_EQ(l->ds.unpacked_temp, 1);
+  ASSERT_EQ(l->st.check_kept, 0);
+  walk(l, 0, IMAGES, again);
+  ASSERT(!memcmp(first, again, sizeof first));
+  dl_close(l);
+  l = open_source(packed);
+  ASSERT_EQ(l->st.check_kept, IMAGES);
+  walk(l, 0, IMAGES, again);
+  ASSERT_EQ(dl__jpeg_rows_walked(l->jpeg_rows), 0);
+  dl_close(l);
+  printf("a compressed shard read from a temporary copy: a second open keeps every verdict\n");
 
   /* A cache folder that cannot be made (its place is a file): nothing kept, nothing lost. */
   char blocked[400];
