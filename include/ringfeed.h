@@ -123,7 +123,7 @@ DL_EXTERN const char *dl_last_error(void);
  *   hybrid on CUDA when nvJPEG loads, the workers decoding every JPEG while it starts in the
  *   background) gpu_share(auto|0..1) gpu_decode_mb gpu_check(1|0: a JPEG's entropy-coded data is
  *   read through on the CPU once a sample before the GPU may decode it; what it finds is kept in
- *   the cache folder for later runs of the same local shards or folder; 0 reads only multi-scan
+ *   the cache folder for later runs of the same shards or folder; 0 reads only multi-scan
  *   files, progressive and one-component-a-scan)
  * decode=gpu|hybrid fail with DL_ENODEVICE, naming the reason, where nvJPEG or a GPU is missing.
  * A build with CUDA, when loaded, sets CUDA_DEVICE_MAX_CONNECTIONS=32 where it is unset: with

@@ -9,7 +9,8 @@
  * changed or replaced gives another name, and its verdicts are read again; a compressed shard
  * read from a temporary copy is named by the compressed file. An image folder's files, opened per
  * read, are named by what stat said of each when the folder was listed (dl__dataset_file_seen).
- * Datasets not local (URLs) keep none.
+ * A remote shard is named by its URL and version (its size and ETag, or with no ETag its first
+ * bytes), what its cached index and copy are kept by.
  *
  * The file is untrusted input: its size, magic, hash and every value are checked, and one that
  * does not pass is ignored (and written again at close). Loaders of one dataset in several
@@ -51,12 +52,16 @@ void dl__dataset_file_seen(dl__dataset *ds, uint32_t file, const dl__file_seen *
 }
 
 /* The dataset's hash, or 0 where it keeps no verdicts. */
+static const dl__remote_file *remote_of(const dl__dataset *ds, uint32_t f) {
+  return f < ds->nremote && ds->remote[f].url ? &ds->remote[f] : NULL;
+}
+
 static uint64_t dataset_hash(const dl__dataset *ds) {
-  if (ds->nremote || !ds->fds || !ds->nfiles || !ds->n)
+  if (!ds->fds || !ds->nfiles || !ds->n)
     return 0;
-  uint32_t per_read = 0; /* files opened per read: every one must have been seen */
+  uint32_t per_read = 0; /* local files opened per read: every one must have been seen */
   for (uint32_t f = 0; f < ds->nfiles; f++)
-    per_read += ds->fds[f] < 0;
+    per_read += ds->fds[f] < 0 && !remote_of(ds, f);
   if (per_read != ds->nseen)
     return 0;
   XXH64_state_t *h = XXH64_createState();
@@ -67,6 +72,12 @@ static uint64_t dataset_hash(const dl__dataset *ds) {
   for (uint32_t f = 0; f < ds->nfiles; f++) {
     char abs[PATH_MAX];
     struct stat st;
+    const dl__remote_file *r = remote_of(ds, f);
+    if (r) { /* its URL and version (size and ETag, or first bytes), as the shard cache names it */
+      XXH64_update(h, r->url, strlen(r->url) + 1);
+      XXH64_update(h, &r->version, sizeof r->version);
+      continue;
+    }
     if (ds->fds[f] < 0)
       continue;
     /* An unnamed uncompressed copy (a compressed shard's, made at every open) stands for the file

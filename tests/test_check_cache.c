@@ -88,7 +88,8 @@ static void walk(dl_loader *l, int from, int to, int *v) {
     const dl__sample *s = &l->ds.samples[i];
     uint8_t *p = malloc(s->image_len);
     ASSERT(p);
-    int fd = l->ds.fds[s->file] >= 0 ? l->ds.fds[s->file] : open(l->ds.files[s->file], O_RDONLY);
+    int fd = l->ds.nremote ? open(shard, O_RDONLY) /* what the server serves */
+             : l->ds.fds[s->file] >= 0 ? l->ds.fds[s->file] : open(l->ds.files[s->file], O_RDONLY);
     ASSERT(fd >= 0);
     ASSERT_EQ(pread(fd, p, s->image_len, (off_t)(s->offset + s->image_at)), (ssize_t)s->image_len);
     if (fd != l->ds.fds[s->file])
@@ -122,7 +123,36 @@ static void rewrite(const char *path, uint8_t *p, size_t len, bool fix_sum) {
   ASSERT_EQ(dl__cache_write(path, p, len), 0);
 }
 
-int main(void) {
+/* With "URL FOLDER": the shard written into FOLDER, which a web server serves at URL
+ * (tests/remote/test_cache.py starts nginx): named by its URL and version, its verdicts are kept;
+ * changed on the server (a new ETag), they are not. */
+static int over_http(const char *url, const char *folder) {
+  snprintf(shard, sizeof shard, "%s/shard.tar", folder);
+  write_shard();
+  char source[600];
+  snprintf(source, sizeof source, "%s/shard.tar", url);
+  int first[IMAGES], again[IMAGES];
+  dl_loader *l = open_source(source);
+  ASSERT_EQ(l->ds.nremote, 1);
+  ASSERT_EQ(l->st.check_kept, 0);
+  walk(l, 0, IMAGES, first);
+  dl_close(l);
+  l = open_source(source);
+  ASSERT_EQ(l->st.check_kept, IMAGES);
+  walk(l, 0, IMAGES, again);
+  ASSERT_EQ(dl__jpeg_rows_walked(l->jpeg_rows), 0);
+  ASSERT(!memcmp(first, again, sizeof first));
+  dl_close(l);
+  struct timespec when[2] = {{.tv_sec = 1000000000}, {.tv_sec = 1000000000}};
+  ASSERT_EQ(utimensat(AT_FDCWD, shard, when, 0), 0);
+  l = open_source(source);
+  ASSERT_EQ(l->st.check_kept, 0);
+  dl_close(l);
+  printf("a shard over HTTP: a second open keeps every verdict; the shard changed on the server, none\n");
+  return 0;
+}
+
+int main(int argc, char **argv) {
   snprintf(dir, sizeof dir, "/tmp/rf_check_cache_XXXXXX");
   ASSERT(mkdtemp(dir));
   snprintf(shard, sizeof shard, "%s/shard.tar", dir);
@@ -130,6 +160,13 @@ int main(void) {
   char xdg[300];
   snprintf(xdg, sizeof xdg, "%s/cache", dir);
   setenv("XDG_CACHE_HOME", xdg, 1);
+  if (argc == 3) {
+    int rc = over_http(argv[1], argv[2]);
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    ASSERT_EQ(system(cmd), 0);
+    return rc;
+  }
   write_shard();
 
   /* The first run reads every scan and keeps what it found. */

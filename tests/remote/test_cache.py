@@ -1,14 +1,17 @@
 """The shard cache (cache_dir=, cache_limit=) over nginx: the same stream as local disk, cold and
 warm (then no sample is requested), with the global and the block shuffle; a folder that stays
 within its limit; two processes sharing it that download each shard once and see whole shards
-only; and a download cut off by a killed process that is never used."""
+only; a download cut off by a killed process that is never used; and the GPU check's verdicts on a
+shard over HTTP, kept by its URL and version."""
 import glob
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -193,3 +196,23 @@ def test_close_does_not_wait_for_a_stalled_download(nginx, tmp_path):
         proxy.stop()
     assert took < 0.5 and proxy.counts["stall"] > 0
     assert entries(folder) == []  # the abandoned download was removed
+
+
+def test_gpu_check_verdicts_of_a_url_are_kept_by_its_version(tmp_path):
+    """The GPU check's verdicts on a shard over HTTP are named by its URL and version (size and
+    ETag), as its cached index is: a second open reads no scan; the shard changed on the server,
+    they are read again. The C test does the opens (the verdicts are internal) against nginx."""
+    binary = os.path.join(os.path.dirname(DLBENCH), "tests", "test_check_cache")
+    if not os.path.exists(binary):
+        pytest.skip("test_check_cache is not built")
+    served = tempfile.mkdtemp(prefix="rf-served-")  # not under tmp_path, which nginx's workers may not read
+    os.chmod(served, 0o755)
+    server = Nginx(served, str(tmp_path / "nginx"))
+    try:
+        out = subprocess.run([binary, server.url, served], capture_output=True, text=True, timeout=120,
+                             env=dict(os.environ, DL_LOG_LEVEL="1"))
+    finally:
+        server.stop()
+        shutil.rmtree(served)
+    assert out.returncode == 0, out.stdout + out.stderr[-2000:]
+    assert "a shard over HTTP: a second open keeps every verdict" in out.stdout, out.stdout
