@@ -51,11 +51,11 @@ void dl__dataset_file_seen(dl__dataset *ds, uint32_t file, const dl__file_seen *
   ds->nseen++;
 }
 
-/* The dataset's hash, or 0 where it keeps no verdicts. */
 static const dl__remote_file *remote_of(const dl__dataset *ds, uint32_t f) {
   return f < ds->nremote && ds->remote[f].url ? &ds->remote[f] : NULL;
 }
 
+/* The dataset's hash, or 0 where it keeps no verdicts. */
 static uint64_t dataset_hash(const dl__dataset *ds) {
   if (!ds->fds || !ds->nfiles || !ds->n)
     return 0;
@@ -82,8 +82,7 @@ static uint64_t dataset_hash(const dl__dataset *ds) {
       continue;
     /* An unnamed uncompressed copy (a compressed shard's, made at every open) stands for the file
      * at its path, whose identity names it. */
-    bool copy = !fstat(ds->fds[f], &st) && st.st_nlink == 0;
-    if ((copy ? stat(ds->files[f], &st) : fstat(ds->fds[f], &st)) || !realpath(ds->files[f], abs)) {
+    if (fstat(ds->fds[f], &st) || (st.st_nlink == 0 && stat(ds->files[f], &st)) || !realpath(ds->files[f], abs)) {
       XXH64_freeState(h);
       return 0;
     }
