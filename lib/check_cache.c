@@ -36,7 +36,9 @@
 #define HEAD 24
 
 void dl__file_seen_of(const struct stat *st, dl__file_seen *out) {
-  *out = (dl__file_seen){.dev = (uint64_t)st->st_dev, .ino = (uint64_t)st->st_ino, .size = (uint64_t)st->st_size,
+  *out = (dl__file_seen){.dev = (uint64_t)st->st_dev,
+                         .ino = (uint64_t)st->st_ino,
+                         .size = (uint64_t)st->st_size,
                          .mtime_ns = (int64_t)st->st_mtim.tv_sec * 1000000000 + st->st_mtim.tv_nsec,
                          .ctime_ns = (int64_t)st->st_ctim.tv_sec * 1000000000 + st->st_ctim.tv_nsec};
 }
@@ -82,7 +84,8 @@ static uint64_t dataset_hash(const dl__dataset *ds) {
       continue;
     /* An unnamed uncompressed copy (a compressed shard's, made at every open) stands for the file
      * at its path, whose identity names it. */
-    if (fstat(ds->fds[f], &st) || (st.st_nlink == 0 && stat(ds->files[f], &st)) || !realpath(ds->files[f], abs)) {
+    if (fstat(ds->fds[f], &st) || (st.st_nlink == 0 && stat(ds->files[f], &st)) ||
+        !realpath(ds->files[f], abs)) {
       XXH64_freeState(h);
       return 0;
     }

@@ -272,7 +272,8 @@ int main(int argc, char **argv) {
     ASSERT_EQ(l->st.check_kept, 0);
     dl_close(l);
   }
-  printf("image folders, with classes and flat: a second open keeps every verdict; one image touched, none\n");
+  printf("image folders, with classes and flat: a second open keeps every verdict; one image touched, "
+         "none\n");
 
   /* A compressed shard, read from a temporary copy made at every open: named by the compressed
    * file, so a second open keeps the verdicts. */

@@ -116,7 +116,7 @@ static int route_file(const char *testdata, const char *rel, bool engines) {
  * not take it (nvJPEG's CUDA decoder fills in what is missing without a word). Returns how many
  * cuts the CPU failed. */
 static int cut_scans(const char *name, const uint8_t *p, size_t n) {
-  static int64_t index = 3 << 19; /* every cut of every call a sample of its own: no verdict kept from before */
+  static int64_t index = 3 << 19; /* each cut of each call a sample of its own: no verdict kept before */
   uint8_t *q, *out = malloc(l.sample_bytes);
   size_t m;
   int failed = 0;
@@ -186,8 +186,9 @@ static void routes(const char *testdata) {
     /* Trusting the data (gpu_check=0) covers single-scan files only: nvJPEG's CUDA decoder is
      * never given an unread scan of these (plan.c says why). */
     l.o.gpu_check = 0;
-    ASSERT_EQ(cut_scans(progressive ? "a progressive JPEG, gpu_check=0" : "a non-interleaved JPEG, gpu_check=0", p, n),
-              cuts);
+    const char *trusted = progressive ? "a progressive JPEG, gpu_check=0"
+                                      : "a non-interleaved JPEG, gpu_check=0";
+    ASSERT_EQ(cut_scans(trusted, p, n), cuts);
     l.o.gpu_check = 1;
     progressive_cuts += progressive ? cuts : 0;
     separate_cuts += progressive ? 0 : cuts;
