@@ -99,6 +99,25 @@ static void walk(dl_loader *l, int from, int to, int *v) {
   }
 }
 
+/* SOURCE opened twice: the first open reads every scan (the last image's is damaged) and keeps
+ * the verdicts, the second takes them all and reads none. */
+static void kept_across_opens(const char *source) {
+  int first[IMAGES], again[IMAGES], damaged = 0;
+  dl_loader *l = open_source(source);
+  ASSERT_EQ(l->st.check_kept, 0);
+  walk(l, 0, IMAGES, first);
+  for (int i = 0; i < IMAGES; i++)
+    damaged += !first[i];
+  ASSERT_EQ(damaged, 1);
+  dl_close(l);
+  l = open_source(source);
+  ASSERT_EQ(l->st.check_kept, IMAGES);
+  walk(l, 0, IMAGES, again);
+  ASSERT_EQ(dl__jpeg_rows_walked(l->jpeg_rows), 0);
+  ASSERT(!memcmp(first, again, sizeof first));
+  dl_close(l);
+}
+
 /* The verdicts files in the cache folder: how many, and the first one's path and bytes. */
 static int cache_files(char *path, size_t cap, uint8_t **p, size_t *len) {
   char pattern[400];
@@ -131,21 +150,11 @@ static int over_http(const char *url, const char *folder) {
   write_shard();
   char source[600];
   snprintf(source, sizeof source, "%s/shard.tar", url);
-  int first[IMAGES], again[IMAGES];
-  dl_loader *l = open_source(source);
-  ASSERT_EQ(l->ds.nremote, 1);
-  ASSERT_EQ(l->st.check_kept, 0);
-  walk(l, 0, IMAGES, first);
-  dl_close(l);
-  l = open_source(source);
-  ASSERT_EQ(l->st.check_kept, IMAGES);
-  walk(l, 0, IMAGES, again);
-  ASSERT_EQ(dl__jpeg_rows_walked(l->jpeg_rows), 0);
-  ASSERT(!memcmp(first, again, sizeof first));
-  dl_close(l);
+  kept_across_opens(source);
   struct timespec when[2] = {{.tv_sec = 1000000000}, {.tv_sec = 1000000000}};
   ASSERT_EQ(utimensat(AT_FDCWD, shard, when, 0), 0);
-  l = open_source(source);
+  dl_loader *l = open_source(source);
+  ASSERT_EQ(l->ds.nremote, 1);
   ASSERT_EQ(l->st.check_kept, 0);
   dl_close(l);
   printf("a shard over HTTP: a second open keeps every verdict; the shard changed on the server, none\n");
@@ -250,21 +259,7 @@ int main(int argc, char **argv) {
     char root[400], one[460];
     snprintf(root, sizeof root, "%s/%s", dir, flat ? "flat" : "classes");
     write_folder(root, flat);
-    int seen[IMAGES];
-    l = open_source(root);
-    ASSERT_EQ(l->st.check_kept, 0);
-    walk(l, 0, IMAGES, seen);
-    int damaged = 0;
-    for (int i = 0; i < IMAGES; i++)
-      damaged += !seen[i];
-    ASSERT_EQ(damaged, 1);
-    dl_close(l);
-    l = open_source(root);
-    ASSERT_EQ(l->st.check_kept, IMAGES);
-    walk(l, 0, IMAGES, again);
-    ASSERT_EQ(dl__jpeg_rows_walked(l->jpeg_rows), 0);
-    ASSERT(!memcmp(seen, again, sizeof seen));
-    dl_close(l);
+    kept_across_opens(root);
     /* One image rewritten (its mtime and ctime move): the folder's verdicts are read again. */
     snprintf(one, sizeof one, flat ? "%s/s0003.jpg" : "%s/c1/s0003.jpg", root);
     ASSERT_EQ(utimensat(AT_FDCWD, one, when, 0), 0);
@@ -292,15 +287,8 @@ int main(int argc, char **argv) {
   free(plain);
   l = open_source(packed);
   ASSERT_EQ(l->ds.unpacked_temp, 1);
-  ASSERT_EQ(l->st.check_kept, 0);
-  walk(l, 0, IMAGES, again);
-  ASSERT(!memcmp(first, again, sizeof first));
   dl_close(l);
-  l = open_source(packed);
-  ASSERT_EQ(l->st.check_kept, IMAGES);
-  walk(l, 0, IMAGES, again);
-  ASSERT_EQ(dl__jpeg_rows_walked(l->jpeg_rows), 0);
-  dl_close(l);
+  kept_across_opens(packed);
   printf("a compressed shard read from a temporary copy: a second open keeps every verdict\n");
 
   /* A cache folder that cannot be made (its place is a file): nothing kept, nothing lost. */
