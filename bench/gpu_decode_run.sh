@@ -13,7 +13,8 @@
 #   (e.g. "DL_LOG_LEVEL=1 DL_LOG_LEVEL=4"; default:
 #   one run as is); IDLE_SHARES: its splits (default: auto 0.75 0.875); IDLE_STEP_MS_q90 and
 #   IDLE_STEP_MS_q96: its steps (default: 1.2x the first variant's batch time); CEILING_ARGS: the ceiling
-#   part's nvjpeg_ceiling runs, separated by '|' (default: the list below)
+#   part's nvjpeg_ceiling runs, separated by '|' (default: the list below); TESTS: the tests part's
+#   tests; TEST_RUNS=N runs each N times (the first one's lines in the table, the others' exits)
 set -u
 build=${1:-build-device}
 shards=${2:-$build/tests/shards}
@@ -79,6 +80,17 @@ if has tests; then
     DL_TEST_SHARDS="$shards" guarded 300 "$out/$t.log" "$out/$t.log" "$build/tests/$t"
     row "$t" "exit $? ($(grep -vE '^ringfeed|^$|^slow consumer' "$out/$t.log" | tail -1))"
     keep "$out/$t.log"
+    # Runs after the first (TEST_RUNS), for what fails only now and then: their exit statuses in
+    # one row, the log of each that failed in run.log.
+    r=2 exits=""
+    while [ $r -le "${TEST_RUNS:-1}" ]; do
+      DL_TEST_SHARDS="$shards" guarded 300 "$out/$t.run$r.log" "$out/$t.run$r.log" "$build/tests/$t"
+      code=$?
+      exits="$exits $code"
+      [ $code -eq 0 ] || keep "$out/$t.run$r.log"
+      r=$((r + 1))
+    done
+    [ -z "$exits" ] || row "$t, runs 2 to $TEST_RUNS" "exit$exits"
   done
   grep -E "third-party|scans cut|synthetic|on_error|workers|relative|leaks|slow consumer|compared|resumed" "$out/test_gpu_decode.log" \
     "$out/test_cuda.log" | grep -v "handed out and released" | sed 's/^[^:]*: *//' > "$out/test_lines.txt"
