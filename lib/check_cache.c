@@ -89,11 +89,10 @@ static uint64_t dataset_hash(const dl__dataset *ds) {
       XXH64_freeState(h);
       return 0;
     }
-    int64_t id[] = {(int64_t)st.st_dev, (int64_t)st.st_ino, (int64_t)st.st_size,
-                    (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec,
-                    (int64_t)st.st_ctim.tv_sec * 1000000000 + st.st_ctim.tv_nsec};
+    dl__file_seen id;
+    dl__file_seen_of(&st, &id);
     XXH64_update(h, abs, strlen(abs) + 1);
-    XXH64_update(h, id, sizeof id);
+    XXH64_update(h, &id, sizeof id);
   }
   for (size_t i = 0; i < ds->n; i++) {
     const dl__sample *s = &ds->samples[i];
