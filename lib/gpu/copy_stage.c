@@ -147,8 +147,15 @@ __attribute__((constructor)) static void queues_ask(void) {
 /* The hardware queues per device, and why, for the log and the stats. */
 static int queues_describe(char *why, size_t cap) {
   const char *v = getenv("CUDA_DEVICE_MAX_CONNECTIONS");
-  int n = v ? atoi(v) : 8;
-  if (queues_how == QUEUES_USER)
+  char *end = NULL;
+  long set = v ? strtol(v, &end, 10) : 0;
+  bool whole = v && end != v && *end == '\0' && set >= 1 && set <= 32;
+  int n = whole ? (int)set : 8;
+  /* The user's text is not echoed: the reason goes into the stats' JSON as it is. */
+  if (queues_how == QUEUES_USER && !whole)
+    snprintf(why, cap, "CUDA_DEVICE_MAX_CONNECTIONS is set, but not to a whole number from 1 to 32: probably "
+             "CUDA's default of 8");
+  else if (queues_how == QUEUES_USER)
     snprintf(why, cap, "CUDA_DEVICE_MAX_CONNECTIONS=%d, as set before ringfeed was loaded", n);
   else if (queues_how == QUEUES_OURS)
     snprintf(why, cap, "CUDA_DEVICE_MAX_CONNECTIONS unset: ringfeed asked for 32 when it was loaded, before CUDA "
