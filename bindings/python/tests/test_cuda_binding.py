@@ -141,24 +141,45 @@ def test_cuda_work_queues_in_stats(shard):
         assert s["cuda_queues"] == 32 and "ringfeed asked for 32" in s["cuda_queues_reason"]
 
 
-def test_cuda_started_before_ringfeed_is_named(shard):
-    """PyTorch starting CUDA before ringfeed is loaded leaves CUDA's 8 queues, shared with the model: the
-    stats say so, and with JPEG decoding on the GPU a warning names the fix."""
+def run_after_torch_started_cuda(shard, env_queues=None):
+    """Opens a hybrid-decoding loader in a new process where PyTorch started CUDA before ringfeed was
+    loaded; returns its stats' queue fields and its log. Skips where nvJPEG does not load."""
     code = (
         "import json, sys, torch\n"
         "torch.zeros(1, device='cuda')\n"
         f"sys.path.insert(0, {os.path.abspath(os.path.join(os.path.dirname(__file__), '..'))!r})\n"
         "import ringfeed\n"
-        f"with ringfeed.Loader({shard!r}, batch_size=16, image_size=64, device='cuda:0') as loader:\n"
+        f"with ringfeed.Loader({shard!r}, batch_size=16, image_size=64, device='cuda:0',\n"
+        "                     decode='hybrid') as loader:\n"
         "    next(loader)\n"
         "    s = loader.stats()\n"
         "print(json.dumps({k: s[k] for k in ('cuda_queues', 'cuda_queues_reason', 'decode_backend')}))\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "CUDA_DEVICE_MAX_CONNECTIONS"}
+    if env_queues is not None:
+        env["CUDA_DEVICE_MAX_CONNECTIONS"] = env_queues
     env["DL_LOG_LEVEL"] = "2"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    if out.returncode != 0 and "DL_ENODEVICE" in out.stderr:
+        pytest.skip(f"no nvJPEG: {out.stderr.strip().splitlines()[-1]}")
     assert out.returncode == 0, out.stderr
     s = json.loads(out.stdout.splitlines()[-1])
+    assert s["decode_backend"] == "hybrid"
+    return s, out.stderr
+
+
+def test_cuda_started_before_ringfeed_is_named(shard):
+    """PyTorch starting CUDA before ringfeed is loaded leaves CUDA's 8 queues, shared with the model: the
+    stats say so, and with JPEG decoding on the GPU a warning names the fix."""
+    s, log = run_after_torch_started_cuda(shard)
     assert s["cuda_queues"] == 8 and "CUDA was loaded in this process before ringfeed" in s["cuda_queues_reason"]
-    if s["decode_backend"] != "cpu":
-        assert "set CUDA_DEVICE_MAX_CONNECTIONS=32" in out.stderr, out.stderr
+    assert "set CUDA_DEVICE_MAX_CONNECTIONS=32" in log, log
+
+
+def test_cuda_queues_set_to_nonsense_is_named_not_echoed(shard):
+    """A CUDA_DEVICE_MAX_CONNECTIONS that is not a number of queues is reported as such; its text,
+    quote and backslash included, stays out of the stats' JSON (which must still parse)."""
+    s, log = run_after_torch_started_cuda(shard, env_queues='many"\\')
+    assert s["cuda_queues"] == 8
+    assert "not to a whole number from 1 to 32" in s["cuda_queues_reason"], s["cuda_queues_reason"]
+    assert "many" not in s["cuda_queues_reason"]
