@@ -32,7 +32,8 @@ def dlbench(source, *args, env=None, ok=True, aws_env=True):
     """dlbench's JSON for SOURCE (quiet, ENV added; without AWS_ variables of the caller's unless
     AWS_ENV); with ok=False the finished process instead, whatever its exit status."""
     e = {k: v for k, v in os.environ.items() if aws_env or not k.startswith("AWS_")}
-    e.update(DL_LOG_LEVEL="1", **(env or {}))
+    e["DL_LOG_LEVEL"] = "1"  # ENV may ask for more
+    e.update(env or {})
     out = subprocess.run(dlbench_command(source, *args), capture_output=True, text=True, timeout=300, env=e)
     if not ok:
         return out
