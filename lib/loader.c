@@ -292,11 +292,18 @@ int dl_open(dl_loader **out, const char *source, const char *options) {
     dl__log(DL__LOG_WARN, "the run starts at epoch %" PRId64 " (%s) and ends after epoch %" PRId64
             " (epochs=%" PRId64 "): no batch is left to deliver", l->streams[0].sm.start_epoch,
             l->o.resume[0] ? "from the resume token" : "start_epoch", l->o.epochs - 1, l->o.epochs);
-  uint32_t remote = 0;
-  for (uint32_t i = 0; i < l->ds.nfiles; i++) /* (a compressed remote MDS shard is read from a local copy) */
-    remote += i < l->ds.nremote && l->ds.remote[i].url;
+  /* A compressed remote shard (tar or MDS) is read from a local copy. */
+  uint32_t remote = 0, copies = 0;
+  for (uint32_t i = 0; i < l->ds.nfiles; i++) {
+    bool ranged = i < l->ds.nremote && l->ds.remote[i].url;
+    remote += ranged;
+    copies += !ranged && dl__is_url(l->ds.files[i]);
+  }
   if (remote && remote < l->ds.nfiles) {
-    r = dl__fail(DL_EOPTION, "source %s: remote and local shards in one loader (open one loader for each)", source);
+    r = copies ? dl__fail(DL_EOPTION, "source %s: compressed remote shards (read from local copies) and uncompressed "
+                          "ones (read by ranged requests) in one loader (open one loader for each)", source)
+               : dl__fail(DL_EOPTION, "source %s: remote and local shards in one loader (open one loader for each)",
+                          source);
     goto fail;
   }
   if (remote && l->o.io != DL__IO_AUTO) {

@@ -410,20 +410,22 @@ static int regroup(dl__dataset *ds, size_t first, const char *shard, bool *named
   return 0;
 }
 
-/* Why a file whose first block is no tar header is not a shard: a compressed tar that is not read
- * (a remote one, whose copy would be a download and a decompression at every open, or xz), or not
- * a tar at all. Local gzip, zstd and bzip2 tars are read through copies (dl__tar_load). */
+/* Why a file whose first block is no tar header is not a shard: a compressed file that is not read
+ * (xz, or compressed data left after a shard's own decompression: compressed twice), or not a tar
+ * at all. Gzip, zstd and bzip2 tars are read through copies (dl__tar_load, dl__tar_load_fetched),
+ * so the scan sees their data only inside another's. */
 static const char *not_a_tar(const uint8_t *h, int *code) {
   static const struct {
     const char *magic;
     size_t n;
     const char *why;
   } kinds[] = {
-      {"\x1f\x8b", 2, "a gzip-compressed tar: remote shards are read uncompressed (gunzip it)"},
-      {"\x28\xb5\x2f\xfd", 4, "a zstd-compressed tar: remote shards are read uncompressed (unzstd it)"},
+      {"\x1f\x8b", 2, "gzip-compressed data where the tar should begin (compressed twice?): decompress it to the tar"},
+      {"\x28\xb5\x2f\xfd", 4, "zstd-compressed data where the tar should begin (compressed twice?): decompress it to "
+                              "the tar"},
       {"\xfd" "7zXZ", 5, "an xz-compressed file, not a tar: shards are read uncompressed, or gzip, zstd or bzip2 "
                          "compressed (unxz it)"},
-      {"BZh", 3, "a bzip2-compressed tar: remote shards are read uncompressed (bunzip2 it)"},
+      {"BZh", 3, "bzip2-compressed data where the tar should begin (compressed twice?): decompress it to the tar"},
       {"PK\x03\x04", 4, "a zip archive, not a tar"},
   };
   *code = DL_EUNSUPPORTED;
@@ -633,27 +635,37 @@ done:
 
 /* ---- compressed shards ---- */
 
-/* The compression of the file FD, as inflate.c names it, or NULL: a file that begins with a tar
- * header is a tar, whatever its first member's name begins with. */
-static const char *compression_of(int fd) {
-  uint8_t h[BLOCK] = {0};
-  int64_t n = dl__pread_full(fd, h, BLOCK, 0);
-  if (n < 10 || (n == BLOCK && checksum_ok(h)))
+const char *dl__tar_compression(const uint8_t *h, size_t n) {
+  if (n < 10 || (n >= BLOCK && checksum_ok(h)))
     return NULL;
   bool bzip2 = !memcmp(h, "BZh", 3) && h[3] >= '1' && h[3] <= '9' &&
                (!memcmp(h + 4, "1AY&SY", 6) || !memcmp(h + 4, "\x17\x72\x45\x38\x50\x90", 6));
   return !memcmp(h, "\x1f\x8b", 2) ? "gz" : !memcmp(h, "\x28\xb5\x2f\xfd", 4) ? "zstd" : bzip2 ? "bz2" : NULL;
 }
 
+static const char *compression_of(int fd) {
+  uint8_t h[BLOCK] = {0};
+  int64_t n = dl__pread_full(fd, h, BLOCK, 0);
+  return n < 0 ? NULL : dl__tar_compression(h, (size_t)n);
+}
+
 typedef struct packed {
-  int fd; /* the compressed shard */
+  int fd;                      /* the compressed shard, or -1: FETCH gives it (a remote one, downloaded) */
+  int (*fetch)(void *arg);     /* a descriptor of the compressed bytes, closed after use, or an error */
+  void *fetch_arg;
   const char *how, *path;
   uint64_t made;
 } packed;
 
 static int unpack_shard(int fd, uint64_t most, void *arg) {
   packed *p = arg;
-  return dl__unpack(p->fd, p->how, 0, most, fd, "shard", p->path, &p->made);
+  int in = p->fd >= 0 ? p->fd : p->fetch(p->fetch_arg);
+  if (in < 0)
+    return in;
+  int rc = dl__unpack(in, p->how, 0, most, fd, "shard", p->path, &p->made);
+  if (in != p->fd)
+    close(in);
+  return rc;
 }
 
 /*
@@ -661,19 +673,15 @@ static int unpack_shard(int fd, uint64_t most, void *arg) {
  * uncompressed copy, for random access: kept in cache_dir when one is given (made once, for later
  * opens and the host's other ranks), else a temporary file made at every open. Neither may grow
  * past the room for it (cache_limit, or what the disk had free less a tenth): nothing bounds a
- * tar's size but that.
+ * tar's size but that. A remote one is fetched only where no kept copy serves.
  */
-int dl__tar_uncompressed(int in, const char *path, const dl__shard_id *id, const dl__options *o, int *copy,
-                         uint64_t *size) {
+static int uncompressed_copy(packed *p, const dl__shard_id *id, const dl__options *o, int *copy, uint64_t *size) {
   *copy = -1;
-  const char *how = compression_of(in);
-  if (!how)
-    return 0;
-  packed p = {in, how, path, 0};
+  const char *path = p->path;
   int fd = -1;
   if (o->cache_dir[0] && id) {
     uint64_t version = dl__rfs_checksum(id, sizeof *id);
-    fd = dl__cache_keep_unsized(o, path, version, unpack_shard, &p);
+    fd = dl__cache_keep_unsized(o, path, version, unpack_shard, p);
     if (fd == -EBUSY || fd == -ENOSPC || fd == DL_ELIMIT) /* a copy larger than the cache: as a remote shard */
       dl__log(DL__LOG_INFO, "shard %s: its uncompressed copy is not kept in cache_dir (%s); a temporary one is made",
               path, fd == -EBUSY ? "another process is making it" : "no room within cache_limit");
@@ -686,7 +694,7 @@ int dl__tar_uncompressed(int in, const char *path, const dl__shard_id *id, const
       return fd;
     struct statvfs v; /* a temporary copy leaves the disk a tenth of what it had free */
     uint64_t room = fstatvfs(fd, &v) ? UINT64_MAX : (uint64_t)((double)v.f_bavail * (double)v.f_frsize * 0.9);
-    int rc = unpack_shard(fd, room, &p);
+    int rc = unpack_shard(fd, room, p);
     /* Damaged or cut short: the members before the damage are read, as from a truncated tar. */
     damaged = rc == DL_ECORRUPT && o->on_error != DL__ON_ERROR_FAIL;
     if (rc && !damaged) {
@@ -699,7 +707,7 @@ int dl__tar_uncompressed(int in, const char *path, const dl__shard_id *id, const
     }
     if (!o->cache_dir[0] && !damaged)
       dl__log(DL__LOG_INFO, "shard %s: decompressed into a temporary copy (%llu bytes); cache_dir= keeps such "
-              "copies for later opens", path, (unsigned long long)p.made);
+              "copies for later opens", path, (unsigned long long)p->made);
   }
   struct stat st;
   if (fstat(fd, &st)) {
@@ -712,18 +720,35 @@ int dl__tar_uncompressed(int in, const char *path, const dl__shard_id *id, const
   return damaged;
 }
 
-int dl__tar_load(dl__dataset *ds, const char *path, const dl__options *o) {
-  uint32_t file;
-  uint64_t size;
-  dl__shard_id id;
-  int rc = dl__dataset_open_file(ds, path, &file, &size, &id);
-  if (rc)
+int dl__tar_uncompressed(int in, const char *path, const dl__shard_id *id, const dl__options *o, int *copy,
+                         uint64_t *size) {
+  *copy = -1;
+  packed p = {.fd = in, .how = compression_of(in), .path = path};
+  return p.how ? uncompressed_copy(&p, id, o, copy, size) : 0;
+}
+
+/* FILE's sample table: from the index cache where it holds version ID, else scanned from its
+ * descriptor (SIZE bytes) and cached, unless DAMAGED (so that every open says what is wrong). */
+static int index_tar(dl__dataset *ds, uint32_t file, const char *path, const dl__shard_id *id, uint64_t size,
+                     bool damaged, const dl__options *o) {
+  if (!damaged && dl__index_cache_read(ds, file, path, id) == 0)
+    return 0;
+  size_t first = ds->n;
+  int rc = dl__tar_scan(ds, file, ds->fds[file], size, o->on_error);
+  if (rc < 0)
     return rc;
-  /* The index cache is kept by the compressed file's identity: its copies are all the same tar.
-   * A damaged one's is not kept, so that every open says what is wrong with it. */
+  if (rc == 0 && !damaged)
+    dl__index_cache_write(ds, first, path, id);
+  return 0;
+}
+
+/* FILE read through the uncompressed copy of P: the index cache is kept by the compressed
+ * object's identity ID (its copies are all the same tar). */
+static int load_copy(dl__dataset *ds, uint32_t file, packed *p, dl__shard_id *id, const dl__options *o) {
   int copy;
+  uint64_t size;
   double t0 = dl__now();
-  rc = dl__tar_uncompressed(ds->fds[file], path, &id, o, &copy, &size);
+  int rc = uncompressed_copy(p, id, o, &copy, &size);
   if (rc < 0)
     return rc;
   bool damaged = rc == 1;
@@ -732,25 +757,33 @@ int dl__tar_load(dl__dataset *ds, const char *path, const dl__options *o) {
     if (!ds->skipped_shard[0])
       snprintf(ds->skipped_shard, sizeof ds->skipped_shard, "%s", dl_last_error());
   }
-  if (copy >= 0) {
+  if (ds->fds[file] >= 0)
     close(ds->fds[file]);
-    ds->fds[file] = copy;
-    ds->unpacked++;
-    id.data_size = size;
-    struct stat st; /* a temporary copy has no name; a kept one is in cache_dir */
-    if (!fstat(copy, &st) && st.st_nlink == 0) {
-      ds->unpacked_temp++;
-      ds->unpacked_temp_bytes += size;
-      ds->unpacked_temp_s += dl__now() - t0;
-    }
+  ds->fds[file] = copy;
+  ds->unpacked++;
+  id->data_size = size;
+  struct stat st; /* a temporary copy has no name; a kept one is in cache_dir */
+  if (!fstat(copy, &st) && st.st_nlink == 0) {
+    ds->unpacked_temp++;
+    ds->unpacked_temp_bytes += size;
+    ds->unpacked_temp_s += dl__now() - t0;
   }
-  if (!damaged && dl__index_cache_read(ds, file, path, &id) == 0)
-    return 0;
-  size_t first = ds->n;
-  rc = dl__tar_scan(ds, file, ds->fds[file], size, o->on_error);
-  if (rc < 0)
+  return index_tar(ds, file, p->path, id, size, damaged, o);
+}
+
+int dl__tar_load(dl__dataset *ds, const char *path, const dl__options *o) {
+  uint32_t file;
+  uint64_t size;
+  dl__shard_id id;
+  int rc = dl__dataset_open_file(ds, path, &file, &size, &id);
+  if (rc)
     return rc;
-  if (rc == 0 && !damaged)
-    dl__index_cache_write(ds, first, path, &id);
-  return 0;
+  packed p = {.fd = ds->fds[file], .how = compression_of(ds->fds[file]), .path = path};
+  return p.how ? load_copy(ds, file, &p, &id, o) : index_tar(ds, file, path, &id, size, false, o);
+}
+
+int dl__tar_load_fetched(dl__dataset *ds, uint32_t file, const char *how, dl__shard_id *id, int (*fetch)(void *arg),
+                         void *arg, const dl__options *o) {
+  packed p = {.fd = -1, .fetch = fetch, .fetch_arg = arg, .how = how, .path = ds->files[file]};
+  return load_copy(ds, file, &p, id, o);
 }

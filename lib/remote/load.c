@@ -3,6 +3,7 @@
  * the members: it is built from one download into an unnamed temporary file, then cached by URL,
  * size and ETag, so later opens make one small request. A ringfeed shard's index is its footer:
  * one ranged read, laid into a sparse temporary file at its place so the local reader parses it.
+ * A compressed tar is downloaded whole and read from its uncompressed copy, as a local one is.
  */
 #include "remote/remote.h"
 
@@ -35,6 +36,19 @@ static int write_at(int fd, const uint8_t *p, size_t n, uint64_t off) {
   return 0;
 }
 
+/* The object T whole (SIZE bytes) in an unnamed temporary file: its descriptor, or an error. */
+static int temp_copy(const dl__target *t, const dl__options *o, uint64_t size) {
+  int fd = dl__scratch_file(size, t->name);
+  if (fd < 0)
+    return fd;
+  int rc = dl__http_download(o, t, fd, size, NULL);
+  if (rc) {
+    close(fd);
+    return rc;
+  }
+  return fd;
+}
+
 /* The shard whole for indexing: into the shard cache when there is one (so it is fetched once),
  * else into a temporary file. */
 static int download(dl__dataset *ds, uint32_t file, const dl__target *t, const dl__options *o, uint64_t size) {
@@ -58,15 +72,7 @@ static int download(dl__dataset *ds, uint32_t file, const dl__target *t, const d
     if (fd != -ENOSPC && fd != -EBUSY)
       return fd; /* the copy, or an error (other than no room: then a temporary file) */
   }
-  int fd = dl__scratch_file(size, t->name);
-  if (fd < 0)
-    return fd;
-  int rc = dl__http_download(o, t, fd, size, NULL);
-  if (rc) {
-    close(fd);
-    return rc;
-  }
-  return fd;
+  return temp_copy(t, o, size);
 }
 
 /* The sample table of remote FILE (T, SIZE bytes, version ID): from the index cache when it holds
@@ -299,10 +305,8 @@ int dl__remote_copy(const char *url, const dl__options *o, bool whole, int *out,
   int fd = -1;
   if (!rc && !whole && head_len >= 8 && !memcmp(head, "RFSHARD1", 8)) {
     rc = (fd = rfs_index_copy(&t, o, *size, head, head_len)) < 0 ? fd : 0;
-  } else if (!rc && (rc = (fd = dl__scratch_file(*size, url)) < 0 ? fd : 0) == 0 &&
-             (rc = dl__http_download(o, &t, fd, *size, NULL))) {
-    close(fd);
-    fd = -1;
+  } else if (!rc && (fd = temp_copy(&t, o, *size)) < 0) {
+    rc = fd;
   }
   free(head);
   curl_slist_free_all(versioned);
@@ -355,30 +359,42 @@ typedef struct object {
   uint8_t *head; /* its first bytes (PROBE at most, HEAD_LEN of them); the caller frees it */
   size_t head_len;
   uint32_t file;
-  uint64_t size;
+  uint64_t size, version;
+  char etag[128];
   dl__shard_id id; /* its version, for the index cache */
 } object;
 
-/* Probes URL and adds it to DS as OB->file, with its size, version and the headers its later
- * requests carry; OB->t is set up for them. */
-static int add_object(dl__dataset *ds, const char *url, const dl__options *o, object *ob) {
+/* Probes URL into OB: its size, version and first bytes; OB->t is set up for its requests. */
+static int probe_object(dl__dataset *ds, const char *url, const dl__options *o, object *ob) {
   *ob = (object){.head = malloc(PROBE)};
   if (!ob->head)
     return dl__fail(-ENOMEM, "out of memory");
   int rc = target_of(ds, url, o, ob->http, sizeof ob->http, &ob->t);
   if (rc)
     return rc;
-  char etag[128] = "";
-  rc = explained(ds, &ob->t, dl__http_probe(o, &ob->t, &ob->size, etag, sizeof etag, ob->head, PROBE, &ob->head_len));
-  uint64_t edges, version = version_of(url, ob->size, etag, ob->head, ob->head_len, &edges);
+  rc = explained(ds, &ob->t, dl__http_probe(o, &ob->t, &ob->size, ob->etag, sizeof ob->etag, ob->head, PROBE,
+                                            &ob->head_len));
+  uint64_t edges;
+  ob->version = version_of(url, ob->size, ob->etag, ob->head, ob->head_len, &edges);
   ob->id = (dl__shard_id){.size = ob->size, .edges = edges};
+  return rc;
+}
+
+/* Adds the probed object OB to DS as OB->file, read by ranged requests that carry its version
+ * and the headers its later requests carry. */
+static int add_probed(dl__dataset *ds, const char *url, object *ob) {
+  int rc = dl__dataset_add_file(ds, url, &ob->file);
   if (!rc)
-    rc = dl__dataset_add_file(ds, url, &ob->file);
-  if (!rc)
-    rc = set_remote(ds, ob->file, &ob->t, ob->size, version, etag);
+    rc = set_remote(ds, ob->file, &ob->t, ob->size, ob->version, ob->etag);
   if (!rc)
     ob->t.headers = ds->remote[ob->file].headers; /* what loading it still reads is of the version probed */
   return rc;
+}
+
+/* Probes URL and adds it to DS (add_probed). */
+static int add_object(dl__dataset *ds, const char *url, const dl__options *o, object *ob) {
+  int rc = probe_object(ds, url, o, ob);
+  return rc ? rc : add_probed(ds, url, ob);
 }
 
 int dl__remote_load_scanned(dl__dataset *ds, const char *url, const dl__options *o, dl__scan_fn scan, void *arg,
@@ -435,6 +451,33 @@ static bool names_mds(const char *url) {
   return (n >= 11 && !strcmp(url + n - 11, "/index.json")) || (n && url[n - 1] == '/');
 }
 
+typedef struct whole {
+  const dl__target *t;
+  const dl__options *o;
+  uint64_t size;
+} whole;
+
+static int fetch_whole(void *arg) {
+  const whole *w = arg;
+  return temp_copy(w->t, w->o, w->size);
+}
+
+/* A compressed tar (HOW: gzip, zstd or bzip2, as WebDataset writes .tar.gz), probed as OB: read as
+ * a local one is, from an uncompressed copy made at open (kept in cache_dir by the object's
+ * version, so that later opens fetch nothing), downloaded whole for it, of the version probed. */
+static int load_packed(dl__dataset *ds, const char *url, const dl__options *o, object *ob, const char *how) {
+  struct curl_slist *versioned;
+  int rc = version_headers(own_headers(&ob->t), ob->etag, &versioned);
+  if (rc)
+    return rc;
+  ob->t.headers = versioned;
+  whole w = {&ob->t, o, ob->size};
+  if (!(rc = dl__dataset_add_file(ds, url, &ob->file)))
+    rc = dl__tar_load_fetched(ds, ob->file, how, &ob->id, fetch_whole, &w, o);
+  curl_slist_free_all(versioned);
+  return rc;
+}
+
 int dl__remote_load(dl__dataset *ds, const char *url, const dl__options *o) {
   size_t n = strlen(url);
   if (names_mds(url)) {
@@ -451,8 +494,11 @@ int dl__remote_load(dl__dataset *ds, const char *url, const dl__options *o) {
     return dl__fail(DL_EUNSUPPORTED, "source %s: an MDS shard is read through its dataset's index.json: give the "
                     "URL of that (or of its folder, ending in '/')", url);
   object ob;
-  int rc = add_object(ds, url, o, &ob);
-  if (!rc && ob.head_len >= 8 && !memcmp(ob.head, "RFSHARD1", 8))
+  int rc = probe_object(ds, url, o, &ob);
+  const char *packed = rc ? NULL : dl__tar_compression(ob.head, ob.head_len);
+  if (packed)
+    rc = load_packed(ds, url, o, &ob, packed);
+  else if (!rc && !(rc = add_probed(ds, url, &ob)) && ob.head_len >= 8 && !memcmp(ob.head, "RFSHARD1", 8))
     rc = load_rfs(ds, ob.file, &ob.t, o, ob.size, ob.head, ob.head_len);
   else if (!rc)
     rc = load_scanned(ds, ob.file, &ob.t, o, ob.size, &ob.id, scan_tar, (void *)&o->on_error);

@@ -465,6 +465,53 @@ def test_a_url_written_with_spaces_or_letters_beyond_ascii_is_encoded_as_browser
     assert bench(f"{server.url}/{{a b,é}}.tar", env=env)["samples"] == 2 * local["samples"]
 
 
+def test_a_compressed_remote_tar_reads_as_its_local_copy(own_server, tmp_path):
+    """WebDataset's .tar.gz over HTTP (and zstd, bzip2): downloaded whole and decompressed at open,
+    the plain tar's batches; with cache_dir the uncompressed copy is kept, so a later open downloads
+    nothing; damaged data keeps the members before it, named by URL."""
+    import bz2
+    import gzip
+    root, server = own_server
+    tar = pathlib.Path(SHARDS, TAR).read_bytes()
+    (root / "a.tar.gz").write_bytes(gzip.compress(tar))
+    (root / "a.tar.bz2").write_bytes(bz2.compress(tar))
+    (root / "a.tar.zst").write_bytes(subprocess.run(["zstd", "-q", "-c"], input=tar, capture_output=True,
+                                                    check=True).stdout)
+    (root / "cut.tar.gz").write_bytes(gzip.compress(tar)[:len(tar) // 3])
+    shutil.copy(os.path.join(SHARDS, TAR), root / "plain.tar")
+    env = {"XDG_CACHE_HOME": str(tmp_path / "xdg")}
+    local = bench(os.path.join(SHARDS, TAR), env=env)
+    for name in ("a.tar.gz", "a.tar.bz2", "a.tar.zst"):
+        got = bench(f"{server.url}/{name}", "--workers", "2", env=env)
+        assert got["batch_digests"] == local["batch_digests"], name
+
+    def downloads(lines):  # GETs without a Range: the whole object
+        return [line for line in lines if "range=-" in line or line.rstrip().endswith("range=")]
+    cache = ["--option", f"cache_dir={tmp_path / 'cache'}"]
+    opens = []
+    for _ in range(2):
+        before = len(requests_for(server.access_log, "a.tar.gz"))
+        assert bench(f"{server.url}/a.tar.gz", *cache, env=env)["batch_digests"] == local["batch_digests"]
+        opens.append(requests_for(server.access_log, "a.tar.gz")[before:])
+    assert len(downloads(opens[0])) == 1 and not downloads(opens[1]), opens
+    kept = [f for f in (tmp_path / "cache").rglob("*") if f.is_file() and f.stat().st_size == len(tar)]
+    assert len(kept) == 1 and kept[0].read_bytes() == tar
+
+    cut = f"{server.url}/cut.tar.gz"
+    out = bench(cut, "--epochs", "1", env=dict(env, DL_LOG_LEVEL="2"), ok=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert 0 < json.loads(out.stdout)["samples"] < local["samples"]
+    assert f"shard {cut}: its gz data ends early (truncated?); keeping the members before it" in out.stderr
+    out = bench(cut, "--option", "on_error=fail", env=env, ok=False)
+    assert out.returncode == 1 and "DL_ECORRUPT" in out.stderr and f"shard {cut}: its gz data ends early" in out.stderr
+
+    # The copy is read as a local shard: beside local shards it is one; beside ranged ones, named.
+    both = bench(f"{server.url}/a.tar.gz::{os.path.join(SHARDS, TAR)}", "--epochs", "1", env=env)
+    assert both["samples"] == 2 * local["samples"]
+    out = bench(f"{server.url}/a.tar.gz::{server.url}/plain.tar", env=env, ok=False)
+    assert out.returncode == 1 and "compressed remote shards (read from local copies) and uncompressed" in out.stderr
+
+
 def test_npy_members_of_a_remote_tar_equal_local(own_server, tmp_path):
     root, server = own_server
     tensor_tar(root / "t.tar", 0, 40)

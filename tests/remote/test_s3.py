@@ -92,6 +92,24 @@ def test_whole_shards_into_the_cache_and_block_shuffle(s3, tmp_path):
     assert s3["seen"]["refused"] == before["refused"] and s3["seen"]["checked"] > before["checked"]
 
 
+def test_a_gzipped_tar_in_a_bucket_is_the_local_stream(s3, tmp_path):
+    """A .tar.gz key is downloaded whole (signed, of the version probed) and read from its
+    uncompressed copy: the plain tar's batches."""
+    import gzip
+    import botocore.session
+    client = botocore.session.get_session().create_client(
+        "s3", endpoint_url=f"http://127.0.0.1:{s3['port']}", aws_access_key_id=KEY, aws_secret_access_key=SECRET,
+        region_name=REGION)
+    with open(os.path.join(SHARDS, "sweep-gnu.tar"), "rb") as f:
+        client.put_object(Bucket="shards", Key="packed/sweep.tar.gz", Body=gzip.compress(f.read()))
+    before = dict(s3["seen"])
+    local = bench(os.path.join(SHARDS, "sweep-gnu.tar"), {})
+    remote = bench("s3://shards/packed/sweep.tar.gz", dict(s3["env"], XDG_CACHE_HOME=str(tmp_path)))
+    assert remote["batch_digests"] == local["batch_digests"] and remote["loader"]["requests"] == 0
+    assert s3["seen"]["refused"] == before["refused"] and s3["seen"]["checked"] - before["checked"] == 2
+    assert s3["seen"].get("if_match", 0) - before.get("if_match", 0) == 1  # the download, of the version probed
+
+
 def dlshard(*args, env, ok=True):
     e = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     e.update(env)
