@@ -95,8 +95,8 @@ if has tests; then
   logs=""
   for t in ${TESTS:-test_gpu_decode test_cuda}; do logs="$logs $out/$t.log"; done
   # -H: every line starts with its file's name, which sed takes off, whether one test ran or several.
-  grep -HE "third-party|scans cut|synthetic|on_error|workers|relative|leaks|slow consumer|compared|resumed" $logs \
-    | grep -v "handed out and released" | sed 's/^[^:]*: *//' > "$out/test_lines.txt"
+  grep -HE "third-party|scans cut|synthetic|on_error|workers|relative|leaks|slow consumer|compared|resumed" \
+    $logs | grep -v "handed out and released" | sed 's/^[^:]*: *//' > "$out/test_lines.txt"
   while read -r line; do row "&nbsp;" "$line"; done < "$out/test_lines.txt"
   if python3 -c "import torch; assert torch.cuda.is_available()" 2> /dev/null; then
     RINGFEED_LIBRARY="$PWD/$build/libringfeed.so" timeout 120 python3 -m pytest -q \

@@ -279,8 +279,8 @@ const char *dl__tar_compression(const uint8_t *h, size_t n);
 /* Reads FILE of DS, a tar compressed with HOW (of identity ID: its version for the index cache and
  * cache_dir), through its uncompressed copy; FETCH (given ARG) opens its compressed bytes where no
  * kept copy serves (a remote shard, downloaded), a descriptor the copy's maker closes. */
-int dl__tar_load_fetched(dl__dataset *ds, uint32_t file, const char *how, dl__shard_id *id, int (*fetch)(void *arg),
-                         void *arg, const dl__options *o);
+int dl__tar_load_fetched(dl__dataset *ds, uint32_t file, const char *how, dl__shard_id *id,
+                         int (*fetch)(void *arg), void *arg, const dl__options *o);
 /* Scans a tar shard into DS (no cache); used by dl__tar_load and by tools. */
 int dl__tar_scan(dl__dataset *ds, uint32_t file, int fd, uint64_t file_size, int on_error);
 /* The integer label of a .cls member's N bytes (spaces around it allowed); *WHY NULL, or why it is

@@ -300,10 +300,10 @@ int dl_open(dl_loader **out, const char *source, const char *options) {
     copies += !ranged && dl__is_url(l->ds.files[i]);
   }
   if (remote && remote < l->ds.nfiles) {
-    r = copies ? dl__fail(DL_EOPTION, "source %s: compressed remote shards (read from local copies) and uncompressed "
-                          "ones (read by ranged requests) in one loader (open one loader for each)", source)
-               : dl__fail(DL_EOPTION, "source %s: remote and local shards in one loader (open one loader for each)",
-                          source);
+    const char *mix = copies ? "compressed remote shards (read from local copies) and uncompressed ones "
+                               "(read by ranged requests)"
+                             : "remote and local shards";
+    r = dl__fail(DL_EOPTION, "source %s: %s in one loader (open one loader for each)", source, mix);
     goto fail;
   }
   if (remote && l->o.io != DL__IO_AUTO) {

@@ -420,12 +420,14 @@ static const char *not_a_tar(const uint8_t *h, int *code) {
     size_t n;
     const char *why;
   } kinds[] = {
-      {"\x1f\x8b", 2, "gzip-compressed data where the tar should begin (compressed twice?): decompress it to the tar"},
-      {"\x28\xb5\x2f\xfd", 4, "zstd-compressed data where the tar should begin (compressed twice?): decompress it to "
-                              "the tar"},
+      {"\x1f\x8b", 2, "gzip-compressed data where the tar should begin (compressed twice?): decompress it "
+                      "to the tar"},
+      {"\x28\xb5\x2f\xfd", 4, "zstd-compressed data where the tar should begin (compressed twice?): "
+                              "decompress it to the tar"},
       {"\xfd" "7zXZ", 5, "an xz-compressed file, not a tar: shards are read uncompressed, or gzip, zstd or bzip2 "
                          "compressed (unxz it)"},
-      {"BZh", 3, "bzip2-compressed data where the tar should begin (compressed twice?): decompress it to the tar"},
+      {"BZh", 3, "bzip2-compressed data where the tar should begin (compressed twice?): decompress it to the "
+                 "tar"},
       {"PK\x03\x04", 4, "a zip archive, not a tar"},
   };
   *code = DL_EUNSUPPORTED;
@@ -650,8 +652,8 @@ static const char *compression_of(int fd) {
 }
 
 typedef struct packed {
-  int fd;                      /* the compressed shard, or -1: FETCH gives it (a remote one, downloaded) */
-  int (*fetch)(void *arg);     /* a descriptor of the compressed bytes, closed after use, or an error */
+  int fd;                  /* the compressed shard, or -1: FETCH gives it (a remote one, downloaded) */
+  int (*fetch)(void *arg); /* a descriptor of the compressed bytes, closed after use, or an error */
   void *fetch_arg;
   const char *how, *path;
   uint64_t made;
@@ -675,7 +677,8 @@ static int unpack_shard(int fd, uint64_t most, void *arg) {
  * past the room for it (cache_limit, or what the disk had free less a tenth): nothing bounds a
  * tar's size but that. A remote one is fetched only where no kept copy serves.
  */
-static int uncompressed_copy(packed *p, const dl__shard_id *id, const dl__options *o, int *copy, uint64_t *size) {
+static int uncompressed_copy(packed *p, const dl__shard_id *id, const dl__options *o, int *copy,
+                             uint64_t *size) {
   *copy = -1;
   const char *path = p->path;
   int fd = -1;
@@ -782,8 +785,8 @@ int dl__tar_load(dl__dataset *ds, const char *path, const dl__options *o) {
   return p.how ? load_copy(ds, file, &p, &id, o) : index_tar(ds, file, path, &id, size, false, o);
 }
 
-int dl__tar_load_fetched(dl__dataset *ds, uint32_t file, const char *how, dl__shard_id *id, int (*fetch)(void *arg),
-                         void *arg, const dl__options *o) {
+int dl__tar_load_fetched(dl__dataset *ds, uint32_t file, const char *how, dl__shard_id *id,
+                         int (*fetch)(void *arg), void *arg, const dl__options *o) {
   packed p = {.fd = -1, .fetch = fetch, .fetch_arg = arg, .how = how, .path = ds->files[file]};
   return load_copy(ds, file, &p, id, o);
 }

@@ -107,7 +107,8 @@ def test_a_gzipped_tar_in_a_bucket_is_the_local_stream(s3, tmp_path):
     remote = bench("s3://shards/packed/sweep.tar.gz", dict(s3["env"], XDG_CACHE_HOME=str(tmp_path)))
     assert remote["batch_digests"] == local["batch_digests"] and remote["loader"]["requests"] == 0
     assert s3["seen"]["refused"] == before["refused"] and s3["seen"]["checked"] - before["checked"] == 2
-    assert s3["seen"].get("if_match", 0) - before.get("if_match", 0) == 1  # the download, of the version probed
+    # The download asks for the version probed.
+    assert s3["seen"].get("if_match", 0) - before.get("if_match", 0) == 1
 
 
 def dlshard(*args, env, ok=True):
