@@ -29,6 +29,8 @@ struct dl__gpu_decoder {
   engine hw, cuda; /* hw.h is NULL without JPEG engines */
   bool cuda_tried;  /* with engines, the CUDA decoder starts when a JPEG first needs it */
   unsigned engines, cores;
+  int room_w, room_h; /* the largest image the engines' buffers were last sized for */
+  int64_t room_most;  /* in pixels: larger images are left to nvJPEG's own growth */
   bool interpolates; /* chroma upsampling by interpolation (the flag nvJPEG took) */
   nvjpegOutputFormat_t format;
   int channels, batch;
@@ -205,6 +207,8 @@ int dl__gpu_decoder_create(dl_loader *l, int device, dl__gpu_decoder **out, size
     double side = sqrt((double)d->pool_cap / (double)B / d->channels);
     int hint = side > 4096 ? 4096 : side < 64 ? 64 : (int)side;
     nv->DecodeBatchedPreAllocate(d->hw.h, d->hw.state, d->batch, hint, hint, NVJPEG_CSS_444, d->format);
+    d->room_w = d->room_h = hint;
+    d->room_most = 4 * (int64_t)hint * hint;
   }
   t[4] = dl__now();
   dl__log(DL__LOG_DEBUG, "nvJPEG on cuda:%d started in %.0f ms: hardware backend %.0f, CUDA backend (without engines) "
@@ -257,6 +261,49 @@ static void decode_on_cpu(dl__gpu_decoder *d, dl_loader *l, dl_batch *host, int 
     atomic_fetch_add_explicit(&l->st.gpu_fallbacks, 1, memory_order_relaxed);
 }
 
+static int round_up(int v, int to) { return (v + to - 1) / to * to; }
+
+/*
+ * The engines' buffers sized again, all at once and before the call, where an image of the call
+ * is wider or taller than any they were sized for. Left to nvJPEG, each engine grew its own when
+ * such an image first came to it, and each growth freed device memory, which waits for all the
+ * device's work: a model's step, in the first batches (an H200, hybrid beside a consumer: eight
+ * growths in the first 30 ms, the GPU idle 7.6-10.3 ms before the second step; sized here once,
+ * in the first batch, before any step: 0-4.5 ms). A quarter more than asked, so that the next
+ * larger images do not each cost one; never above four times the pool's share of an image at
+ * open (room_most), so that one huge image does not size the buffers of a whole batch for it.
+ */
+static void make_room(dl__gpu_decoder *d, const dl_batch *host, const dl__resize_job *kj, const int *list,
+                      int n) {
+  int w = 0, h = 0;
+  for (int j = 0; j < n; j++) {
+    const dl__gpu_job *g = &host->jobs[kj[list[j]].out];
+    if ((int64_t)g->width * g->height > d->room_most)
+      continue;
+    w = g->width > w ? g->width : w;
+    h = g->height > h ? g->height : h;
+  }
+  if (w <= d->room_w && h <= d->room_h)
+    return;
+  int rw = d->room_w, rh = d->room_h;
+  if (w > rw)
+    rw = round_up(w > rw + rw / 4 ? w : rw + rw / 4, 64);
+  if (h > rh)
+    rh = round_up(h > rh + rh / 4 ? h : rh + rh / 4, 64);
+  if ((int64_t)rw * rh > d->room_most)
+    return;
+  double t0 = dl__now();
+  nvjpegStatus_t st =
+      d->nv->DecodeBatchedPreAllocate(d->hw.h, d->hw.state, d->batch, rw, rh, NVJPEG_CSS_444, d->format);
+  d->hw.ready_for = 0;
+  if (st == NVJPEG_STATUS_SUCCESS)
+    d->room_w = rw, d->room_h = rh;
+  else
+    d->room_most = 0; /* (out of device memory): nvJPEG grows its own from now on */
+  dl__log(DL__LOG_DEBUG, "nvJPEG on cuda:%d: the engines' buffers sized for %dx%d images in %.1f ms (%s)",
+          d->device, rw, rh, (dl__now() - t0) * 1e3, dl__nvjpeg_status_name(st));
+}
+
 /* Decodes the jobs KJ[LIST[0..n)] with engine E; those it refuses go to the CPU (out = -1). */
 static void decode_list(dl__gpu_decoder *d, dl_loader *l, dl_batch *host, engine *e, bool roi, dl__resize_job *kj,
                         const int *list, int n, cudaStream_t s) {
@@ -280,6 +327,8 @@ static void decode_list(dl__gpu_decoder *d, dl_loader *l, dl_batch *host, engine
       return;
     }
   }
+  if (e == &d->hw)
+    make_room(d, host, kj, list, n);
   for (int j = 0; j < n; j++) {
     dl__resize_job *k = &kj[list[j]];
     dl__gpu_job *g = &host->jobs[k->out];
