@@ -506,6 +506,14 @@ def test_a_compressed_remote_tar_reads_as_its_local_copy(own_server, tmp_path):
     assert out.returncode == 1 and "DL_ECORRUPT" in out.stderr
     assert f"shard {cut}: its gz data ends early" in out.stderr
 
+    # dlshard lists and verifies it as it does the plain tar.
+    for command in ("ls", "verify"):
+        remote, plain = (subprocess.run([os.path.join(BUILD, "dlshard"), command, source], capture_output=True,
+                                        text=True, timeout=300, env=dict(os.environ, **env))
+                         for source in (f"{server.url}/a.tar.gz", os.path.join(SHARDS, TAR)))
+        assert remote.returncode == plain.returncode, remote.stderr
+        assert remote.stdout.splitlines()[-1].split(": ")[-1] == plain.stdout.splitlines()[-1].split(": ")[-1]
+
     # The copy is read as a local shard: beside local shards it is one; beside ranged ones, named.
     both = bench(f"{server.url}/a.tar.gz::{os.path.join(SHARDS, TAR)}", "--epochs", "1", env=env)
     assert both["samples"] == 2 * local["samples"]
