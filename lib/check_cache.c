@@ -8,9 +8,10 @@
  * identity (device, inode, size, mtime, ctime) and every sample's place in the shards. A shard
  * changed or replaced gives another name, and its verdicts are read again; a compressed shard
  * read from a temporary copy is named by the compressed file. An image folder's files, opened per
- * read, are named by what stat said of each when the folder was listed (dl__dataset_file_seen).
+ * read, are named by what stat said of each when the folder was listed (dl__dataset_file_named).
  * A remote shard is named by its URL and version (its size and ETag, or with no ETag its first
- * bytes), what its cached index and copy are kept by.
+ * bytes), what its cached index and copy are kept by; a remote compressed tar read from a local
+ * copy, by the same version, given at open.
  *
  * The file is untrusted input: its size, magic, hash and every value are checked, and one that
  * does not pass is ignored (and written again at close). Loaders of one dataset in several
@@ -44,12 +45,11 @@ void dl__file_seen_of(const struct stat *st, dl__file_seen *out) {
 }
 
 /* A chain of small hashes, one a file, rather than a hash state kept in the dataset. */
-void dl__dataset_file_seen(dl__dataset *ds, uint32_t file, const dl__file_seen *id) {
-  struct {
-    uint64_t before, file;
-    dl__file_seen id;
-  } link = {ds->seen_hash, file, *id};
-  ds->seen_hash = XXH64(&link, sizeof link, 0);
+void dl__dataset_file_named(dl__dataset *ds, uint32_t file, const void *id, size_t len) {
+  uint64_t link[2 + 8] = {ds->seen_hash, file};
+  len = len < sizeof link - 16 ? len : sizeof link - 16;
+  memcpy(link + 2, id, len);
+  ds->seen_hash = XXH64(link, 16 + len, 0);
   ds->nseen++;
 }
 
@@ -61,10 +61,10 @@ static const dl__remote_file *remote_of(const dl__dataset *ds, uint32_t f) {
 static uint64_t dataset_hash(const dl__dataset *ds) {
   if (!ds->fds || !ds->nfiles || !ds->n)
     return 0;
-  uint32_t per_read = 0; /* local files opened per read: every one must have been seen */
+  uint32_t named = 0; /* files not named by their descriptor: every one must have been named at open */
   for (uint32_t f = 0; f < ds->nfiles; f++)
-    per_read += ds->fds[f] < 0 && !remote_of(ds, f);
-  if (per_read != ds->nseen)
+    named += !remote_of(ds, f) && (ds->fds[f] < 0 || dl__is_url(ds->files[f]));
+  if (named != ds->nseen)
     return 0;
   XXH64_state_t *h = XXH64_createState();
   if (!h)
@@ -80,7 +80,7 @@ static uint64_t dataset_hash(const dl__dataset *ds) {
       XXH64_update(h, &r->version, sizeof r->version);
       continue;
     }
-    if (ds->fds[f] < 0)
+    if (ds->fds[f] < 0 || dl__is_url(ds->files[f])) /* named at open (seen_hash) */
       continue;
     /* An unnamed uncompressed copy (a compressed shard's, made at every open) stands for the file
      * at its path, whose identity names it. */

@@ -241,7 +241,7 @@ static int flat_load(dl__dataset *ds, const char *root, char **files, size_t n) 
       break;
     dl__file_seen seen;
     dl__file_seen_of(&st, &seen);
-    dl__dataset_file_seen(ds, s.file, &seen);
+    dl__dataset_file_named(ds, s.file, &seen, sizeof seen);
     if (npy) {
       int f = dl__dataset_field(ds, ext, stem == 3 ? 3 : stem - 4);
       dl__fref ref = {.name = (uint16_t)f, .kind = zst ? DL__REF_NPY_ZST : DL__REF_NPY,
@@ -362,7 +362,7 @@ int dl__folder_load(dl__dataset *ds, const char *root) {
       const char *dot = strrchr(name, '.');
       rc = dl__dataset_add_file(ds, path, &s.file);
       if (!rc)
-        dl__dataset_file_seen(ds, s.file, &e->seen);
+        dl__dataset_file_named(ds, s.file, &e->seen, sizeof e->seen);
       if (!rc && ((s.name = dl__dataset_intern(ds, name, strlen(name))) == UINT32_MAX ||
                   (s.key = dl__dataset_intern(ds, name, (size_t)(dot - name))) == UINT32_MAX))
         rc = dl__fail(-ENOMEM, "out of memory listing %s", root);

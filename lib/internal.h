@@ -203,8 +203,11 @@ typedef struct dl__dataset {
   uint32_t nparts;
   struct dl__declared *declared; /* the distinct column sets of shards that declare theirs */
   uint32_t ndeclared;
-  uint64_t seen_hash; /* files not kept open (an ImageFolder's): their identities at open, folded */
-  uint32_t nseen;     /* in by dl__dataset_file_seen, which name the GPU check's kept verdicts */
+  /* Files not named by their descriptor (an ImageFolder's, opened per read; the local copy of a
+   * remote compressed shard): the identities they had at open, folded in by dl__dataset_file_named,
+   * which name the GPU check's kept verdicts. */
+  uint64_t seen_hash;
+  uint32_t nseen;
 } dl__dataset;
 
 /* Shards whose samples all have the fields their index declares (an MDS shard's columns): a
@@ -412,8 +415,9 @@ typedef struct dl__file_seen {
   int64_t mtime_ns, ctime_ns;
 } dl__file_seen;
 void dl__file_seen_of(const struct stat *st, dl__file_seen *out);
-/* Folds in the identity of FILE, just added to DS (dl__dataset_add_file) and read per read. */
-void dl__dataset_file_seen(dl__dataset *ds, uint32_t file, const dl__file_seen *id);
+/* Folds in ID (LEN bytes, at most 64), the identity of FILE, just added to DS: what stat said of a
+ * file read per read (a dl__file_seen), or a remote object's version for its local copy. */
+void dl__dataset_file_named(dl__dataset *ds, uint32_t file, const void *id, size_t len);
 
 /* ---- .npy payloads (npy.c) ---- */
 

@@ -142,6 +142,21 @@ static void rewrite(const char *path, uint8_t *p, size_t len, bool fix_sum) {
   ASSERT_EQ(dl__cache_write(path, p, len), 0);
 }
 
+/* The test shard compressed with zstd into PATH. */
+static void write_packed(const char *path) {
+  uint8_t *plain;
+  size_t plain_len;
+  ASSERT_EQ(dl__cache_read(shard, 1, &plain, &plain_len), 0);
+  size_t cap = ZSTD_compressBound(plain_len);
+  uint8_t *z = malloc(cap);
+  ASSERT(z);
+  size_t z_len = ZSTD_compress(z, cap, plain, plain_len, 3);
+  ASSERT(!ZSTD_isError(z_len));
+  test_write_file(path, z, z_len);
+  free(z);
+  free(plain);
+}
+
 /* With "URL FOLDER": the shard written into FOLDER, which a web server serves at URL
  * (tests/remote/test_cache.py starts nginx): named by its URL and version, its verdicts are kept;
  * changed on the server (a new ETag), they are not. */
@@ -158,6 +173,20 @@ static int over_http(const char *url, const char *folder) {
   ASSERT_EQ(l->st.check_kept, 0);
   dl_close(l);
   printf("a shard over HTTP: a second open keeps every verdict; the shard changed on the server, none\n");
+  /* Compressed, it is read from a local copy made at every open: named by the same version. */
+  char packed[600];
+  snprintf(packed, sizeof packed, "%s/packed.tar.zst", folder);
+  write_packed(packed);
+  snprintf(source, sizeof source, "%s/packed.tar.zst", url);
+  kept_across_opens(source);
+  ASSERT_EQ(utimensat(AT_FDCWD, packed, when, 0), 0);
+  l = open_source(source);
+  ASSERT_EQ(l->ds.nremote, 0);
+  ASSERT_EQ(l->ds.unpacked_temp, 1);
+  ASSERT_EQ(l->st.check_kept, 0);
+  dl_close(l);
+  printf("a compressed shard over HTTP, read from a local copy: a second open keeps every verdict; changed on "
+         "the server, none\n");
   return 0;
 }
 
@@ -274,17 +303,7 @@ int main(int argc, char **argv) {
    * file, so a second open keeps the verdicts. */
   char packed[400];
   snprintf(packed, sizeof packed, "%s/packed.tar.zst", dir);
-  uint8_t *plain;
-  size_t plain_len;
-  ASSERT_EQ(dl__cache_read(shard, 1, &plain, &plain_len), 0);
-  size_t cap = ZSTD_compressBound(plain_len);
-  uint8_t *z = malloc(cap);
-  ASSERT(z);
-  size_t z_len = ZSTD_compress(z, cap, plain, plain_len, 3);
-  ASSERT(!ZSTD_isError(z_len));
-  test_write_file(packed, z, z_len);
-  free(z);
-  free(plain);
+  write_packed(packed);
   l = open_source(packed);
   ASSERT_EQ(l->ds.unpacked_temp, 1);
   dl_close(l);

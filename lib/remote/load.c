@@ -474,6 +474,8 @@ static int load_packed(dl__dataset *ds, const char *url, const dl__options *o, o
   whole w = {&ob->t, o, ob->size};
   if (!(rc = dl__dataset_add_file(ds, url, &ob->file)))
     rc = dl__tar_load_fetched(ds, ob->file, how, &ob->id, fetch_whole, &w, o);
+  if (!rc) /* the copy has no identity of its own to name the GPU check's verdicts by */
+    dl__dataset_file_named(ds, ob->file, &ob->version, sizeof ob->version);
   curl_slist_free_all(versioned);
   return rc;
 }

@@ -216,3 +216,4 @@ def test_gpu_check_verdicts_of_a_url_are_kept_by_its_version(tmp_path):
         shutil.rmtree(served)
     assert out.returncode == 0, out.stdout + out.stderr[-2000:]
     assert "a shard over HTTP: a second open keeps every verdict" in out.stdout, out.stdout
+    assert "a compressed shard over HTTP, read from a local copy: a second open keeps" in out.stdout, out.stdout
