@@ -289,43 +289,6 @@ static int explained(const dl__dataset *ds, const dl__target *t, int rc) {
   return rc == -EACCES && ds->hub && dl__hub_serves(ds->hub, t->url) ? dl__hub_explain(rc, ds->hub) : rc;
 }
 
-int dl__remote_copy(const char *url, const dl__options *o, bool whole, int *out, uint64_t *size) {
-  dl__dataset tmp = {0};
-  char http[8192];
-  dl__target t = {0};
-  uint8_t *head = malloc(PROBE);
-  size_t head_len = 0;
-  char etag[128] = "";
-  int rc = !head ? dl__fail(-ENOMEM, "out of memory") : target_of(&tmp, url, o, http, sizeof http, &t);
-  if (!rc)
-    rc = explained(&tmp, &t, dl__http_probe(o, &t, size, etag, sizeof etag, head, PROBE, &head_len));
-  struct curl_slist *versioned = NULL; /* the copy is of the version probed */
-  if (!rc && !(rc = version_headers(own_headers(&t), etag, &versioned)))
-    t.headers = versioned;
-  int fd = -1;
-  if (!rc && !whole && head_len >= 8 && !memcmp(head, "RFSHARD1", 8)) {
-    rc = (fd = rfs_index_copy(&t, o, *size, head, head_len)) < 0 ? fd : 0;
-  } else if (!rc && (fd = temp_copy(&t, o, *size)) < 0) {
-    rc = fd;
-  }
-  free(head);
-  curl_slist_free_all(versioned);
-  dl__remote_free(&tmp);
-  *out = fd;
-  return rc;
-}
-
-int dl__remote_put(const char *url, const dl__options *o, int fd, uint64_t size) {
-  dl__dataset tmp = {0};
-  char http[8192];
-  dl__target t;
-  int rc = target_of(&tmp, url, o, http, sizeof http, &t);
-  if (!rc)
-    rc = dl__http_put(o, &t, fd, size);
-  dl__remote_free(&tmp);
-  return rc;
-}
-
 /* The version of the object URL of SIZE bytes, whose probe gave ETAG and HEAD_LEN first bytes: a
  * cached index or copy is the object's while its size and ETag are (or, with no ETag, its first
  * bytes). *EDGES: what stands for the ETag in index cache keys. */
@@ -333,23 +296,6 @@ static uint64_t version_of(const char *url, uint64_t size, const char *etag, con
                            uint64_t *edges) {
   *edges = etag[0] ? XXH64(etag, strlen(etag), 1) : XXH64(head, head_len, 2);
   return XXH64(url, strlen(url), *edges ^ size);
-}
-
-int dl__remote_version(const char *url, const dl__options *o, uint64_t *size, uint64_t *version) {
-  dl__dataset tmp = {0};
-  char http[8192], etag[128] = "";
-  dl__target t = {0};
-  uint8_t *head = malloc(PROBE);
-  size_t head_len = 0;
-  uint64_t edges;
-  int rc = !head ? dl__fail(-ENOMEM, "out of memory") : target_of(&tmp, url, o, http, sizeof http, &t);
-  if (!rc)
-    rc = explained(&tmp, &t, dl__http_probe(o, &t, size, etag, sizeof etag, head, PROBE, &head_len));
-  if (!rc)
-    *version = version_of(url, *size, etag, head, head_len, &edges);
-  free(head);
-  dl__remote_free(&tmp);
-  return rc;
 }
 
 /* A remote shard as its probe found it. */
@@ -377,6 +323,49 @@ static int probe_object(dl__dataset *ds, const char *url, const dl__options *o, 
   uint64_t edges;
   ob->version = version_of(url, ob->size, ob->etag, ob->head, ob->head_len, &edges);
   ob->id = (dl__shard_id){.size = ob->size, .edges = edges};
+  return rc;
+}
+
+int dl__remote_copy(const char *url, const dl__options *o, bool whole, int *out, uint64_t *size) {
+  dl__dataset tmp = {0};
+  object ob;
+  int rc = probe_object(&tmp, url, o, &ob);
+  *size = ob.size;
+  struct curl_slist *versioned = NULL; /* the copy is of the version probed */
+  if (!rc && !(rc = version_headers(own_headers(&ob.t), ob.etag, &versioned)))
+    ob.t.headers = versioned;
+  int fd = -1;
+  if (!rc && !whole && ob.head_len >= 8 && !memcmp(ob.head, "RFSHARD1", 8))
+    rc = (fd = rfs_index_copy(&ob.t, o, ob.size, ob.head, ob.head_len)) < 0 ? fd : 0;
+  else if (!rc && (fd = temp_copy(&ob.t, o, ob.size)) < 0)
+    rc = fd;
+  free(ob.head);
+  curl_slist_free_all(versioned);
+  dl__remote_free(&tmp);
+  *out = fd;
+  return rc;
+}
+
+int dl__remote_version(const char *url, const dl__options *o, uint64_t *size, uint64_t *version) {
+  dl__dataset tmp = {0};
+  object ob;
+  int rc = probe_object(&tmp, url, o, &ob);
+  *size = ob.size;
+  if (!rc)
+    *version = ob.version;
+  free(ob.head);
+  dl__remote_free(&tmp);
+  return rc;
+}
+
+int dl__remote_put(const char *url, const dl__options *o, int fd, uint64_t size) {
+  dl__dataset tmp = {0};
+  char http[8192];
+  dl__target t;
+  int rc = target_of(&tmp, url, o, http, sizeof http, &t);
+  if (!rc)
+    rc = dl__http_put(o, &t, fd, size);
+  dl__remote_free(&tmp);
   return rc;
 }
 
