@@ -522,6 +522,38 @@ def test_a_compressed_remote_tar_reads_as_its_local_copy(own_server, tmp_path):
     assert "compressed remote shards (read from local copies) and uncompressed" in out.stderr
 
 
+@pytest.mark.parametrize("status", [500, 412])
+def test_a_compressed_remote_tar_whose_download_fails_fails_the_open_by_its_url(tmp_path, status):
+    """The whole download behind a remote .tar.gz's copy failing (a server error, retried; or the
+    object changed since its probe, 412 to the If-Match): the open fails naming the URL and the
+    status."""
+    import gzip
+    data = gzip.compress(pathlib.Path(SHARDS, TAR).read_bytes())
+    asked = {"whole": 0, "if_match": []}
+
+    def failing_download(handler):
+        if "Range" in handler.headers:
+            return False  # the probe: as asked
+        asked["whole"] += 1
+        asked["if_match"].append(handler.headers.get("If-Match"))
+        handler.send_response(status)
+        handler.send_header("Content-Length", "0")
+        handler.end_headers()
+        return True
+    server = serve_one_object(data, failing_download, etag='"v1"')
+    url = f"http://127.0.0.1:{server.server_address[1]}/a.tar.gz"
+    try:
+        out = bench(url, "--option", "retries=2", env={"XDG_CACHE_HOME": str(tmp_path)}, ok=False)
+    finally:
+        server.shutdown()
+    assert out.returncode == 1, out.stderr
+    assert f"{url}: HTTP {status}" in out.stderr, out.stderr
+    if status == 412:
+        assert "changed on the server since it was opened" in out.stderr, out.stderr
+    assert asked["if_match"] and set(asked["if_match"]) == {'"v1"'}  # the version probed, every time
+    assert asked["whole"] == (3 if status == 500 else 1)  # a server error is retried, a changed object not
+
+
 def test_npy_members_of_a_remote_tar_equal_local(own_server, tmp_path):
     root, server = own_server
     tensor_tar(root / "t.tar", 0, 40)
