@@ -24,7 +24,7 @@
  * nvJPEG per batch), and the settings.
  */
 #include "gpu/nvjpeg.h"
-#include "internal.h"
+#include "core.h"
 #include "tar_jpegs.h"
 #include "busy_gpu.h"
 

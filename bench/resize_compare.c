@@ -7,7 +7,7 @@
  * image, the worst image, and the share of images over 1 level).
  * Usage: resize_compare [--images N] SHARD...   Prints a table, then one JSON object.
  */
-#include "internal.h"
+#include "core.h"
 #include "tar_jpegs.h"
 
 #include <math.h>

@@ -3,7 +3,7 @@
  * pad=1 the largest leading dimension over the dataset), and a worker's filling of one sample's
  * fields into its slot: .npy payloads (zstd-compressed or not) and token windows.
  */
-#include "internal.h"
+#include "core.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -80,54 +80,6 @@ static int payload_prefix(const dl__dataset *ds, const dl__options *opt, const d
 }
 
 static size_t dtype_bytes(DLDataType t) { return t.bits / 8u; }
-
-int dl__zstd_inflate(void **ctx, const uint8_t *src, size_t n, size_t limit, dl__buf *out, size_t *len,
-                     dl__err *e) {
-  if (!*ctx && !(*ctx = ZSTD_createDCtx()))
-    return dl__err_set(e, -ENOMEM, "out of memory");
-  unsigned long long content = ZSTD_getFrameContentSize(src, n);
-  if (content == ZSTD_CONTENTSIZE_ERROR)
-    return dl__err_set(e, DL_ECORRUPT, "zstd: not a zstd frame");
-  if (content != ZSTD_CONTENTSIZE_UNKNOWN && content > limit)
-    return dl__err_set(e, DL_ELIMIT, "zstd frame holds %llu bytes, above the limit of %zu", content, limit);
-  if (content != ZSTD_CONTENTSIZE_UNKNOWN) {
-    size_t cap = (size_t)content + 1;
-    if (dl__buf_reserve(out, cap))
-      return dl__err_set(e, -ENOMEM, "out of memory for %zu decompressed bytes", cap);
-    size_t got = ZSTD_decompressDCtx(*ctx, out->p, cap, src, n);
-    if (ZSTD_isError(got))
-      return dl__err_set(e, ZSTD_getErrorCode(got) == ZSTD_error_dstSize_tooSmall ? DL_ELIMIT : DL_ECORRUPT,
-                         "zstd: %s", ZSTD_getErrorName(got));
-    *len = got;
-    return 0;
-  }
-  /* A frame that does not say its size: the output grows as it comes, up to the limit, rather than
-   * reserving the whole limit for a few kilobytes. */
-  ZSTD_DCtx_reset(*ctx, ZSTD_reset_session_only);
-  size_t cap = n < (limit >> 3) ? n * 8 : limit;
-  cap = cap < 65536 ? (limit < 65536 ? limit : 65536) : cap;
-  ZSTD_inBuffer in = {src, n, 0};
-  size_t pos = 0;
-  for (;;) {
-    if (dl__buf_reserve(out, cap + 1))
-      return dl__err_set(e, -ENOMEM, "out of memory for %zu decompressed bytes", cap + 1);
-    ZSTD_outBuffer o = {out->p, cap + 1, pos};
-    size_t rc = ZSTD_decompressStream(*ctx, &o, &in);
-    pos = o.pos;
-    if (ZSTD_isError(rc))
-      return dl__err_set(e, DL_ECORRUPT, "zstd: %s", ZSTD_getErrorName(rc));
-    if (pos > limit)
-      return dl__err_set(e, DL_ELIMIT, "zstd frame holds more than the limit of %zu bytes", limit);
-    if (rc == 0)
-      break; /* the frame is complete */
-    if (in.pos == in.size && pos < o.size)
-      return dl__err_set(e, DL_ECORRUPT, "zstd: the frame is cut short");
-    if (pos == o.size)
-      cap = cap > limit / 2 ? limit : cap * 2;
-  }
-  *len = pos;
-  return 0;
-}
 
 /* A tensor value (N of its TOTAL bytes at P) as a .npy payload describes it: the .npy header, or
  * for an MDS column, its stored layout. */
@@ -227,7 +179,7 @@ typedef struct ahead {
 } ahead;
 
 static bool ahead_open(dl_loader *l, ahead *a) {
-  *a = (ahead){.io = {.ops = &dl__io_http_ops, .l = l}};
+  *a = (ahead){.io = {.ops = &dl__io_http_ops, .env = &l->io_env}};
   /* io_depth as the workers will have it: chosen after the schema when not given */
   a->depth = !l->o.io_depth ? 64 : l->o.io_depth < AHEAD_SAMPLES ? (unsigned)l->o.io_depth : AHEAD_SAMPLES;
   a->buf = malloc((size_t)AHEAD_SAMPLES * AHEAD_BYTES);

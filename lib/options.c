@@ -1,7 +1,9 @@
 /* Parses "key=value key=value" option strings; the same keys as the Python keywords. */
-#include "internal.h"
+#include "options.h"
 
 #include <ctype.h>
+#include <stddef.h>
+#include <stdio.h>
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
@@ -217,165 +219,221 @@ static int parse_device(const char *key, const char *v, dl__options *o) {
   return 0;
 }
 
-static int apply(dl__options *o, const char *key, const char *v) {
-  static const char *const crops[] = {"random_resized", "center", "resize", "none"};
-  static const char *const layouts[] = {"NHWC", "NCHW"};
-  static const char *const dtypes[] = {"uint8", "float32", "float16", "bfloat16", "uint16", "uint32"};
-  static const char *const on_errors[] = {"skip", "fail"};
-  static const char *const ios[] = {"auto", "uring", "pread", "mmap"};
-  static const char *const logs[] = {"quiet", "error", "warn", "info", "debug"};
-  static const char *const decodes[] = {"auto", "cpu", "gpu", "hybrid"};
+/* The special parsers' signature: the table's PARSE (key, value, the options). */
+static int parse_seed(const char *key, const char *v, dl__options *o) {
+  char *end;
+  errno = 0;
+  /* Decimal, or hex after 0x; not octal: a zero-padded seed ("010") is ten, as in Python. */
+  bool hex = v[0] == '0' && (v[1] == 'x' || v[1] == 'X');
+  unsigned long long s = strtoull(v, &end, hex ? 16 : 10);
+  if (errno == ERANGE)
+    return bad(key, v, "above 2^64-1, the largest seed");
+  if (errno || end == v || *end || v[0] == '-' || v[0] == '+' || v[0] == ' ')
+    return bad(key, v, "expected a non-negative integer");
+  o->seed = s;
+  return 0;
+}
+
+static int parse_channels(const char *key, const char *v, dl__options *o) {
   int64_t x;
-  int r = 0;
-#define INT_OPT(name, field, lo, hi)                                                               \
-  if (!strcmp(key, name)) {                                                                        \
-    if ((r = parse_int(key, v, lo, hi, &x)))                                                       \
-      return r;                                                                                    \
-    o->field = x;                                                                                  \
-    return 0;                                                                                      \
-  }
-  INT_OPT("batch_size", batch_size, 1, 1 << 20)
-  if ((!strcmp(key, "workers") || !strcmp(key, "prefetch")) && !strcmp(v, "auto")) {
-    *(key[0] == 'w' ? &o->workers : &o->prefetch) = 0;
+  int r = parse_int(key, v, 1, 3, &x);
+  if (r)
+    return r;
+  if (x == 2)
+    return bad(key, v, "expected 1 or 3");
+  o->channels = (int)x;
+  return 0;
+}
+
+static int parse_gpu_share(const char *key, const char *v, dl__options *o) {
+  if (!strcmp(v, "auto")) {
+    o->gpu_share = -1;
     return 0;
   }
-  INT_OPT("workers", workers, 1, 1024)
-  INT_OPT("prefetch", prefetch, 1, 1024)
-  INT_OPT("epochs", epochs, 0, INT64_MAX / 2)
-  INT_OPT("start_epoch", start_epoch, 0, INT64_MAX / 4)
-  INT_OPT("rank", rank, 0, 1 << 20)
-  INT_OPT("world_size", world_size, 1, 1 << 20)
-  INT_OPT("device_slots", device_slots, 1, 64)
-  INT_OPT("io_depth", io_depth, 1, 4096)
-  INT_OPT("max_pixels", max_pixels, 1, INT64_C(1) << 40)
-  INT_OPT("max_member_bytes", max_member_bytes, 1, INT64_C(1) << 40)
-  INT_OPT("seq_len", seq_len, 1, 1 << 24)
-  INT_OPT("gpu_decode_mb", gpu_decode_mb, 16, 1 << 20)
-  INT_OPT("retries", retries, 0, 100)
-  INT_OPT("timeout_ms", timeout_ms, 1, 3600000)
-  INT_OPT("shuffle_block", shuffle_block, 0, 1 << 24)
-#undef INT_OPT
-  if (!strcmp(key, "seed")) {
-    char *end;
-    errno = 0;
-    /* Decimal, or hex after 0x; not octal: a zero-padded seed ("010") is ten, as in Python. */
-    bool hex = v[0] == '0' && (v[1] == 'x' || v[1] == 'X');
-    unsigned long long s = strtoull(v, &end, hex ? 16 : 10);
-    if (errno == ERANGE)
-      return bad(key, v, "above 2^64-1, the largest seed");
-    if (errno || end == v || *end || v[0] == '-' || v[0] == '+' || v[0] == ' ')
-      return bad(key, v, "expected a non-negative integer");
-    o->seed = s;
+  char *end;
+  errno = 0;
+  double x = strtod(v, &end);
+  if (errno || !decimal(v, end) || *end || !(x >= 0 && x <= 1))
+    return bad(key, v, "expected auto or a fraction from 0 to 1");
+  o->gpu_share = x;
+  return 0;
+}
+
+static int parse_mean(const char *key, const char *v, dl__options *o) { return parse_floats3(key, v, o->mean); }
+
+static int parse_std(const char *key, const char *v, dl__options *o) {
+  int r = parse_floats3(key, v, o->std);
+  if (r)
+    return r;
+  for (int i = 0; i < 3; i++)
+    if (o->std[i] == 0)
+      return bad(key, v, "std must not be zero");
+  return 0;
+}
+
+static int parse_memory_budget(const char *key, const char *v, dl__options *o) {
+  if (!strcmp(v, "auto")) {
+    o->memory_budget = 0;
     return 0;
   }
-  if (!strcmp(key, "channels")) {
-    if ((r = parse_int(key, v, 1, 3, &x)))
-      return r;
-    if (x == 2)
-      return bad(key, v, "expected 1 or 3");
-    o->channels = (int)x;
-    return 0;
-  }
-  if (!strcmp(key, "image_size"))
-    return parse_size(key, v, o);
-  if (!strcmp(key, "crop"))
-    return parse_choice(key, v, crops, 4, &o->crop);
-  if (!strcmp(key, "layout"))
-    return parse_choice(key, v, layouts, 2, &o->layout);
-  if (!strcmp(key, "dtype"))
-    return parse_choice(key, v, dtypes, 6, &o->dtype);
-  if (!strcmp(key, "on_error"))
-    return parse_choice(key, v, on_errors, 2, &o->on_error);
-  if (!strcmp(key, "io"))
-    return parse_choice(key, v, ios, 4, &o->io);
-  if (!strcmp(key, "log"))
-    return parse_choice(key, v, logs, 5, &o->log_level);
-  if (!strcmp(key, "decode"))
-    return parse_choice(key, v, decodes, 4, &o->decode);
-  if (!strcmp(key, "gpu_share")) {
-    if (!strcmp(v, "auto")) {
-      o->gpu_share = -1;
+  int r = parse_bytes(key, v, &o->memory_budget);
+  return r ? r : o->memory_budget ? 0 : bad(key, v, "must be above zero");
+}
+
+static int parse_cache_limit(const char *key, const char *v, dl__options *o) {
+  int r = parse_bytes(key, v, &o->cache_limit);
+  return r ? r : o->cache_limit ? 0 : bad(key, v, "must be above zero");
+}
+
+static int parse_fields(const char *key, const char *v, dl__options *o) {
+  if (strlen(v) >= sizeof o->fields)
+    return bad(key, v, "list too long");
+  if (!*v || strstr(v, ",,") || *v == ',' || v[strlen(v) - 1] == ',')
+    return bad(key, v, "expected field names separated by commas");
+  strcpy(o->fields, v);
+  return 0;
+}
+
+enum { INT, BOOL, CHOICE, TEXT, SPECIAL };
+
+/* "auto" for a count or size the loader chooses at open: 0 in the field. */
+#define AUTO_ZERO 1
+/* A text that may not be empty. */
+#define NOT_EMPTY 2
+
+typedef struct option {
+  const char *name;
+  int type;
+  int64_t lo, hi;                /* INT: the range */
+  size_t at, size;               /* the field: offsetof and sizeof in dl__options */
+  const char *const *choices;    /* CHOICE: the values, NULL-terminated, by index */
+  int (*parse)(const char *key, const char *v, dl__options *o); /* SPECIAL */
+  int flags;                     /* AUTO_ZERO, NOT_EMPTY */
+  const char *why_long;          /* TEXT: what a value too long is */
+  const char *help;              /* what it is, its values and default: the docs' option list */
+} option;
+
+#define FIELD(f) .at = offsetof(dl__options, f), .size = sizeof(((dl__options *)0)->f)
+#define NAMES(...) (const char *const[]){__VA_ARGS__, NULL}
+
+static const option options[] = {
+    {"batch_size", INT, 1, 1 << 20, FIELD(batch_size), .help = "samples per batch (256)"},
+    {"workers", INT, 1, 1024, FIELD(workers), .flags = AUTO_ZERO,
+     .help = "decoding threads: a number, or auto (the default: the CPUs this process may use, shared by the host's "
+             "ranks, less one for each GPU that decodes JPEGs)"},
+    {"prefetch", INT, 1, 1024, FIELD(prefetch), .flags = AUTO_ZERO,
+     .help = "host batch slots: a number, or auto (the default: 4, fewer when memory_budget does not hold them)"},
+    {"epochs", INT, 0, INT64_MAX / 2, FIELD(epochs), .help = "epochs of the run; 0 runs forever (1)"},
+    {"start_epoch", INT, 0, INT64_MAX / 4, FIELD(start_epoch), .help = "the run's first epoch (0)"},
+    {"rank", INT, 0, 1 << 20, FIELD(rank), .help = "this process's share of every epoch (0)"},
+    {"world_size", INT, 1, 1 << 20, FIELD(world_size), .help = "processes sharing every epoch (1)"},
+    {"device_slots", INT, 1, 64, FIELD(device_slots), .help = "device batch slots per GPU (3)"},
+    {"io_depth", INT, 1, 4096, FIELD(io_depth), .help = "reads in flight per worker (16 local, 64 remote)"},
+    {"max_pixels", INT, 1, INT64_C(1) << 40, FIELD(max_pixels), .help = "largest image, in pixels (64 Mi)"},
+    {"max_member_bytes", INT, 1, INT64_C(1) << 40, FIELD(max_member_bytes),
+     .help = "largest sample record or member, in bytes (256 MiB)"},
+    {"seq_len", INT, 1, 1 << 24, FIELD(seq_len), .help = "tokens a sample of a token source (none)"},
+    {"gpu_decode_mb", INT, 16, 1 << 20, FIELD(gpu_decode_mb), .help = "device memory per GPU for decoded JPEGs (256)"},
+    {"retries", INT, 0, 100, FIELD(retries), .help = "remote sources: attempts after a failed request's first (5)"},
+    {"timeout_ms", INT, 1, 3600000, FIELD(timeout_ms),
+     .help = "remote sources: a connection or a body that stops coming fails after this long (30000)"},
+    {"shuffle_block", INT, 0, 1 << 24, FIELD(shuffle_block),
+     .help = "0: shuffle the whole dataset; K: shuffle shards, then samples within blocks of K shards (0)"},
+    {"seed", SPECIAL, .parse = parse_seed, .help = "the seed of order and augmentation, decimal or 0x hex (0)"},
+    {"channels", SPECIAL, .parse = parse_channels, .help = "3 (RGB) or 1 (grey) (3)"},
+    {"image_size", SPECIAL, .parse = parse_size, .help = "output size, N or HxW (224)"},
+    {"crop", CHOICE, FIELD(crop), .choices = NAMES("random_resized", "center", "resize", "none"),
+     .help = "random_resized, center, resize or none (random_resized)"},
+    {"layout", CHOICE, FIELD(layout), .choices = NAMES("NHWC", "NCHW"), .help = "NHWC or NCHW (NHWC)"},
+    {"dtype", CHOICE, FIELD(dtype),
+     .choices = NAMES("uint8", "float32", "float16", "bfloat16", "uint16", "uint32"),
+     .help = "uint8, or float32, float16, bfloat16 normalised with mean and std; uint16 or uint32 for a token "
+             "source (uint8)"},
+    {"on_error", CHOICE, FIELD(on_error), .choices = NAMES("skip", "fail"),
+     .help = "skip (a bad sample becomes zeros, named and counted) or fail (skip)"},
+    {"io", CHOICE, FIELD(io), .choices = NAMES("auto", "uring", "pread", "mmap"),
+     .help = "how local files are read: auto, uring, pread or mmap (auto)"},
+    {"log", CHOICE, FIELD(log_level), .choices = NAMES("quiet", "error", "warn", "info", "debug"),
+     .help = "how much the loader says on stderr (warn, or DL_LOG_LEVEL 0-4)"},
+    {"decode", CHOICE, FIELD(decode), .choices = NAMES("auto", "cpu", "gpu", "hybrid"),
+     .help = "where JPEGs are decoded: auto, cpu, gpu or hybrid (auto)"},
+    {"s3_addressing", CHOICE, FIELD(s3_addressing), .choices = NAMES("auto", "path", "virtual"),
+     .help = "S3 URLs as endpoint/bucket/key or bucket.host/key (auto)"},
+    {"gpu_share", SPECIAL, .parse = parse_gpu_share,
+     .help = "hybrid's GPU share of each batch: auto, or fixed from 0 to 1 (auto)"},
+    {"flip", BOOL, FIELD(flip), .help = "random horizontal flips, 0 or 1 (0)"},
+    {"shuffle", BOOL, FIELD(shuffle), .help = "shuffle every epoch, 0 or 1 (1)"},
+    {"drop_last", BOOL, FIELD(drop_last), .help = "leave out an epoch's last, short batch, 0 or 1 (0)"},
+    {"direct", BOOL, FIELD(direct), .help = "O_DIRECT reads of ringfeed shards, 0 or 1 (0)"},
+    {"pad", BOOL, FIELD(pad), .help = "tensor fields padded to the dataset's largest, with NAME_len, 0 or 1 (0)"},
+    {"gpu_check", BOOL, FIELD(gpu_check),
+     .help = "read a JPEG's data through on the CPU before its first GPU decode, 0 or 1 (1)"},
+    {"mean", SPECIAL, .parse = parse_mean, .help = "three means, pixels as 0..1 (ImageNet's 0.485,0.456,0.406)"},
+    {"std", SPECIAL, .parse = parse_std, .help = "three deviations, pixels as 0..1 (ImageNet's 0.229,0.224,0.225)"},
+    {"repeat", SPECIAL, .parse = parse_repeat,
+     .help = "times each '::' part of the source is seen an epoch, such as 0.5,2 (each once)"},
+    {"device", SPECIAL, .parse = parse_device, .help = "cpu, cuda, cuda:N or cuda:N,M,... (cpu)"},
+    {"resume", TEXT, FIELD(resume), .why_long = "token too long", .help = "a saved state's token (none)"},
+    {"memory_budget", SPECIAL, .parse = parse_memory_budget,
+     .help = "bytes the batch slots may take, such as 8G, or auto (an eighth of the host's memory)"},
+    {"cache_limit", SPECIAL, .parse = parse_cache_limit, .help = "bytes cache_dir may hold, such as 50G (its disk)"},
+    {"cache_dir", TEXT, FIELD(cache_dir), .flags = NOT_EMPTY, .why_long = "path too long",
+     .help = "a folder that keeps remote shards and uncompressed copies (none)"},
+    {"ca_file", TEXT, FIELD(ca_file), .why_long = "path too long",
+     .help = "remote sources: a CA bundle for TLS (the system's)"},
+    {"fields", SPECIAL, .parse = parse_fields, .help = "the only fields delivered, a,b,... (all)"},
+};
+
+static int apply(dl__options *o, const char *key, const char *v) {
+  for (size_t i = 0; i < DL__ARRAY_LEN(options); i++) {
+    const option *op = &options[i];
+    if (strcmp(key, op->name))
+      continue;
+    void *field = (char *)o + op->at;
+    if ((op->flags & AUTO_ZERO) && !strcmp(v, "auto")) {
+      *(int *)field = 0;
       return 0;
     }
-    char *end;
-    errno = 0;
-    double x = strtod(v, &end);
-    if (errno || !decimal(v, end) || *end || !(x >= 0 && x <= 1))
-      return bad(key, v, "expected auto or a fraction from 0 to 1");
-    o->gpu_share = x;
-    return 0;
-  }
-  if (!strcmp(key, "flip"))
-    return parse_bool(key, v, &o->flip);
-  if (!strcmp(key, "shuffle"))
-    return parse_bool(key, v, &o->shuffle);
-  if (!strcmp(key, "drop_last"))
-    return parse_bool(key, v, &o->drop_last);
-  if (!strcmp(key, "direct"))
-    return parse_bool(key, v, &o->direct);
-  if (!strcmp(key, "pad"))
-    return parse_bool(key, v, &o->pad);
-  if (!strcmp(key, "gpu_check"))
-    return parse_bool(key, v, &o->gpu_check);
-  if (!strcmp(key, "mean"))
-    return parse_floats3(key, v, o->mean);
-  if (!strcmp(key, "repeat"))
-    return parse_repeat(key, v, o);
-  if (!strcmp(key, "std")) {
-    if ((r = parse_floats3(key, v, o->std)))
-      return r;
-    for (int i = 0; i < 3; i++)
-      if (o->std[i] == 0)
-        return bad(key, v, "std must not be zero");
-    return 0;
-  }
-  if (!strcmp(key, "device"))
-    return parse_device(key, v, o);
-  if (!strcmp(key, "resume")) {
-    if (strlen(v) >= sizeof o->resume)
-      return bad(key, v, "token too long");
-    strcpy(o->resume, v);
-    return 0;
-  }
-  if (!strcmp(key, "s3_addressing")) {
-    static const char *const modes[] = {"auto", "path", "virtual"};
-    return parse_choice(key, v, modes, 3, &o->s3_addressing);
-  }
-  if (!strcmp(key, "memory_budget")) {
-    if (!strcmp(v, "auto")) {
-      o->memory_budget = 0;
+    int64_t x;
+    int r = 0, n = 0;
+    switch (op->type) {
+    case INT:
+      if ((r = parse_int(key, v, op->lo, op->hi, &x)))
+        return r;
+      if (op->size == sizeof(int64_t))
+        *(int64_t *)field = x;
+      else
+        *(int *)field = (int)x;
       return 0;
+    case BOOL:
+      return parse_bool(key, v, (int *)field);
+    case CHOICE:
+      while (op->choices[n])
+        n++;
+      return parse_choice(key, v, op->choices, n, (int *)field);
+    case TEXT:
+      if ((op->flags & NOT_EMPTY) && !*v)
+        return bad(key, v, "expected a folder");
+      if (strlen(v) >= op->size)
+        return bad(key, v, op->why_long);
+      strcpy(field, v);
+      return 0;
+    default:
+      return op->parse(key, v, o);
     }
-    if ((r = parse_bytes(key, v, &o->memory_budget)))
-      return r;
-    return o->memory_budget ? 0 : bad(key, v, "must be above zero");
-  }
-  if (!strcmp(key, "cache_limit")) {
-    if ((r = parse_bytes(key, v, &o->cache_limit)))
-      return r;
-    return o->cache_limit ? 0 : bad(key, v, "must be above zero");
-  }
-  if (!strcmp(key, "cache_dir")) {
-    if (!*v || strlen(v) >= sizeof o->cache_dir)
-      return bad(key, v, !*v ? "expected a folder" : "path too long");
-    strcpy(o->cache_dir, v);
-    return 0;
-  }
-  if (!strcmp(key, "ca_file")) {
-    if (strlen(v) >= sizeof o->ca_file)
-      return bad(key, v, "path too long");
-    strcpy(o->ca_file, v);
-    return 0;
-  }
-  if (!strcmp(key, "fields")) {
-    if (strlen(v) >= sizeof o->fields)
-      return bad(key, v, "list too long");
-    if (!*v || strstr(v, ",,") || *v == ',' || v[strlen(v) - 1] == ',')
-      return bad(key, v, "expected field names separated by commas");
-    strcpy(o->fields, v);
-    return 0;
   }
   return dl__fail(DL_EOPTION, "unknown option '%s'", key);
+}
+
+void dl__options_doc(FILE *out, bool markdown) {
+  if (markdown)
+    fprintf(out, "# Options\n\nThe loader's options: `key=value` words for `dl_open` (C), the same keywords for "
+            "`ringfeed.Loader` (Python), `--option key=value` for `dlbench`. An unknown key or a bad value fails "
+            "the open with `DL_EOPTION` and a message naming it. This page is made from the options' table in "
+            "`lib/options.c` (`dlbench --list-options=md`); a test checks that it is.\n\n"
+            "| option | what, values (default) |\n|---|---|\n");
+  for (size_t i = 0; i < DL__ARRAY_LEN(options); i++)
+    fprintf(out, markdown ? "| `%s` | %s |\n" : "  %-17s %s\n", options[i].name, options[i].help);
 }
 
 int dl__options_parse(dl__options *o, const char *text) {

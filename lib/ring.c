@@ -5,8 +5,7 @@
  *
  * Lock order: l->mu only (no other lock is taken while it is held).
  */
-#include "internal.h"
-#include "gpu/gpu.h"
+#include "core.h"
 
 #include <inttypes.h>
 #include <limits.h>
@@ -60,9 +59,7 @@ static dl_batch *open_slot(dl_loader *l, dl__stream *s) {
   b->arena_used = 0;
   /* Hybrid's split: how many samples the workers decode (the GPU may take the others), and which.
    * A batch opened while nvJPEG was still starting (decode=auto) stays on the workers. */
-  b->cpu_n = l->decode == DL__DECODE_HYBRID ? (int)lround(b->len * (1 - l->share))
-             : l->decode == DL__DECODE_CPU  ? b->len
-                                            : 0;
+  b->cpu_n = dl__split_cpu_n(l, b->len);
   if (b->on_cpu && b->cpu_n > 0 && b->cpu_n < b->len) /* no arena (no JPEG the GPU may take): no choice */
     dl__gpu_split_batch(l, &s->sm, b);
   return b;
@@ -201,3 +198,39 @@ void dl__pace_locked(dl_loader *l, double now) {
   if (p->active != was)
     dl__log(DL__LOG_DEBUG, "workers=auto: %s", p->why);
 }
+
+/* The shard cache's look ahead (io/shard_cache.c): a number that moves with every claim, and the
+ * files of the samples from the claims on, stream by stream, LIMIT samples in all. */
+static int64_t claims_position(void *arg) {
+  dl_loader *l = arg;
+  int64_t position = 0;
+  pthread_mutex_lock(&l->mu);
+  for (int s = 0; s < l->nstreams; s++)
+    position += l->streams[s].claim_k * 4096 + l->streams[s].claim_i;
+  pthread_mutex_unlock(&l->mu);
+  return position;
+}
+
+static void claims_files(void *arg, int64_t limit, void (*each)(void *ctx, uint32_t file), void *ctx) {
+  dl_loader *l = arg;
+  int64_t claim[DL__MAX_DEVICES], seen = 0;
+  int claim_i[DL__MAX_DEVICES];
+  pthread_mutex_lock(&l->mu);
+  for (int s = 0; s < l->nstreams; s++) {
+    claim[s] = l->streams[s].claim_k;
+    claim_i[s] = l->streams[s].claim_i;
+  }
+  pthread_mutex_unlock(&l->mu);
+  for (int st = 0; st < l->nstreams; st++) {
+    const dl__sampler *sm = &l->streams[st].sm;
+    for (int64_t k = claim[st]; seen < limit && (sm->total < 0 || k < sm->total); k++) {
+      int len = dl__sampler_batch_len(sm, k);
+      for (int i = k == claim[st] ? claim_i[st] : 0; i < len; i++, seen++) {
+        int64_t epoch;
+        each(ctx, l->ds.samples[dl__sampler_sample(sm, k, i, &epoch, NULL)].file);
+      }
+    }
+  }
+}
+
+dl__upcoming dl__ring_upcoming(dl_loader *l) { return (dl__upcoming){claims_position, claims_files, l}; }

@@ -11,8 +11,11 @@
  * of the shard indices), cut into blocks of K shards, and within each block a permutation of its
  * samples. Positions still run over [0, n), so ranks, tokens and resumes work unchanged, and the
  * ranks together read one block (about K shards) at a time.
+ *
+ * Lock order: a block table's own mu only (it fills in lazily), never with the loader's.
  */
-#include "internal.h"
+#include "options.h"
+#include "sampler.h"
 
 #include <ctype.h>
 #include <pthread.h>

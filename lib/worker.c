@@ -2,9 +2,10 @@
  * A worker: its own I/O ring, decoder contexts and scratch buffers, all living as long as the
  * loader, so the steady state allocates nothing. It keeps up to io_depth reads in flight and
  * decodes each sample as its read completes, straight into the sample's place in the batch slot.
+ *
+ * Lock order: l->mu only, briefly (the ring's claims and completions take it in ring.c).
  */
-#include "internal.h"
-#include "gpu/gpu.h"
+#include "core.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -125,7 +126,8 @@ static void decode(struct dl__worker *w, inflight *f, bool verify, dl__err *e) {
     uint8_t *dst = c->slot->image + (size_t)c->i * l->sample_bytes;
     struct timespec t1;
     clock_gettime(CLOCK_MONOTONIC, &t1);
-    dl__image_decode(&w->img, l, image, image_len, f->s->codec, key, (uint32_t)c->index, dst, e);
+    dl__image_decode(&w->img, &l->image_spec, image, image_len, f->s->codec, key, dl__sample_flip(l, key),
+                     (uint32_t)c->index, dst, e);
     atomic_fetch_add_explicit(&l->st.cpu_decoded, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&l->st.cpu_decode_ns, ns_since(&t1), memory_order_relaxed);
   }
@@ -177,7 +179,7 @@ static void process(struct dl__worker *w, inflight *f, int64_t res, dl__err *err
     atomic_fetch_add_explicit(as_assumed ? &w->l->st.placed : &w->l->st.placed_again, 1, memory_order_relaxed);
   }
   /* Local reads in a row with an I/O error: the storage is down (ring.c; remote reads are counted
-   * where they are retried, remote/io_http.c). */
+   * where they are retried, io/http.c). */
   if (!w->l->remote && res < 0)
     atomic_fetch_add_explicit(&w->l->read_failures, 1, memory_order_relaxed);
   else if (!w->l->remote && atomic_load_explicit(&w->l->read_failures, memory_order_relaxed))
@@ -255,8 +257,9 @@ static bool start(struct dl__worker *w, const dl__claim *c) {
   dl__err e = {0};
   if (c->slot->jobs)
     c->slot->jobs[c->i].len = 0; /* on the CPU unless the GPU takes it once read */
+  char exts[96];
   if (s->codec == DL__CODEC_NONE && l->has_image) {
-    dl__err_set(&e, DL_ENOFIELD, "sample has no image member (.jpg, .jpeg, .png or .webp)");
+    dl__err_set(&e, DL_ENOFIELD, "sample has no image member (%s)", dl__codec_exts(exts, sizeof exts, NULL));
   } else if ((int64_t)s->size > l->o.max_member_bytes) {
     dl__err_set(&e, DL_ELIMIT, "member is %llu bytes, above max_member_bytes=%lld",
                 (unsigned long long)s->size, (long long)l->o.max_member_bytes);
@@ -393,7 +396,7 @@ int dl__workers_start(dl_loader *l) {
       return dl__fail(-ENOMEM, "out of memory starting worker %d", i);
     w->img.rows = l->jpeg_rows;
     w->io.ops = l->io_ops;
-    w->io.l = l;
+    w->io.env = &l->io_env;
     double t = dl__now();
     int r = l->io_ops->init(&w->io, (unsigned)w->depth);
     rings += dl__now() - t;

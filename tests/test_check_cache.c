@@ -1,11 +1,11 @@
 /*
- * The GPU check's verdicts kept across runs (check_cache.c): a second open of the same shards
+ * The GPU check's verdicts kept across runs (lib/gpu/check_verdicts.c): a second open of the same shards
  * takes every verdict the first made and reads no scan; what one loader learnt and another learnt
  * are both kept; a damaged, forged or stale file is ignored and written again; a shard changed
  * under it names another file. Image folders keep theirs too, named by their files' identities.
  * The loaders here decode on the CPU, and the walks the GPU path would ask for are asked directly.
  */
-#include "internal.h"
+#include "core.h"
 #include "test.h"
 #include "test_data.h"
 #include "tar_writer.h"
@@ -76,7 +76,7 @@ static dl_loader *open_source(const char *source) {
   OPEN_OK(l, source, "workers=1 batch_size=4");
   ASSERT(l->jpeg_rows);
   ASSERT_EQ(l->ds.n, IMAGES);
-  dl__check_cache_load(l);
+  dl__check_verdicts_load(l);
   return l;
 }
 
@@ -128,7 +128,7 @@ static int cache_files(char *path, size_t cap, uint8_t **p, size_t *len) {
   int n = (int)g.gl_pathc;
   if (path) {
     snprintf(path, cap, "%s", g.gl_pathv[0]);
-    ASSERT_EQ(dl__cache_read(path, 1, p, len), 0);
+    ASSERT_EQ(dl__read_file(path, 1, p, len), 0);
   }
   globfree(&g);
   return n;
@@ -139,14 +139,14 @@ static void rewrite(const char *path, uint8_t *p, size_t len, bool fix_sum) {
     uint64_t sum = XXH64(p, len - 8, 0);
     memcpy(p + len - 8, &sum, 8);
   }
-  ASSERT_EQ(dl__cache_write(path, p, len), 0);
+  ASSERT_EQ(dl__write_file(path, p, len), 0);
 }
 
 /* The test shard compressed with zstd into PATH. */
 static void write_packed(const char *path) {
   uint8_t *plain;
   size_t plain_len;
-  ASSERT_EQ(dl__cache_read(shard, 1, &plain, &plain_len), 0);
+  ASSERT_EQ(dl__read_file(shard, 1, &plain, &plain_len), 0);
   size_t cap = ZSTD_compressBound(plain_len);
   uint8_t *z = malloc(cap);
   ASSERT(z);
@@ -276,7 +276,7 @@ int main(int argc, char **argv) {
   dl_close(l);
   /* Nor kept without gpu_check. */
   OPEN_OK(l, shard, "workers=1 batch_size=4 gpu_check=0");
-  dl__check_cache_load(l);
+  dl__check_verdicts_load(l);
   ASSERT_EQ(l->st.check_kept, 0);
   walk(l, 0, 2, again);
   dl_close(l);

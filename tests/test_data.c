@@ -1,5 +1,5 @@
 #include "test_data.h"
-#include "internal.h"
+#include "core.h"
 #include "synthetic.h"
 #include "tar_writer.h"
 #include "test.h"

@@ -14,7 +14,7 @@
  */
 #include "gpu/gpu.h"
 #include "gpu/nvjpeg.h"
-#include "internal.h"
+#include "core.h"
 #include "ringfeed.h"
 #include "entropy_damaged.h"
 #include "test.h"
@@ -77,7 +77,7 @@ static int visit(const char *path, const struct stat *st, int type, struct FTW *
     /* The GPU may take it: libjpeg, the judge of every file, must find nothing wrong with it. */
     dl__err e = {0};
     uint8_t *out = malloc(l.sample_bytes);
-    if (dl__image_decode(&cpu, &l, p, n, DL__CODEC_JPEG, key, 0, out, &e))
+    if (dl__image_decode(&cpu, &l.image_spec, p, n, DL__CODEC_JPEG, key, dl__sample_flip(&l, key), 0, out, &e))
       FAIL_AT("%s goes to the GPU, but the CPU says: %s", path, e.msg);
     free(out);
     ASSERT_EQ(jobs[0].index, seen);
@@ -86,7 +86,7 @@ static int visit(const char *path, const struct stat *st, int type, struct FTW *
   } else {
     dl__err e = {0};
     uint8_t *out = malloc(l.sample_bytes);
-    if (dl__image_decode(&cpu, &l, p, n, DL__CODEC_JPEG, key, 0, out, &e) == 0)
+    if (dl__image_decode(&cpu, &l.image_spec, p, n, DL__CODEC_JPEG, key, dl__sample_flip(&l, key), 0, out, &e) == 0)
       cpu_ok_only++; /* fine on the CPU, unusual enough to stay there */
     free(out);
   }
@@ -124,7 +124,7 @@ static int cut_scans(const char *name, const uint8_t *p, size_t n) {
     if (!(q = cut_scan(p, n, scan, &m)))
       continue;
     dl__err e = {0};
-    bool cpu_fails = dl__image_decode(&cpu, &l, q, m, DL__CODEC_JPEG, 42, 0, out, &e) != 0;
+    bool cpu_fails = dl__image_decode(&cpu, &l.image_spec, q, m, DL__CODEC_JPEG, 42, dl__sample_flip(&l, 42), 0, out, &e) != 0;
     int gpu = route(q, m, true, 42, index++);
     if (cpu_fails && gpu)
       FAIL_AT("%s with scan %d cut: the CPU says \"%s\", yet decoder %d would take it", name, scan, e.msg, gpu);
@@ -346,9 +346,11 @@ static void split(void) {
   /* Centre crops all end alike: the share is spread evenly, never two CPU samples side by side. */
   dl__options o = l.o;
   ASSERT_EQ(dl__options_parse(&l.o, "image_size=64 crop=center"), 0);
+  l.image_spec = dl__image_spec_of(&l.o, &l.cancel);
   ASSERT_EQ(choose(&sm, b.k, &b, &mine, &all), 0);
   ASSERT(fabs(mine - all) < 1e-9);
   l.o = o;
+  l.image_spec = dl__image_spec_of(&l.o, &l.cancel);
   l.split.rank = NULL;
   dl__sampler_free(&sm);
   free(mem);
@@ -431,6 +433,7 @@ int main(void) {
   const char *testdata = getenv("DL_TESTDATA");
   ASSERT(testdata && *testdata);
   ASSERT_EQ(dl__options_parse(&l.o, "image_size=64 crop=random_resized flip=1"), 0);
+  l.image_spec = dl__image_spec_of(&l.o, &l.cancel);
   routes(testdata);
   split();
   choices(shards);

@@ -1,5 +1,5 @@
 /*
- * Faults injected into every Nth read (DL_IO_FAULTS, lib/io_fault.c) of tar shards, ringfeed
+ * Faults injected into every Nth read (DL_IO_FAULTS, lib/util/fault.c) of tar shards, ringfeed
  * shards (one with tensor fields that reads put straight into the slots, in pieces) and an
  * ImageFolder, for io=pread, io_uring and mmap, with indexes built under the faults
  * and cached before them. Each run is a child process (the faults are read once per process);

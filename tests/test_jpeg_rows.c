@@ -10,7 +10,7 @@
  * and the files whose data is short are not called clean.
  */
 #include "entropy_damaged.h"
-#include "internal.h"
+#include "core.h"
 #include "test.h"
 #include "test_data.h"
 

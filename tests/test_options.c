@@ -1,5 +1,5 @@
 /* Bad options fail dl_open with DL_EOPTION and a message naming the key and value. */
-#include "internal.h"
+#include "core.h"
 #include "test.h"
 
 #include <math.h>

@@ -4,7 +4,7 @@
  * double precision, over random crops (fractional, reaching past the data, up- and downscales,
  * one huge reduction), both layouts, flips, one and three channels; flat images stay flat.
  */
-#include "internal.h"
+#include "core.h"
 #include "test.h"
 
 #include <math.h>

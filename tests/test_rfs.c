@@ -5,7 +5,7 @@
  * without O_DIRECT), and damage is found: dlshard verify names every flipped, truncated or
  * mis-summed record, and the loader with on_error=skip reports exactly those.
  */
-#include "internal.h"
+#include "core.h"
 #include "synthetic.h"
 #include "tar_writer.h"
 #include "test.h"

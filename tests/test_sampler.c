@@ -1,5 +1,5 @@
 /* Epoch permutations, rank splits and resume tokens, at any world size. */
-#include "internal.h"
+#include "core.h"
 #include "test.h"
 
 static void check_permutation(int64_t n, uint64_t seed, int64_t epoch) {

@@ -4,7 +4,7 @@
  * gives, or to no more than the room a tar's copy has (nothing else bounds it); damage and data
  * cut short are named, never a shorter copy taken for whole.
  */
-#include "internal.h"
+#include "core.h"
 #include "test.h"
 
 #include <zlib.h>

@@ -7,6 +7,7 @@
 #include "ringfeed.h"
 #include "cli_number.h"
 #include "synthetic.h"
+#include "tools.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -135,13 +136,26 @@ static void usage(FILE *f) {
           "  --json            print one JSON object\n"
           "  --digest          print a hash of every batch's bytes, then of the whole stream\n"
           "  --keys            print each batch's sample keys\n"
+          "  --list-options    print every loader option (--option K=V) with its values (=md: as Markdown)\n"
           "  --version         print the version\n");
 }
 
-int main(int argc, char **argv) {
+/* What the command line asks for. */
+typedef struct args {
+  char opts[4096]; /* the loader's options */
+  const char *device;
+  bool json, digest, keys, make_only;
+  long synthetic, stop_after;
+  synthetic_coding coding;
+  double step_ms, step_kernel_ms;
+} args;
+
+/* Reads the command line into A: -1 to run, else the exit status (help, version, a bad flag). */
+static int parse_args(int argc, char **argv, args *a) {
   enum { O_BATCH = 256, O_SIZE, O_CROP, O_PREFETCH, O_EPOCHS, O_SEED, O_IO, O_ONERR, O_RANK, O_WORLD,
          O_DEVICE, O_DTYPE, O_STEP, O_RESUME, O_STOP, O_OPTION, O_SYNTH, O_JSON, O_DIGEST, O_KEYS,
-         O_FLIP, O_WORKERS, O_HELP, O_MAKE, O_DECODE, O_QUALITY, O_SUBSAMPLING, O_VERSION, O_STEP_KERNEL };
+         O_FLIP, O_WORKERS, O_HELP, O_MAKE, O_DECODE, O_QUALITY, O_SUBSAMPLING, O_VERSION, O_STEP_KERNEL,
+         O_LIST_OPTIONS };
   static const struct option longopts[] = {
       {"workers", 1, 0, O_WORKERS}, {"batch", 1, 0, O_BATCH},      {"size", 1, 0, O_SIZE},
       {"crop", 1, 0, O_CROP},       {"prefetch", 1, 0, O_PREFETCH}, {"epochs", 1, 0, O_EPOCHS},
@@ -152,18 +166,13 @@ int main(int argc, char **argv) {
       {"json", 0, 0, O_JSON},       {"digest", 0, 0, O_DIGEST},    {"keys", 0, 0, O_KEYS},
       {"flip", 0, 0, O_FLIP},       {"help", 0, 0, O_HELP},        {"make-synthetic", 0, 0, O_MAKE},
       {"decode", 1, 0, O_DECODE},   {"quality", 1, 0, O_QUALITY},  {"subsampling", 1, 0, O_SUBSAMPLING},
-      {"step-kernel-ms", 1, 0, O_STEP_KERNEL},
+      {"step-kernel-ms", 1, 0, O_STEP_KERNEL}, {"list-options", 2, 0, O_LIST_OPTIONS},
       {"version", 0, 0, O_VERSION}, {0, 0, 0, 0}};
-  char opts[4096] = "";
+  *a = (args){.device = "cpu", .synthetic = 10000, .stop_after = -1, .coding = SYNTHETIC_DEFAULT, .step_kernel_ms = 1};
   size_t olen = 0;
-#define ADD(...) olen += (size_t)snprintf(opts + olen, sizeof opts - olen, __VA_ARGS__)
-  int json = 0, digest = 0, keys = 0, make_only = 0;
-  long synthetic = 10000, stop_after = -1;
-  double step_ms = 0, step_kernel_ms = 1;
+#define ADD(...) olen += (size_t)snprintf(a->opts + olen, sizeof a->opts - olen, __VA_ARGS__)
   bool kernel_given = false, synthetic_given = false;
   long v;
-  const char *device = "cpu";
-  synthetic_coding coding = SYNTHETIC_DEFAULT;
   int c;
   while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
     switch (c) {
@@ -178,30 +187,30 @@ int main(int argc, char **argv) {
     case O_ONERR: ADD(" on_error=%s", optarg); break;
     case O_RANK: ADD(" rank=%s", optarg); break;
     case O_WORLD: ADD(" world_size=%s", optarg); break;
-    case O_DEVICE: device = optarg; ADD(" device=%s", optarg); break;
+    case O_DEVICE: a->device = optarg; ADD(" device=%s", optarg); break;
     case O_DTYPE: ADD(" dtype=%s", optarg); break;
     case O_RESUME: ADD(" resume=%s", optarg); break;
     case O_OPTION: ADD(" %s", optarg); break;
     case O_FLIP: ADD(" flip=1"); break;
     case O_STEP:
-      if (!cli_number(optarg, &step_ms) || !(step_ms > 0)) {
+      if (!cli_number(optarg, &a->step_ms) || !(a->step_ms > 0)) {
         fprintf(stderr, "dlbench: --step-ms %s: a length in ms above 0\n", optarg);
         return 2;
       }
       break;
     case O_STEP_KERNEL:
       kernel_given = true;
-      if (!cli_number(optarg, &step_kernel_ms) || !(step_kernel_ms > 0)) {
+      if (!cli_number(optarg, &a->step_kernel_ms) || !(a->step_kernel_ms > 0)) {
         fprintf(stderr, "dlbench: --step-kernel-ms %s: a length in ms above 0\n", optarg);
         return 2;
       }
       break;
     case O_STOP:
-      if (!cli_whole_number("dlbench", "--stop-after", optarg, 0, &stop_after))
+      if (!cli_whole_number("dlbench", "--stop-after", optarg, 0, &a->stop_after))
         return 2;
       break;
     case O_SYNTH:
-      if (!cli_whole_number("dlbench", "--synthetic", optarg, 1, &synthetic))
+      if (!cli_whole_number("dlbench", "--synthetic", optarg, 1, &a->synthetic))
         return 2;
       synthetic_given = true;
       break;
@@ -209,32 +218,34 @@ int main(int argc, char **argv) {
     case O_QUALITY:
       if (!cli_whole_number("dlbench", "--quality", optarg, 1, &v))
         return 2;
-      coding.quality = (int)v, synthetic_given = true;
+      a->coding.quality = (int)v, synthetic_given = true;
       break;
     case O_SUBSAMPLING:
       if (!cli_whole_number("dlbench", "--subsampling", optarg, 0, &v))
         return 2;
-      coding.subsampling = (int)v, synthetic_given = true;
+      a->coding.subsampling = (int)v, synthetic_given = true;
       break;
-    case O_JSON: json = 1; break;
-    case O_DIGEST: digest = 1; break;
-    case O_KEYS: keys = 1; break;
-    case O_MAKE: make_only = 1; break;
+    case O_JSON: a->json = true; break;
+    case O_DIGEST: a->digest = true; break;
+    case O_KEYS: a->keys = true; break;
+    case O_MAKE: a->make_only = true; break;
     case O_HELP: case 'h': usage(stdout); return 0;
+    case O_LIST_OPTIONS: dl_tool_options(stdout, optarg && !strcmp(optarg, "md")); return 0;
     case O_VERSION: printf("dlbench (ringfeed) %s\n", dl_version()); return 0;
     default: usage(stderr); return 2;
     }
   }
-  if (olen >= sizeof opts) {
+#undef ADD
+  if (olen >= sizeof a->opts) {
     fprintf(stderr, "dlbench: options too long\n");
     return 2;
   }
-  if (kernel_given && !(step_ms > 0)) { /* it shapes the --step-ms consumer, and nothing else */
+  if (kernel_given && !(a->step_ms > 0)) { /* it shapes the --step-ms consumer, and nothing else */
     fprintf(stderr, "dlbench: --step-kernel-ms needs --step-ms\n");
     return 2;
   }
-  if (step_ms > 0 && strncmp(device, "cuda", 4) != 0) { /* its consumer is a GPU's: on the CPU it would run no step */
-    fprintf(stderr, "dlbench: --step-ms runs a GPU consumer: it needs --device cuda:N (not %s)\n", device);
+  if (a->step_ms > 0 && strncmp(a->device, "cuda", 4) != 0) { /* its consumer is a GPU's: on the CPU it would run no step */
+    fprintf(stderr, "dlbench: --step-ms runs a GPU consumer: it needs --device cuda:N (not %s)\n", a->device);
     return 2;
   }
   if (synthetic_given && optind < argc) { /* they shape the built-in set, which a SOURCE replaces */
@@ -242,305 +253,357 @@ int main(int argc, char **argv) {
                     "give them without a SOURCE\n");
     return 2;
   }
-  /* Several sources (the shell's expansion of a glob) are one list. */
+  return -1;
+}
+
+/* The source: the SOURCE arguments (several, as a shell expands a glob, are one list), or the
+ * synthetic set, made once. NULL with the exit status in *STATUS. */
+static char *make_source(int argc, char **argv, const args *a, int *status) {
   size_t need = 1;
   for (int i = optind; i < argc; i++)
     need += strlen(argv[i]) + 2;
-  char *source = malloc(need > PATH_MAX * 2 ? need : PATH_MAX * 2);
-  size_t source_cap = need > PATH_MAX * 2 ? need : PATH_MAX * 2;
+  size_t cap = need > PATH_MAX * 2 ? need : PATH_MAX * 2;
+  char *source = malloc(cap);
+  *status = 1;
   if (!source) {
     fprintf(stderr, "dlbench: out of memory\n");
-    return 1;
+    return NULL;
   }
   source[0] = 0;
   if (optind < argc) {
     for (int i = optind, at = 0; i < argc; i++)
-      at += snprintf(source + at, source_cap - (size_t)at, "%s%s", i > optind ? "::" : "", argv[i]);
+      at += snprintf(source + at, cap - (size_t)at, "%s%s", i > optind ? "::" : "", argv[i]);
+    return source;
+  }
+  if (a->synthetic < 1) {
+    fprintf(stderr, "dlbench: --synthetic needs at least 1 sample\n");
+    *status = 2;
+  } else if (a->coding.quality < 1 || a->coding.quality > 100 ||
+             (a->coding.subsampling != 420 && a->coding.subsampling != 444)) {
+    fprintf(stderr, "dlbench: --quality takes 1..100 and --subsampling 420 or 444\n");
+    *status = 2;
   } else {
-    if (synthetic < 1) {
-      fprintf(stderr, "dlbench: --synthetic needs at least 1 sample\n");
-      free(source);
-      return 2;
-    }
-    if (coding.quality < 1 || coding.quality > 100 || (coding.subsampling != 420 && coding.subsampling != 444)) {
-      fprintf(stderr, "dlbench: --quality takes 1..100 and --subsampling 420 or 444\n");
-      free(source);
-      return 2;
-    }
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    if (synthetic_dataset(synthetic, coding, (int)(cpus > 0 ? cpus : 1), source, source_cap)) {
-      free(source);
+    if (!synthetic_dataset(a->synthetic, a->coding, (int)(cpus > 0 ? cpus : 1), source, cap))
+      return source;
+  }
+  free(source);
+  return NULL;
+}
+
+/* A run over the loader: what was delivered, the digests and keys, and the GPU consumer. */
+typedef struct run {
+  const args *a;
+  double t0, last_print, first_ms;
+  int64_t samples, batches, bytes, first_samples;
+  XXH3_state_t *all, *one;
+  text batch_digests, batch_keys;
+  void *host_copy; /* a device field's bytes, for its digest */
+  size_t host_cap;
+  bool tty;
+#ifdef DL_WITH_CUDA
+  gpu_step *gs;
+#endif
+} run;
+
+/* The digest of one field's bytes, fetched from the device where they are there. */
+static void digest_field(run *r, dl_batch *b, const DLTensor *t, size_t tb) {
+  (void)b;
+  const void *data = t->data;
+  if (t->device.device_type == kDLCUDA) {
+#ifdef DL_WITH_CUDA
+    if (r->host_cap < tb) {
+      free(r->host_copy);
+      r->host_cap = tb;
+      r->host_copy = malloc(r->host_cap);
+    }
+    gpu_step_fetch(r->gs, b, t, r->host_copy);
+    data = r->host_copy;
+#endif
+  }
+  XXH3_64bits_update(r->one, data, tb);
+  XXH3_64bits_update(r->all, data, tb);
+}
+
+/* Batch B counted, digested and its keys kept as asked, then released (after the GPU consumer's
+ * step, with --step-ms); 0, or 1 when the consumer failed. */
+static int consume(run *r, dl_batch *b) {
+  const args *a = r->a;
+  if (r->first_ms < 0) {
+    r->first_ms = (now() - r->t0) * 1000;
+    r->first_samples = dl_batch_size(b);
+  }
+  /* Every field counts (images, labels, tensors): the step kernel reads the first. */
+  DLTensor img;
+  dl_batch_field(b, dl_batch_field_name(b, 0), &img);
+  int n = dl_batch_size(b);
+  size_t nbytes = 0;
+  if (a->digest)
+    XXH3_64bits_reset(r->one);
+  for (int f = 0; f < dl_batch_field_count(b); f++) {
+    DLTensor t;
+    dl_batch_field(b, dl_batch_field_name(b, f), &t);
+    size_t tb = (size_t)(t.dtype.bits / 8);
+    for (int d = 0; d < t.ndim; d++)
+      tb *= (size_t)t.shape[d];
+    nbytes += tb;
+    if (a->digest)
+      digest_field(r, b, &t, tb);
+  }
+  /* Bytes fields (captions, JSON, MDS text columns) too: each sample's length, then its bytes. */
+  for (int f = 0; a->digest && f < dl_batch_bytes_count(b); f++)
+    for (int i = 0; i < n; i++) {
+      size_t len = 0;
+      const void *p = dl_batch_bytes(b, dl_batch_bytes_name(b, f), i, &len);
+      uint64_t len64 = p ? (uint64_t)len : UINT64_MAX;
+      XXH3_64bits_update(r->one, &len64, sizeof len64);
+      XXH3_64bits_update(r->all, &len64, sizeof len64);
+      if (p && len) {
+        XXH3_64bits_update(r->one, p, len);
+        XXH3_64bits_update(r->all, p, len);
+      }
+    }
+  int64_t ep, ix;
+  dl_batch_position(b, &ep, &ix);
+  if (a->digest && a->json)
+    text_add(&r->batch_digests, "%s\"%" PRId64 ":%" PRId64 " %016llx\"", r->batches ? "," : "", ep, ix,
+             (unsigned long long)XXH3_64bits_digest(r->one));
+  else if (a->digest)
+    printf("batch %" PRId64 ":%" PRId64 " %016llx\n", ep, ix, (unsigned long long)XXH3_64bits_digest(r->one));
+  if (a->keys && a->json) {
+    text_add(&r->batch_keys, "%s[", r->batches ? "," : "");
+    for (int i = 0; i < n; i++) {
+      text_add(&r->batch_keys, "%s", i ? "," : "");
+      text_add_string(&r->batch_keys, dl_batch_key(b, i));
+    }
+    text_add(&r->batch_keys, "]");
+  } else if (a->keys) {
+    printf("keys %" PRId64 ":%" PRId64, ep, ix);
+    for (int i = 0; i < n; i++)
+      printf(" %s", dl_batch_key(b, i));
+    printf("\n");
+  }
+  r->samples += n;
+  r->bytes += (int64_t)nbytes;
+  r->batches++;
+#ifdef DL_WITH_CUDA
+  if (r->gs) { /* the step kernel reads the batch, then the batch is released on its stream */
+    if (gpu_step_consume(r->gs, b, &img)) {
+      fprintf(stderr, "dlbench: GPU consumer: %s\n", gpu_step_error());
+      dl_batch_release(b, NULL);
       return 1;
     }
+  } else
+#endif
+    dl_batch_release(b, NULL);
+  double t = now();
+  if (r->tty && t - r->last_print > 0.25) {
+    fprintf(stderr, "\r%8" PRId64 " samples  %8.0f samples/s  %6" PRId64 " batches", r->samples,
+            r->samples / (t - r->t0), r->batches);
+    r->last_print = t;
   }
-  if (make_only) {
+  return 0;
+}
+
+/* What the run ended with, for the report: from the loader's stats and the process. */
+typedef struct outcome {
+  double wall, cpu, steady, h2d, rss_mb, wait;
+  double mem_before, mem_open, mem_end; /* device memory in use, MB: -1 without a device */
+  double idle;                          /* the GPU consumer's idle share, -1 without --step-ms */
+  long long errors;
+  char io[32], decode[16], token[256], stats[8192];
+#ifdef DL_WITH_CUDA
+  gpu_step_idle gaps;
+#endif
+} outcome;
+
+static void report_json(const run *r, const outcome *o) {
+  const args *a = r->a;
+  const char *stats = o->stats;
+  printf("{\"samples\":%" PRId64 ",\"batches\":%" PRId64 ",\"wall_s\":%.6f,\"samples_per_s\":%.3f"
+         ",\"bytes_per_s\":%.1f,\"first_batch_ms\":%.3f,\"consumer_wait_s\":%.6f,\"errors\":%lld"
+         ",\"workers\":%d,\"io_backend\":\"%s\",\"device\":\"%s\",\"decode_backend\":\"%s\""
+         ",\"peak_rss_mb\":%.1f,\"steady_samples_per_s\":%.3f,\"cpu_s\":%.3f",
+         r->samples, r->batches, o->wall, r->samples / o->wall, r->bytes / o->wall, r->first_ms, o->wait, o->errors,
+         (int)stat_of(stats, "workers"), o->io, a->device, o->decode, o->rss_mb, o->steady, o->cpu);
+#ifdef DL_WITH_CUDA
+  if (o->idle >= 0) {
+    printf(",\"gpu_idle_frac\":%.6f,\"step_ms\":%.3f,\"gpu_idle_gaps_over_1ms\":%ld,\"gpu_idle_over_1ms_ms\":%.3f"
+           ",\"gpu_idle_largest\":[", o->idle, a->step_ms, o->gaps.gaps_over_1ms, o->gaps.over_1ms_ms);
+    for (int i = 0; i < o->gaps.nlargest; i++)
+      printf("%s{\"step\":%ld,\"ms\":%.3f}", i ? "," : "", o->gaps.largest[i].step, o->gaps.largest[i].ms);
+    printf("]");
+  }
+#endif
+  if (o->h2d >= 0)
+    printf(",\"h2d_gb_s\":%.3f", o->h2d);
+  if (o->mem_before >= 0)
+    printf(",\"device_mem_open_mb\":%.1f,\"device_mem_end_mb\":%.1f", o->mem_open - o->mem_before,
+           o->mem_end - o->mem_before);
+  if (a->digest)
+    printf(",\"digest\":\"%016llx\",\"batch_digests\":[%s]", (unsigned long long)XXH3_64bits_digest(r->all),
+           r->batch_digests.p ? r->batch_digests.p : "");
+  if (a->keys)
+    printf(",\"keys\":[%s]", r->batch_keys.p ? r->batch_keys.p : "");
+  printf(",\"state\":\"%s\",\"loader\":%s}\n", o->token, stats);
+}
+
+static void report_text(const run *r, const outcome *o) {
+  const args *a = r->a;
+  const char *stats = o->stats;
+  printf("%" PRId64 " samples in %" PRId64 " batches, %.2f s: %.1f samples/s (%.1f after the first batch), "
+         "%.1f MB/s delivered\n",
+         r->samples, r->batches, o->wall, r->samples / o->wall, o->steady, r->bytes / o->wall / 1e6);
+  printf("first batch %.1f ms, consumer waited %.3f s, %lld errors, io %s, device %s, JPEG decode %s, "
+         "peak RSS %.0f MB\n",
+         r->first_ms, o->wait, o->errors, o->io, a->device, o->decode, o->rss_mb);
+  printf("CPU time %.2f s in all threads: %.1f CPUs on average, %.3f ms a sample\n", o->cpu,
+         o->wall > 0 ? o->cpu / o->wall : 0.0, r->samples ? o->cpu * 1e3 / (double)r->samples : 0.0);
+#ifdef DL_WITH_CUDA
+  if (o->idle >= 0)
+    printf("GPU idle %.4f of the time between steps of %.2f ms: %ld gaps over 1 ms (%.1f ms in all), the "
+           "largest %.2f ms before step %ld\n", o->idle, a->step_ms, o->gaps.gaps_over_1ms, o->gaps.over_1ms_ms,
+           o->gaps.nlargest ? o->gaps.largest[0].ms : 0.0, o->gaps.nlargest ? o->gaps.largest[0].step : 0L);
+#endif
+  if (o->h2d >= 0)
+    printf("host-to-device copies %.2f GB/s; the GPU stage's stream busy %.1f%% of the time\n", o->h2d,
+           100 * stat_of(stats, "gpu_stage_busy_frac"));
+  printf("dl_open %.1f ms: index %.1f, devices %.1f, GPU JPEG decoders %.1f, batch slots %.1f, workers %.1f\n",
+         stat_of(stats, "open_ms"), stat_of(stats, "open_index_ms"), stat_of(stats, "open_cuda_ms"),
+         stat_of(stats, "open_gpu_decode_ms"), stat_of(stats, "open_slots_ms"), stat_of(stats, "open_workers_ms"));
+  if (stat_of(stats, "pin_ms") > 0 || stat_of(stats, "gpu_decoders_start_ms") > 0)
+    printf("meanwhile, while the workers decoded: batch slots pinned in %.1f ms, nvJPEG started in %.1f ms\n",
+           stat_of(stats, "pin_ms"), stat_of(stats, "gpu_decoders_start_ms"));
+  double requests = stat_of(stats, "requests"), hits = stat_of(stats, "cache_hits");
+  if (requests || hits)
+    printf("remote: %.0f requests (%.3f per sample), %.0f retries, %.1f MB of samples read\n", requests,
+           r->samples ? requests / r->samples : 0.0, stat_of(stats, "retries"), stat_of(stats, "bytes_read") / 1e6);
+  if (strstr(a->opts, "cache_dir="))
+    printf("shard cache: %.0f samples read from cached shards, %.0f shards (%.1f MB) fetched whole\n", hits,
+           stat_of(stats, "cache_fetches"), stat_of(stats, "cache_fetch_bytes") / 1e6);
+  char word[32], why[400];
+  if (stat_of(stats, "workers_active") != stat_of(stats, "workers"))
+    printf("workers at work at the end: %.0f of %.0f (%s)\n", stat_of(stats, "workers_active"),
+           stat_of(stats, "workers"), text_of(stats, "workers_active_why", why, sizeof why));
+  printf("bottleneck: %s (%s)\n", text_of(stats, "bottleneck", word, sizeof word),
+         text_of(stats, "bottleneck_why", why, sizeof why));
+}
+
+/* The loader's own figures, out of its stats object, and the process's, for the report. */
+static void conclude(dl_loader *l, run *r, outcome *o, double cpu0) {
+  o->wall = now() - r->t0;
+  o->cpu = clock_s(CLOCK_PROCESS_CPUTIME_ID) - cpu0;
+#ifdef DL_WITH_CUDA
+  if (o->mem_before >= 0)
+    o->mem_end = gpu_used_mb(r->a->device);
+#endif
+  if (r->tty)
+    fprintf(stderr, "\r%60s\r", "");
+  strcpy(o->stats, "{}");
+  dl_stats_json(l, o->stats, sizeof o->stats);
+  dl_state_save(l, o->token, sizeof o->token);
+  const char *stats = o->stats, *p = strstr(stats, "\"h2d_gb_s\":");
+  o->h2d = p ? atof(p + 11) : -1;
+  o->idle = -1;
+#ifdef DL_WITH_CUDA
+  if (r->gs) {
+    gpu_step_close(r->gs, &o->gaps);
+    o->idle = o->gaps.frac;
+  }
+#endif
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  o->rss_mb = ru.ru_maxrss / 1024.0;
+  strcpy(o->io, "?");
+  strcpy(o->decode, "?");
+  if ((p = strstr(stats, "\"errors\":")))
+    o->errors = atoll(p + 9);
+  if ((p = strstr(stats, "\"io_backend\":\"")))
+    sscanf(p + 14, "%31[^\"]", o->io);
+  p = strstr(stats, "\"consumer_wait_s\":");
+  o->wait = p ? atof(p + 18) : 0;
+  if ((p = strstr(stats, "\"decode_backend\":\"")))
+    sscanf(p + 18, "%15[^\"]", o->decode);
+  /* The rate after the first batch: start-up (CUDA's included) left out. */
+  double after = o->wall - r->first_ms / 1000;
+  o->steady = after > 0 ? (r->samples - r->first_samples) / after : 0;
+}
+
+int main(int argc, char **argv) {
+  args a;
+  int status = parse_args(argc, argv, &a);
+  if (status >= 0)
+    return status;
+  char *source = make_source(argc, argv, &a, &status);
+  if (!source)
+    return status;
+  if (a.make_only) {
     printf("%s\n", source);
     free(source);
     return 0;
   }
   /* The device memory the loader takes: in use before it opens (CUDA started), after, and at the end. */
-  double mem_before = -1, mem_open = -1, mem_end = -1;
+  outcome o = {.mem_before = -1, .mem_open = -1, .mem_end = -1};
 #ifdef DL_WITH_CUDA
-  if (strncmp(device, "cuda", 4) == 0)
-    mem_before = gpu_used_mb(device);
+  if (strncmp(a.device, "cuda", 4) == 0)
+    o.mem_before = gpu_used_mb(a.device);
 #endif
-  double t0 = now(), cpu0 = clock_s(CLOCK_PROCESS_CPUTIME_ID); /* what the loader costs the host's CPUs */
+  run r = {.a = &a, .first_ms = -1, .tty = isatty(2) && !a.json};
+  r.t0 = r.last_print = now();
+  double cpu0 = clock_s(CLOCK_PROCESS_CPUTIME_ID); /* what the loader costs the host's CPUs */
   dl_loader *l;
-  int r = dl_open(&l, source, opts);
-  if (r) {
-    fprintf(stderr, "dlbench: %s: %s\n", dl_errname(r), dl_last_error());
+  int rc = dl_open(&l, source, a.opts);
+  if (rc) {
+    fprintf(stderr, "dlbench: %s: %s\n", dl_errname(rc), dl_last_error());
     free(source);
     return 1;
   }
 #ifdef DL_WITH_CUDA
-  if (mem_before >= 0)
-    mem_open = gpu_used_mb(device);
-  gpu_step *gs = NULL;
-  if (step_ms > 0 || digest) {
-    if (strncmp(device, "cuda", 4) == 0 && (r = gpu_step_open(&gs, device, step_ms, step_kernel_ms))) {
-      fprintf(stderr, "dlbench: GPU consumer: %s\n", gpu_step_error());
-      dl_close(l);
-      free(source);
-      return 1;
-    }
+  if (o.mem_before >= 0)
+    o.mem_open = gpu_used_mb(a.device);
+  if ((a.step_ms > 0 || a.digest) && strncmp(a.device, "cuda", 4) == 0 &&
+      gpu_step_open(&r.gs, a.device, a.step_ms, a.step_kernel_ms)) {
+    fprintf(stderr, "dlbench: GPU consumer: %s\n", gpu_step_error());
+    dl_close(l);
+    free(source);
+    return 1;
   }
 #else
-  if (step_ms > 0) {
+  if (a.step_ms > 0) {
     fprintf(stderr, "dlbench: --step-ms and --step-kernel-ms need a build with CUDA\n");
     dl_close(l);
     free(source);
     return 2;
   }
 #endif
-  XXH3_state_t *all = XXH3_createState(), *one = XXH3_createState();
-  XXH3_64bits_reset(all);
-  int tty = isatty(2) && !json;
-  int64_t samples = 0, batches = 0, bytes = 0;
-  double last_print = t0, first_ms = -1;
-  int64_t first_samples = 0;
-  int rc = 0;
-  void *host_copy = NULL;
-  size_t host_cap = 0;
-  text batch_digests = {0}, batch_keys = {0};
-  (void)host_cap;
-  for (;;) {
-    if (stop_after >= 0 && batches >= stop_after)
-      break;
+  r.all = XXH3_createState();
+  r.one = XXH3_createState();
+  XXH3_64bits_reset(r.all);
+  while (a.stop_after < 0 || r.batches < a.stop_after) {
     dl_batch *b;
-    r = dl_next_batch(l, &b);
-    if (r == DL_EOF)
+    int e = dl_next_batch(l, &b);
+    if (e == DL_EOF)
       break;
-    if (r < 0) {
-      fprintf(stderr, "dlbench: %s: %s\n", dl_errname(r), dl_last_error());
+    if (e < 0) {
+      fprintf(stderr, "dlbench: %s: %s\n", dl_errname(e), dl_last_error());
       rc = 1;
       break;
     }
-    if (first_ms < 0) {
-      first_ms = (now() - t0) * 1000;
-      first_samples = dl_batch_size(b);
-    }
-    /* Every field counts (images, labels, tensors): the step kernel reads the first. */
-    DLTensor img;
-    dl_batch_field(b, dl_batch_field_name(b, 0), &img);
-    int n = dl_batch_size(b);
-    size_t nbytes = 0;
-    if (digest)
-      XXH3_64bits_reset(one);
-    for (int f = 0; f < dl_batch_field_count(b); f++) {
-      DLTensor t;
-      dl_batch_field(b, dl_batch_field_name(b, f), &t);
-      size_t tb = (size_t)(t.dtype.bits / 8);
-      for (int d = 0; d < t.ndim; d++)
-        tb *= (size_t)t.shape[d];
-      nbytes += tb;
-      if (!digest)
-        continue;
-      const void *data = t.data;
-      if (t.device.device_type == kDLCUDA) {
-#ifdef DL_WITH_CUDA
-        if (host_cap < tb) {
-          free(host_copy);
-          host_cap = tb;
-          host_copy = malloc(host_cap);
-        }
-        gpu_step_fetch(gs, b, &t, host_copy);
-        data = host_copy;
-#endif
-      }
-      XXH3_64bits_update(one, data, tb);
-      XXH3_64bits_update(all, data, tb);
-    }
-    /* Bytes fields (captions, JSON, MDS text columns) too: each sample's length, then its bytes. */
-    for (int f = 0; digest && f < dl_batch_bytes_count(b); f++)
-      for (int i = 0; i < n; i++) {
-        size_t len = 0;
-        const void *p = dl_batch_bytes(b, dl_batch_bytes_name(b, f), i, &len);
-        uint64_t len64 = p ? (uint64_t)len : UINT64_MAX;
-        XXH3_64bits_update(one, &len64, sizeof len64);
-        XXH3_64bits_update(all, &len64, sizeof len64);
-        if (p && len) {
-          XXH3_64bits_update(one, p, len);
-          XXH3_64bits_update(all, p, len);
-        }
-      }
-    int64_t ep, ix;
-    dl_batch_position(b, &ep, &ix);
-    if (digest && json)
-      text_add(&batch_digests, "%s\"%" PRId64 ":%" PRId64 " %016llx\"", batches ? "," : "", ep, ix,
-               (unsigned long long)XXH3_64bits_digest(one));
-    else if (digest)
-      printf("batch %" PRId64 ":%" PRId64 " %016llx\n", ep, ix, (unsigned long long)XXH3_64bits_digest(one));
-    if (keys && json) {
-      text_add(&batch_keys, "%s[", batches ? "," : "");
-      for (int i = 0; i < n; i++) {
-        text_add(&batch_keys, "%s", i ? "," : "");
-        text_add_string(&batch_keys, dl_batch_key(b, i));
-      }
-      text_add(&batch_keys, "]");
-    } else if (keys) {
-      printf("keys %" PRId64 ":%" PRId64, ep, ix);
-      for (int i = 0; i < n; i++)
-        printf(" %s", dl_batch_key(b, i));
-      printf("\n");
-    }
-    samples += n;
-    bytes += (int64_t)nbytes;
-    batches++;
-#ifdef DL_WITH_CUDA
-    if (gs) { /* the step kernel reads the batch, then the batch is released on its stream */
-      if ((r = gpu_step_consume(gs, b, &img))) {
-        fprintf(stderr, "dlbench: GPU consumer: %s\n", gpu_step_error());
-        rc = 1;
-        dl_batch_release(b, NULL);
-        break;
-      }
-    } else
-#endif
-      dl_batch_release(b, NULL);
-    double t = now();
-    if (tty && t - last_print > 0.25) {
-      fprintf(stderr, "\r%8" PRId64 " samples  %8.0f samples/s  %6" PRId64 " batches", samples,
-              samples / (t - t0), batches);
-      last_print = t;
-    }
+    if ((rc = consume(&r, b)))
+      break;
   }
-  double wall = now() - t0, cpu = clock_s(CLOCK_PROCESS_CPUTIME_ID) - cpu0;
-#ifdef DL_WITH_CUDA
-  if (mem_before >= 0)
-    mem_end = gpu_used_mb(device);
-#endif
-  if (tty)
-    fprintf(stderr, "\r%60s\r", "");
-  char stats[8192] = "{}";
-  dl_stats_json(l, stats, sizeof stats);
-  char token[256] = "";
-  dl_state_save(l, token, sizeof token);
-  double h2d = -1;
-  const char *h2d_at = strstr(stats, "\"h2d_gb_s\":");
-  if (h2d_at)
-    h2d = atof(h2d_at + 11);
-#ifdef DL_WITH_CUDA
-  double idle = -1; /* the step consumer's, with --step-ms */
-  gpu_step_idle gaps = {0};
-  if (gs) {
-    gpu_step_close(gs, &gaps);
-    idle = gaps.frac;
-  }
-#endif
-  struct rusage ru;
-  getrusage(RUSAGE_SELF, &ru);
-  double rss_mb = ru.ru_maxrss / 1024.0;
-  /* Pull the loader's own figures out of its stats object for the summary. */
-  long long errors = 0;
-  char io[32] = "?";
-  const char *p = strstr(stats, "\"errors\":");
-  if (p)
-    errors = atoll(p + 9);
-  p = strstr(stats, "\"io_backend\":\"");
-  if (p)
-    sscanf(p + 14, "%31[^\"]", io);
-  p = strstr(stats, "\"consumer_wait_s\":");
-  double wait = p ? atof(p + 18) : 0;
-  char decode[16] = "?";
-  p = strstr(stats, "\"decode_backend\":\"");
-  if (p)
-    sscanf(p + 18, "%15[^\"]", decode);
-  /* The rate after the first batch: start-up (CUDA's included) left out. */
-  double steady = wall - first_ms / 1000 > 0 ? (samples - first_samples) / (wall - first_ms / 1000) : 0;
-  if (digest && !json)
-    printf("digest %016llx\n", (unsigned long long)XXH3_64bits_digest(all));
-  if (stop_after >= 0 && !json)
-    printf("state %s\n", token);
-  if (json) {
-    printf("{\"samples\":%" PRId64 ",\"batches\":%" PRId64 ",\"wall_s\":%.6f,\"samples_per_s\":%.3f"
-           ",\"bytes_per_s\":%.1f,\"first_batch_ms\":%.3f,\"consumer_wait_s\":%.6f,\"errors\":%lld"
-           ",\"workers\":%d,\"io_backend\":\"%s\",\"device\":\"%s\",\"decode_backend\":\"%s\""
-           ",\"peak_rss_mb\":%.1f,\"steady_samples_per_s\":%.3f,\"cpu_s\":%.3f",
-           samples, batches, wall, samples / wall, bytes / wall, first_ms, wait, errors,
-           (int)stat_of(stats, "workers"), io, device, decode, rss_mb, steady, cpu);
-#ifdef DL_WITH_CUDA
-    if (idle >= 0) {
-      printf(",\"gpu_idle_frac\":%.6f,\"step_ms\":%.3f,\"gpu_idle_gaps_over_1ms\":%ld,\"gpu_idle_over_1ms_ms\":%.3f"
-             ",\"gpu_idle_largest\":[", idle, step_ms, gaps.gaps_over_1ms, gaps.over_1ms_ms);
-      for (int i = 0; i < gaps.nlargest; i++)
-        printf("%s{\"step\":%ld,\"ms\":%.3f}", i ? "," : "", gaps.largest[i].step, gaps.largest[i].ms);
-      printf("]");
-    }
-#endif
-    if (h2d >= 0)
-      printf(",\"h2d_gb_s\":%.3f", h2d);
-    if (mem_before >= 0)
-      printf(",\"device_mem_open_mb\":%.1f,\"device_mem_end_mb\":%.1f", mem_open - mem_before, mem_end - mem_before);
-    if (digest)
-      printf(",\"digest\":\"%016llx\",\"batch_digests\":[%s]", (unsigned long long)XXH3_64bits_digest(all),
-             batch_digests.p ? batch_digests.p : "");
-    if (keys)
-      printf(",\"keys\":[%s]", batch_keys.p ? batch_keys.p : "");
-    printf(",\"state\":\"%s\",\"loader\":%s}\n", token, stats);
-  } else {
-    printf("%" PRId64 " samples in %" PRId64 " batches, %.2f s: %.1f samples/s (%.1f after the first batch), "
-           "%.1f MB/s delivered\n",
-           samples, batches, wall, samples / wall, steady, bytes / wall / 1e6);
-    printf("first batch %.1f ms, consumer waited %.3f s, %lld errors, io %s, device %s, JPEG decode %s, "
-           "peak RSS %.0f MB\n",
-           first_ms, wait, errors, io, device, decode, rss_mb);
-    printf("CPU time %.2f s in all threads: %.1f CPUs on average, %.3f ms a sample\n", cpu, wall > 0 ? cpu / wall : 0.0,
-           samples ? cpu * 1e3 / (double)samples : 0.0);
-#ifdef DL_WITH_CUDA
-    if (idle >= 0)
-      printf("GPU idle %.4f of the time between steps of %.2f ms: %ld gaps over 1 ms (%.1f ms in all), the "
-             "largest %.2f ms before step %ld\n", idle, step_ms, gaps.gaps_over_1ms, gaps.over_1ms_ms,
-             gaps.nlargest ? gaps.largest[0].ms : 0.0, gaps.nlargest ? gaps.largest[0].step : 0L);
-#endif
-    if (h2d >= 0)
-      printf("host-to-device copies %.2f GB/s; the GPU stage's stream busy %.1f%% of the time\n", h2d,
-             100 * stat_of(stats, "gpu_stage_busy_frac"));
-    printf("dl_open %.1f ms: index %.1f, devices %.1f, GPU JPEG decoders %.1f, batch slots %.1f, workers %.1f\n",
-           stat_of(stats, "open_ms"), stat_of(stats, "open_index_ms"), stat_of(stats, "open_cuda_ms"),
-           stat_of(stats, "open_gpu_decode_ms"), stat_of(stats, "open_slots_ms"), stat_of(stats, "open_workers_ms"));
-    if (stat_of(stats, "pin_ms") > 0 || stat_of(stats, "gpu_decoders_start_ms") > 0)
-      printf("meanwhile, while the workers decoded: batch slots pinned in %.1f ms, nvJPEG started in %.1f ms\n",
-             stat_of(stats, "pin_ms"), stat_of(stats, "gpu_decoders_start_ms"));
-    double requests = stat_of(stats, "requests"), hits = stat_of(stats, "cache_hits");
-    if (requests || hits)
-      printf("remote: %.0f requests (%.3f per sample), %.0f retries, %.1f MB of samples read\n", requests,
-             samples ? requests / samples : 0.0, stat_of(stats, "retries"), stat_of(stats, "bytes_read") / 1e6);
-    if (strstr(opts, "cache_dir="))
-      printf("shard cache: %.0f samples read from cached shards, %.0f shards (%.1f MB) fetched whole\n", hits,
-             stat_of(stats, "cache_fetches"), stat_of(stats, "cache_fetch_bytes") / 1e6);
-    char word[32], why[400];
-    if (stat_of(stats, "workers_active") != stat_of(stats, "workers"))
-      printf("workers at work at the end: %.0f of %.0f (%s)\n", stat_of(stats, "workers_active"),
-             stat_of(stats, "workers"), text_of(stats, "workers_active_why", why, sizeof why));
-    printf("bottleneck: %s (%s)\n", text_of(stats, "bottleneck", word, sizeof word),
-           text_of(stats, "bottleneck_why", why, sizeof why));
-  }
-  free(host_copy);
-  free(batch_digests.p);
-  free(batch_keys.p);
+  conclude(l, &r, &o, cpu0);
+  if (a.digest && !a.json)
+    printf("digest %016llx\n", (unsigned long long)XXH3_64bits_digest(r.all));
+  if (a.stop_after >= 0 && !a.json)
+    printf("state %s\n", o.token);
+  (a.json ? report_json : report_text)(&r, &o);
+  free(r.host_copy);
+  free(r.batch_digests.p);
+  free(r.batch_keys.p);
   free(source);
-  XXH3_freeState(all);
-  XXH3_freeState(one);
+  XXH3_freeState(r.all);
+  XXH3_freeState(r.one);
   dl_close(l);
   return rc;
 }

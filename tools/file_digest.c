@@ -1,5 +1,5 @@
 #include "file_digest.h"
-#include "internal.h"
+#include "tools.h"
 
 #include <errno.h>
 #include <stdbool.h>
@@ -38,7 +38,7 @@ static const struct {
 /* Reads FD to its end through FEED; 0 or -errno. */
 static int read_all(int fd, unsigned char *buf, void (*feed)(void *ctx, const void *p, size_t n), void *ctx) {
   for (uint64_t at = 0;;) {
-    int64_t got = dl__pread_full(fd, buf, CHUNK, at);
+    int64_t got = dl_tool_pread(fd, buf, CHUNK, at);
     if (got <= 0)
       return (int)got;
     feed(ctx, buf, (size_t)got);

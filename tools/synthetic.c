@@ -4,7 +4,7 @@
  * (about 80-120 KB at quality 90 for 500x375) rather than flat colour.
  */
 #include "synthetic.h"
-#include "internal.h"
+#include "tools.h"
 #include "tar_writer.h"
 
 #include <errno.h>
@@ -234,7 +234,7 @@ int synthetic_dataset(long n, synthetic_coding coding, int threads, char *source
   snprintf(done, sizeof done, "%s/.complete", dir);
   if (access(done, F_OK) == 0)
     return 0;
-  dl__mkdirs(dir);
+  dl_tool_mkdirs(dir);
   fprintf(stderr, "dlbench: generating %ld synthetic samples in %s (once)\n", n, dir);
   job j = {.dir = dir, .coding = coding, .n = n, .nshards = nshards};
   pthread_mutex_init(&j.mu, NULL);

@@ -199,7 +199,7 @@ int dl__cuda_open(dl_loader *l) {
   /* Too few queues cost JPEG decoding on the GPU most (see queues_ask): a warning there. */
   char queues_why[400], no_decoder[200];
   int queues = queues_describe(queues_why, sizeof queues_why);
-  bool gpu_decode = l->o.decode != DL__DECODE_CPU && dl__gpu_decoders_available(no_decoder, sizeof no_decoder);
+  bool gpu_decode = dl__decode_may_use_gpu(l) && dl__gpu_decoders_available(no_decoder, sizeof no_decoder);
   dl__log(queues_how == QUEUES_LATE && gpu_decode ? DL__LOG_WARN : DL__LOG_INFO, "CUDA work queues per device: %d (%s)",
           queues, queues_why);
   return 0;
@@ -407,7 +407,9 @@ static bool has_gpu_jobs(const dl_batch *host) {
 /* How long the consumer's stream waited at dl_batch_wait for the slot's last batch, read before
  * `copied` is recorded again. Its stream not there yet while the batch is complete: no wait. */
 static void count_stream_wait(dl_loader *l, gpu_slot *gs) {
-  if (!atomic_exchange(&gs->reach_pending, false))
+  /* Pairs with dl__cuda_wait's exchange and store (sequentially consistent, as both threads take
+   * the flag and then look at `reached`). */
+  if (!atomic_exchange_explicit(&gs->reach_pending, false, memory_order_seq_cst))
     return;
   float ms = 0;
   if (cudaEventQuery(gs->copied) != cudaSuccess || cudaEventQuery(gs->reached) != cudaSuccess ||
@@ -738,10 +740,13 @@ int dl__cuda_field(const dl_batch *b, const char *name, DLTensor *t) {
 int dl__cuda_wait(dl_batch *b, void *stream) {
   gpu_slot *gs = b->gpu;
   /* (A stream of another device cannot record the slot's event: that wait goes unmeasured.) */
-  if (!atomic_load(&gs->reach_pending) && !atomic_exchange(&gs->reach_pending, true) &&
+  /* The event is claimed by the exchange and given back when its record fails; partner:
+   * count_stream_wait's exchange. Sequentially consistent, the three of them. */
+  if (!atomic_load_explicit(&gs->reach_pending, memory_order_seq_cst) &&
+      !atomic_exchange_explicit(&gs->reach_pending, true, memory_order_seq_cst) &&
       cudaEventRecord(gs->reached, (cudaStream_t)stream) != cudaSuccess) {
     cudaGetLastError();
-    atomic_store(&gs->reach_pending, false);
+    atomic_store_explicit(&gs->reach_pending, false, memory_order_seq_cst);
   }
   cudaError_t e = cudaStreamWaitEvent((cudaStream_t)stream, gs->copied, 0);
   return e ? cuda_fail(e, "waiting for the batch's copy") : 0;
@@ -771,7 +776,7 @@ bool dl__cuda_consumer_busy_locked(dl_loader *l, int stream) {
 int dl__cuda_stats(dl_loader *l, char *buf, size_t cap) {
   cuda_state *c = l->cuda;
   double ms = 0, decode_ms = 0, decode_host_ms = 0, pool_wait_ms = 0, wait_consumer_ms = 0;
-  double wait_workers_ms = (double)atomic_load(&l->st.copy_wait_workers_ns) * 1e-6;
+  double wait_workers_ms = (double)atomic_load_explicit(&l->st.copy_wait_workers_ns, memory_order_relaxed) * 1e-6;
   int64_t bytes = 0, decode_batches = 0, batches = 0;
   for (int i = 0; i < c->n; i++) {
     ms += c->g[i].copy_ms;

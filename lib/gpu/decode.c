@@ -243,7 +243,8 @@ static void decode_on_cpu(dl__gpu_decoder *d, dl_loader *l, dl_batch *host, int 
             dl__sample_name(&l->ds, s), dl__nvjpeg_status_name(why));
   dl__err e = {0};
   uint8_t *dst = host->image + (size_t)i * l->sample_bytes;
-  if (dl__image_decode(&d->cpu, l, host->arena + g->at, g->len, DL__CODEC_JPEG, g->key, (uint32_t)g->index, dst, &e)) {
+  if (dl__image_decode(&d->cpu, &l->image_spec, host->arena + g->at, g->len, DL__CODEC_JPEG, g->key,
+                       dl__sample_flip(l, g->key), (uint32_t)g->index, dst, &e)) {
     dl__sample_zero(l, host, i);
     dl__sample_failed(l, s, &e);
     host->sample_err[i] = e.code;

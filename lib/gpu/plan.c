@@ -1,19 +1,16 @@
 /*
- * JPEG decoding on the GPU, the host's side: where JPEGs are decoded (chosen once at open), which
- * JPEGs the GPU takes (decided by a worker from the file's markers, so the choice is a function of
- * the bytes and never of timing), and hybrid's split of each batch between the workers and the
- * GPU. Built with or without CUDA.
- *
- * Lock order: l->mu only.
+ * JPEG decoding on the GPU, the host's side: which JPEGs the GPU takes (decided by a worker from
+ * the file's markers, so the choice is a function of the bytes and never of timing), the room their
+ * bytes take in a slot's arena, and the region of each that nvJPEG decodes. Built with or without
+ * CUDA.
  */
 #include "gpu/gpu.h"
+#include "decode/jpeg.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static const char *const decode_names[] = {"auto", "cpu", "gpu", "hybrid"};
 
 /* Where the bytes of sample S go in an arena: their length and the alignment of their start. */
 static size_t arena_need(const dl_loader *l, const dl__sample *s, size_t *align) {
@@ -30,62 +27,6 @@ static size_t arena_need(const dl_loader *l, const dl__sample *s, size_t *align)
 static bool candidate(const dl_loader *l, const dl__sample *s) {
   return s->codec == DL__CODEC_JPEG && !(s->flags & DL__SAMPLE_IMAGE_ZST) &&
          (int64_t)s->size <= l->o.max_member_bytes;
-}
-
-/* Whether sample I of B is one of an even spread of the workers' share over the batch. */
-static bool evenly_spread(const dl_batch *b, int i) {
-  return b->cpu_n && (int64_t)(i + 1) * b->cpu_n / b->len > (int64_t)i * b->cpu_n / b->len;
-}
-
-static int by_cpu_cost(const void *pa, const void *pb) {
-  const dl__split_rank *a = pa, *b = pb;
-  if (a->cost != b->cost)
-    return a->cost < b->cost ? -1 : 1;
-  if (a->spread != b->spread)
-    return a->spread < b->spread ? -1 : 1;
-  return a->i < b->i ? -1 : a->i > b->i;
-}
-
-/* A CPU decode reads an image's rows down to its crop's bottom and no further (one core of the
- * 2-core build machine, the q90 synthetic set: top halves of the images decoded at 1,650 images/s,
- * bottom halves at 1,025, whole images at 866; bench/decode_ceiling --band), and of the rows
- * above the crop it only walks those whose starts the sample's record does not know yet
- * (jpeg_rows.c), a row in 0.68-0.76 of a decode's time on the q90 and q96 sets. In a run's first
- * epoch no start is known. After it, a sample's are known where gpu_check read its scan (not
- * where the verdict was kept from an earlier run) or a CPU decode walked above its crop: the
- * rows above count half. Simulated over random-resized crops, the 30% a batch's workers take
- * cost 0.49 / 0.60 / 0.65 of whole decodes where all / 30% / none of the starts are known,
- * against 0.55 / 0.62 / 0.65 for the 30% that end highest (the ranking before). The records
- * themselves are not asked: when a decode learnt them depends on the workers' timing, and the
- * split is a function of the draws and the share alone (the same bytes with any worker count). */
-double dl__split_cost(const dl_loader *l, bool later_epoch, uint64_t key) {
-  double top, bottom;
-  dl__crop_rows_hint(l->o.crop, l->o.width, l->o.height, key, &top, &bottom);
-  if (!l->jpeg_rows)
-    return bottom;
-  return bottom - top + (later_epoch ? 0.5 : 0.7) * top;
-}
-
-/* The workers take the samples that cost them least, while the JPEG engines take about as long
- * for any crop of an image. Hybrid on H200 hosts, by the crop's bottom against an even spread:
- * a worker's time per image 13% lower, 2-4% more images/s. Where every
- * sample ties (centre crops, plain resizes) the share stays spread evenly over the batch, not put
- * first: a worker claims a run of neighbouring samples at a time, and a run of CPU samples alone
- * left a few workers decoding the whole share while the rest waited (on an H200 the split batch
- * then took longer than either side's part). */
-void dl__gpu_split_batch(dl_loader *l, const dl__sampler *sm, dl_batch *b) {
-  dl__split_rank *r = l->split.rank;
-  for (int i = 0; i < b->len; i++) {
-    int64_t epoch, draw;
-    dl__sampler_sample(sm, b->k, i, &epoch, &draw);
-    uint64_t key = dl__sample_key(l, epoch, draw);
-    double cost = dl__split_cost(l, epoch > sm->start_epoch, key);
-    r[i] = (dl__split_rank){(float)cost, (uint8_t)!evenly_spread(b, i), i};
-  }
-  qsort(r, (size_t)b->len, sizeof *r, by_cpu_cost);
-  memset(b->on_cpu, 0, (size_t)b->len);
-  for (int j = 0; j < b->cpu_n; j++)
-    b->on_cpu[r[j].i] = 1;
 }
 
 /* Hybrid: whether sample I of B is one of the workers' share. */
@@ -122,60 +63,6 @@ size_t dl__gpu_arena_size(const dl_loader *l) {
   double bytes = (double)l->o.batch_size * (sum / (double)n) * 1.25 + 2.0 * (double)largest;
   double cap = 1u << 30;
   return ((size_t)(bytes < cap ? bytes : cap) + 4095) / 4096 * 4096;
-}
-
-/* Hybrid's first split, a guess from the measured rates of engines and cores; it adapts from there. */
-static double first_share(const dl_loader *l) {
-  return l->o.gpu_share >= 0 ? l->o.gpu_share : l->gpu_hw ? 0.75 : 0.5;
-}
-
-int dl__decode_choose(dl_loader *l) {
-  int want = l->o.decode;
-  const char *asked = decode_names[want];
-  char why[200] = "";
-  l->decode = DL__DECODE_CPU;
-  if (want == DL__DECODE_CPU) {
-    snprintf(l->decode_reason, sizeof l->decode_reason, "decode=cpu");
-  } else if (!l->has_image) {
-    snprintf(l->decode_reason, sizeof l->decode_reason, "the dataset has no images");
-  } else if (!l->o.ndevices) {
-    if (want != DL__DECODE_AUTO)
-      return dl__fail(DL_ENODEVICE, "option decode=%s: JPEGs are decoded on the GPU given by device=cuda:N, "
-                                    "and this loader has device=cpu", asked);
-    snprintf(l->decode_reason, sizeof l->decode_reason, "device=cpu");
-  } else if (want == DL__DECODE_AUTO && dl__gpu_decoders_available(why, sizeof why)) {
-    /* nvJPEG takes about a second to start (0.9 s on an H200, more than the first batches take on
-     * the CPU): the GPU stage starts it in the background and the workers decode every JPEG until
-     * it is ready. Only auto: decode=gpu|hybrid fail at open when it cannot start. */
-    l->decode_starting = true;
-    snprintf(l->decode_reason, sizeof l->decode_reason,
-             "decode=auto: nvJPEG is starting; the workers decode every JPEG until it is ready");
-  } else if (dl__gpu_decoders_open(l, why, sizeof why)) {
-    if (want != DL__DECODE_AUTO)
-      return dl__fail(DL_ENODEVICE, "option decode=%s: %s", asked, why);
-    snprintf(l->decode_reason, sizeof l->decode_reason, "no GPU decoder: %s", why);
-  } else {
-    l->decode = want == DL__DECODE_GPU ? DL__DECODE_GPU : DL__DECODE_HYBRID;
-    snprintf(l->decode_reason, sizeof l->decode_reason, "%s", why);
-  }
-  dl__log(DL__LOG_INFO, "decoding JPEGs: %s (%s)", decode_names[l->decode], l->decode_reason);
-  if (l->decode == DL__DECODE_CPU && !l->decode_starting)
-    return 0;
-  l->arena_bytes = dl__gpu_arena_size(l);
-  l->share = l->decode == DL__DECODE_GPU ? 1 : first_share(l);
-  return 0;
-}
-
-void dl__decode_started_locked(dl_loader *l, bool ok, const char *why) {
-  l->decode_starting = false;
-  if (ok) {
-    l->decode = DL__DECODE_HYBRID;
-    l->share = first_share(l);
-    snprintf(l->decode_reason, sizeof l->decode_reason, "%s", why);
-  } else {
-    snprintf(l->decode_reason, sizeof l->decode_reason, "no GPU decoder: %s", why);
-  }
-  dl__log(DL__LOG_INFO, "decoding JPEGs: %s (%s)", decode_names[l->decode], l->decode_reason);
 }
 
 size_t dl__gpu_job_bytes(const int32_t roi[4], int scale, int channels) {
@@ -266,112 +153,4 @@ bool dl__gpu_plan(const dl_loader *l, dl_batch *b, int i, int64_t index, uint8_t
   g->flip = dl__sample_flip(l, key);
   g->engine = (uint8_t)engine;
   return true;
-}
-
-/* Whether a stream's batches would still come within 0.8 of the consumer's period at GPU share X,
- * by the measured rates: the longer of the two sides' parts of a batch. A drift toward the CPU
- * goes no further than that. The copy stage's wait for the consumer is measured batch by batch,
- * and a few batches in a row with long waits drifted the split below what the workers could
- * keep up with: beside an H200 consumer stepping at 1.2x hybrid's batch time (q90, 10 epochs) it
- * moved 16 times and ended at 0.5625 against a measured balance of 0.69, the copy thread waiting
- * 4.3 ms a batch for the workers, and the GPU idled 0.047, seven steps in a row waiting 6-8 ms.
- * There the workers' part at 0.5625 comes to 11.6 ms by their measured rate, over 0.8 of the
- * 11.2 ms step. The 0.2 left over is for the workers' time per image, measured on the crops the
- * split gives them (those that end highest, cheaper than the ones a larger CPU share adds), and
- * for the steps' own jitter. */
-static bool keeps_ahead(const dl_loader *l, const dl__split *s, double x) {
-  if (!(s->gpu_ms > 0 && s->cpu_ms > 0 && s->period > 0))
-    return true; /* nothing measured to go by */
-  /* Every worker: those workers=auto sets aside come back as soon as the consumer waits (counted
-   * as set aside, a training run's seven of sixteen would keep the GPU decoding for good). */
-  double per_stream = (double)l->o.workers / l->nstreams, B = l->o.batch_size;
-  double gpu = x * B * s->gpu_ms, cpu = (1 - x) * B * s->cpu_ms / per_stream;
-  return fmax(gpu, cpu) <= 0.8 * s->period;
-}
-
-/* With gpu_share=S fixed the rates are still measured, for the stats: where the split would go. */
-void dl__gpu_share_update(dl_loader *l, int gpu_samples, double gpu_ms) {
-  pthread_mutex_lock(&l->mu);
-  if (l->decode != DL__DECODE_HYBRID) {
-    pthread_mutex_unlock(&l->mu);
-    return;
-  }
-  dl__split *s = &l->split;
-  int64_t cpu_n = atomic_load(&l->st.cpu_decoded), cpu_ns = atomic_load(&l->st.cpu_decode_ns);
-  int64_t dn = cpu_n - s->cpu_decoded, dns = cpu_ns - s->cpu_ns;
-  bool starved = l->st.starved > s->starved;
-  /* The copy threads' share of the time since the last update spent waiting for the consumer's
-   * GPU to give a slot back: how far ahead of the consumer the loader runs. */
-  int64_t rw = atomic_load(&l->st.release_wait_ns);
-  double now = dl__now(), span = s->t > 0 ? now - s->t : 0;
-  double ahead = span > 0 ? (double)(rw - s->release_wait_ns) * 1e-9 / span / l->nstreams : 0;
-  s->cpu_decoded = cpu_n, s->cpu_ns = cpu_ns, s->starved = l->st.starved, s->release_wait_ns = rw, s->t = now;
-  /* In ms, over 0.1 s at least, not from one update to the next: a copy thread hands back every
-   * finished slot at once, microseconds apart. Updates of all streams come in turn: one stream's
-   * batches are nstreams apart. */
-  if (s->win_t <= 0)
-    s->win_t = now;
-  else
-    s->win_n++;
-  if (s->win_n && now - s->win_t >= 0.1) {
-    s->period = (now - s->win_t) * 1e3 / (double)s->win_n * l->nstreams;
-    s->win_t = now, s->win_n = 0;
-  }
-  /* The first batches carry the decoders' start-up. */
-  if (++s->updates > 2) {
-    /* The per-image rates say where both sides would finish a batch together. */
-    if (gpu_samples > 0)
-      s->gpu_ms = s->gpu_ms > 0 ? 0.8 * s->gpu_ms + 0.2 * gpu_ms / gpu_samples : gpu_ms / gpu_samples;
-    if (dn > 0)
-      s->cpu_ms = s->cpu_ms > 0 ? 0.8 * s->cpu_ms + 0.2 * (double)dns / 1e6 / (double)dn : (double)dns / 1e6 / (double)dn;
-    if (s->gpu_ms > 0 && s->cpu_ms > 0) {
-      double gpu_rate = 1 / s->gpu_ms, cpu_rate = (l->pace.on ? l->pace.active : l->o.workers) / s->cpu_ms / l->nstreams;
-      s->balanced = gpu_rate / (gpu_rate + cpu_rate);
-    }
-    /* The split moves toward that balance while the consumer waits for batches. Both sides
-     * share the host's cores, so each side's rate is measured where the split is: at a larger
-     * GPU share the workers idle more and the thread feeding nvJPEG runs faster (an H200 host,
-     * q90: 23.3 thousand images/s on the GPU side at share 0.7, 17.9 at 0.59). Which side waited
-     * for the other, the rule before, settled at such a local balance (0.59, 26,000 images/s
-     * where a fixed 0.7 gave 30,700). A consumer that never waits leaves the split drifting to
-     * the CPU while the copy stage waits for the consumer's GPU over a quarter of the time (the
-     * loader is well ahead): the GPU's time is then better left to training, as far as the
-     * loader would stay ahead (keeps_ahead). Short of that it holds, rather than drift until the
-     * consumer waits. */
-    if (l->o.gpu_share >= 0)
-      s->votes = 0;
-    else if (!starved)
-      s->votes = ahead > 0.25 ? s->votes - 1 : 0;
-    else if (s->balanced > l->share + 1.0 / 64)
-      s->votes++;
-    else if (s->balanced > 0 && s->balanced < l->share - 1.0 / 64)
-      s->votes--;
-    else
-      s->votes = 0;
-    /* Steps of 1/32 of a batch, after three votes the same way: nvJPEG sets up again for every new
-     * batch size, so the split does not flicker. A loader over twice as fast as its consumer (the
-     * copy stage waiting over half the time) leaves the GPU in steps of 1/8: a model's GPU is not
-     * to be shared for long (ResNet-50 on an H200, 55 ms steps: at 1/32 a 300-step run decoded 18%
-     * of its images on the GPU on the way to share 0, and trained 1.7% slower than decode=cpu). */
-    if (s->votes >= 3 || s->votes <= -3) {
-      double step = s->votes > 0 ? 1.0 / 32 : !starved && ahead > 0.5 ? -1.0 / 8 : -1.0 / 32, was = l->share;
-      if (step < 0 && !starved) { /* a drift, not a move toward the balance: only while it keeps ahead */
-        if (step < -1.0 / 32 && !keeps_ahead(l, s, l->share + step))
-          step = -1.0 / 32;
-        if (step == -1.0 / 32 && !keeps_ahead(l, s, l->share + step))
-          step = 0;
-      }
-      s->votes = 0;
-      if (step == 0) {
-        s->holds++;
-      } else {
-        l->share = fmin(1, fmax(0, round((l->share + step) * 32) / 32));
-        s->moves++;
-      }
-      dl__log(DL__LOG_DEBUG, "hybrid split: GPU share %.3f -> %.3f (balanced %.3f from %.3f ms an image on the GPU, "
-              "%.3f on a worker; the consumer %s, %.2f ms a batch; the copy stage waited for it %.0f%% of the time)",
-              was, l->share, s->balanced, s->gpu_ms, s->cpu_ms, starved ? "waited" : "kept up", s->period, 100 * ahead);
-    }
-  }
-  pthread_mutex_unlock(&l->mu);
 }

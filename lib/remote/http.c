@@ -2,7 +2,7 @@
  * HTTP(S) requests through libcurl: how every request is set up (TLS verified, connections kept,
  * HTTP/2 where offered, stalls cut off after timeout_ms), what counts as a failure worth retrying,
  * and the few blocking requests a loader makes while it opens (a probe, a ranged read, a download).
- * The workers' own requests go through io_http.c with the same setup and policy.
+ * The workers' own requests go through io/http.c with the same setup and policy.
  */
 #include "remote/remote.h"
 
@@ -309,16 +309,23 @@ static size_t on_header(char *p, size_t size, size_t n, void *arg) {
   return len;
 }
 
+/* A handle for one request, libcurl set up for the process first. */
+static int new_request(CURL **h) {
+  int r = dl__http_global_init();
+  if (r)
+    return r;
+  *h = curl_easy_init();
+  return *h ? 0 : dl__fail(-ENOMEM, "out of memory starting a request");
+}
+
 /* One GET of T with RANGE ("a-b", or NULL for all), retried; the body into S. A ranged request
  * answered with the whole object (200) is refused unless WHOLE_OK. */
 static int get(const dl__options *o, const dl__target *t, const char *range, bool whole_ok, int64_t expect, sink *s,
                dl__http_outcome *out) {
-  int r = dl__http_global_init();
+  CURL *h;
+  int r = new_request(&h);
   if (r)
     return r;
-  CURL *h = curl_easy_init();
-  if (!h)
-    return dl__fail(-ENOMEM, "out of memory starting a request");
   uint64_t rng = (uint64_t)(uintptr_t)s ^ (uint64_t)time(NULL);
   uint64_t start = s->got;
   for (int attempt = 0;; attempt++) {
@@ -368,7 +375,7 @@ static int get(const dl__options *o, const dl__target *t, const char *range, boo
     curl_easy_getinfo(h, CURLINFO_RETRY_AFTER, &after);
     long wait = after > 0 ? (long)(after < 30 ? after : 30) * 1000 : dl__http_backoff_ms(attempt + 1, &rng);
     dl__log(DL__LOG_INFO, "%s; retrying in %ld ms", out->msg, wait);
-    for (long slept = 0; slept < wait && !(s->cancel && atomic_load(s->cancel)); slept += 50)
+    for (long slept = 0; slept < wait && !(s->cancel && atomic_load_explicit(s->cancel, memory_order_relaxed)); slept += 50)
       sleep_ms(wait - slept < 50 ? wait - slept : 50);
   }
   curl_easy_cleanup(h);
@@ -466,12 +473,10 @@ static size_t on_read(char *p, size_t size, size_t n, void *arg) {
 }
 
 int dl__http_put(const dl__options *o, const dl__target *t, int fd, uint64_t size) {
-  int r = dl__http_global_init();
+  CURL *h;
+  int r = new_request(&h);
   if (r)
     return r;
-  CURL *h = curl_easy_init();
-  if (!h)
-    return dl__fail(-ENOMEM, "out of memory starting a request");
   uint64_t rng = (uint64_t)(uintptr_t)h ^ (uint64_t)time(NULL);
   uint8_t answer[1024];
   for (int attempt = 0;; attempt++) {

@@ -1,12 +1,15 @@
 /*
- * Shards behind HTTP(S): the requests (libcurl, connection reuse, TLS verified), the retry policy
- * shared by every request, the loading of a remote shard's index, and the I/O backend the workers
- * read samples with (ranged GETs, many in flight).
+ * The remote stage (remote/): the clients of HTTP(S) (libcurl, connection reuse, TLS verified,
+ * the retry policy every request shares), S3 (addressing, credentials, listings) and the Hugging
+ * Face Hub (endpoint, token, listings). It calls only util/ and internal.h; io/ reads samples
+ * through it and source/ loads remote shards' indexes through it.
  */
 #ifndef RINGFEED_REMOTE_H
 #define RINGFEED_REMOTE_H
 
 #include "internal.h"
+#include "options.h"
+#include "util/util.h"
 
 #include <curl/curl.h>
 
@@ -113,27 +116,5 @@ int dl__http_get_small(const dl__options *o, const dl__target *t, uint8_t *out, 
 /* The same, and the URL of the next page (a Link header's rel="next", NEXT_CAP bytes) into NEXT, or "". */
 int dl__http_get_page(const dl__options *o, const dl__target *t, uint8_t *out, size_t cap, size_t *len, char *next,
                       size_t next_cap);
-
-/* The shard cache's folder (cache.c): entries named by shard version, locked while read. */
-typedef struct dl__cache_dir {
-  int dirfd;         /* the folder (its .lock is held while sizes are counted and entries evicted) */
-  int64_t limit;     /* bytes its entries and downloads in progress may take */
-  char path[512];
-} dl__cache_dir;
-int dl__cache_dir_open(const dl__options *o, dl__cache_dir *d);
-void dl__cache_dir_close(dl__cache_dir *d);
-/* A read-only descriptor of remote file F's whole copy, holding a shared lock that keeps it from
- * eviction: found in the folder, or with FETCH downloaded into it (*FETCHED set). -ENOENT when
- * absent (without FETCH), -EBUSY while another process downloads it or holds it for a moment (its
- * writer renaming it, an eviction), -ENOSPC when entries in use
- * fill the limit, or another error with its message. */
-int dl__cache_dir_get(dl__cache_dir *d, const dl__dataset *ds, uint32_t f, const dl__options *o, bool fetch,
-                      const _Atomic int *cancel, bool *fetched);
-/* For one read: a descriptor of FILE's cached copy, or -1 when it is not cached (read it remotely);
- * each descriptor taken is given back with dl__cache_put. */
-int dl__cache_take(struct dl__cache *c, uint32_t file);
-void dl__cache_put(struct dl__cache *c, uint32_t file);
-/* The local backend that reads cached copies. */
-const dl__io_ops *dl__cache_io(const struct dl__cache *c);
 
 #endif

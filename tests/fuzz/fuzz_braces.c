@@ -1,6 +1,6 @@
 /* libFuzzer entry point for source patterns: any text through brace expansion ({a,b}, {000..146}).
  * Expansions are bounded, and each path is no longer than the pattern could make it. */
-#include "internal.h"
+#include "core.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -4,7 +4,7 @@
  * is also decoded from its crop's rows (jpeg_rows.c), at crops low in the image, which must give
  * the same result as the whole decode, pixels and error alike, and its scan walked whole as the
  * GPU path has it walked. */
-#include "internal.h"
+#include "core.h"
 
 #include <stdbool.h>
 #include <stdlib.h>

@@ -1,6 +1,6 @@
 /* libFuzzer entry point for compressed tensor fields: any bytes as a zstd frame, inflated within a
  * limit, then read as a .npy payload as the loader does with `.npy.zst` members and zstd fields. */
-#include "internal.h"
+#include "core.h"
 
 #include <stdlib.h>
 #include <zstd.h>

@@ -3,7 +3,7 @@
  * folder of this process's own and opened as a source (an index naming it as zip_data has it
  * decompressed). Every sample handed on must lie inside its shard, and every tensor value it
  * names must parse to data inside it, or fail cleanly. */
-#include "internal.h"
+#include "core.h"
 
 #include <stdio.h>
 #include <stdlib.h>

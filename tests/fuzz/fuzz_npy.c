@@ -1,6 +1,6 @@
 /* libFuzzer entry point for .npy headers: any bytes as a payload. What is accepted must describe
  * data that lies inside the payload and has the size its shape and dtype say. */
-#include "internal.h"
+#include "core.h"
 
 #include <stdlib.h>
 

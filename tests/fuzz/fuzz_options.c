@@ -1,7 +1,7 @@
 /* libFuzzer entry point for the option parser: any text as dl_open's options; what it accepts
  * must be usable as it stands (sizes positive, indices in range; workers, prefetch and
  * memory_budget 0 mean auto, chosen by dl_open). */
-#include "internal.h"
+#include "core.h"
 
 #include <stdlib.h>
 #include <string.h>

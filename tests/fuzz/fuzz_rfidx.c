@@ -3,7 +3,7 @@
  * so inputs (and seeds made under an older magic) reach the records instead of stopping at the
  * magic, identity or hash check. A table it accepts must lie
  * inside the shard it describes. */
-#include "internal.h"
+#include "core.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -26,13 +26,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (!p)
     return 0;
   memcpy(p, data, size);
-  memcpy(p, DL__INDEX_CACHE_MAGIC, 8);
+  memcpy(p, DL__INDEX_FILE_MAGIC, 8);
   uint64_t sum = XXH64(p, size - 8, 0);
   memcpy(p + size - 8, &sum, 8);
   dl__shard_id id = {.size = get64(p + 8), .mtime_ns = (int64_t)get64(p + 16), .ctime_ns = (int64_t)get64(p + 24),
                      .ino = get64(p + 32), .edges = get64(p + 40)};
   dl__dataset ds = {0};
-  if (dl__index_cache_parse(&ds, 0, p, size, &id) == 0) {
+  if (dl__index_file_parse(&ds, 0, p, size, &id) == 0) {
     for (size_t i = 0; i < ds.n; i++) {
       const dl__sample *s = &ds.samples[i];
       if (s->offset + s->size > id.size || (uint64_t)s->image_at + s->image_len > s->size ||

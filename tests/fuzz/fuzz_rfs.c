@@ -1,6 +1,6 @@
 /* libFuzzer entry point for the ringfeed shard reader: any bytes as a .rfs file, through the
  * trailer, index and record checks; every record it accepts must lie inside the file. */
-#include "internal.h"
+#include "core.h"
 #include "fuzz_input.h"
 
 #include <stdlib.h>

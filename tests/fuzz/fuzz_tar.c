@@ -1,5 +1,5 @@
 /* libFuzzer entry point for the tar scanner: any bytes as a shard, through index building. */
-#include "internal.h"
+#include "core.h"
 #include "fuzz_input.h"
 
 #include <stdlib.h>

@@ -1,7 +1,7 @@
 /* libFuzzer entry point for resume tokens: the first bytes choose the dataset and the run, the
  * rest is the token. A token accepted must resume inside the run (or at its end): every batch it
  * leads to is one of the run's, with samples of the dataset. */
-#include "internal.h"
+#include "core.h"
 
 #include <stdlib.h>
 #include <string.h>

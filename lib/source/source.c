@@ -1,0 +1,352 @@
+/* Turns a source spec into the sample table: "::" lists, brace ranges, globs, folders. */
+#include "source/source.h"
+
+#include <errno.h>
+#include <glob.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+typedef struct strlist {
+  char **v;
+  size_t n, cap;
+} strlist;
+
+static int push(strlist *l, char *s) {
+  if (!s)
+    return -ENOMEM;
+  if (l->n == l->cap) {
+    size_t cap = l->cap ? l->cap * 2 : 16;
+    char **v = realloc(l->v, cap * sizeof *v);
+    if (!v) {
+      free(s);
+      return -ENOMEM;
+    }
+    l->v = v;
+    l->cap = cap;
+  }
+  l->v[l->n++] = s;
+  return 0;
+}
+
+static void strlist_free(strlist *l) {
+  for (size_t i = 0; i < l->n; i++)
+    free(l->v[i]);
+  free(l->v);
+}
+
+#define MAX_GROUPS 64 /* of braces in one pattern; each is a level of expand_into */
+#define PATH_CAP 4096
+
+/* Parses "{a..b}" (zero-padded numbers, as WebDataset writes them) or "{x,y,z}". DL_ELIMIT, with
+ * no message, past DL__MAX_PATHS paths: the caller names the pattern. */
+static int expand_into(const char *pat, strlist *out) {
+  const char *open = strchr(pat, '{');
+  if (!open)
+    return out->n >= DL__MAX_PATHS ? DL_ELIMIT : push(out, strdup(pat));
+  const char *close = strchr(open, '}');
+  if (!close)
+    return dl__fail(DL_EOPTION, "source '%s': '{' without '}'", pat);
+  size_t pre = (size_t)(open - pat);
+  const char *body = open + 1;
+  size_t blen = (size_t)(close - body);
+  /* Each piece would end at the inner '}', and the pieces around it could meet into a range no
+   * count made beforehand ("{1,.2{.}.99999}" twice: ten billion paths). */
+  if (memchr(body, '{', blen))
+    return dl__fail(DL_EOPTION, "source '%s': braces inside {%.*s}: nested braces are not supported", pat,
+                    (int)blen, body);
+  const char *dots = strstr(body, "..");
+  bool range = dots && dots < close;
+  long long a = 0, b = 0;
+  int width = 0;
+  if (range) {
+    char *end;
+    errno = 0;
+    a = strtoll(body, &end, 10);
+    if (end != dots || end == body || errno) /* both ends are numbers: "{..3}" is no range from 0 */
+      return dl__fail(DL_EOPTION, "source '%s': bad range {%.*s}", pat, (int)blen, body);
+    b = strtoll(dots + 2, &end, 10);
+    if (end != close || end == dots + 2 || errno || b < a ||
+        (uint64_t)b - (uint64_t)a > 10000000) /* no signed overflow */
+      return dl__fail(DL_EOPTION, "source '%s': bad range {%.*s}", pat, (int)blen, body);
+    width = (int)(dots - body);
+  }
+  /* On the heap: a level per group, each with a path, on whatever stack the caller's thread has. */
+  char *buf = malloc(PATH_CAP);
+  if (!buf)
+    return -ENOMEM;
+  int r = 0;
+  if (range) {
+    for (long long i = a; i <= b && !r; i++) {
+      int n = snprintf(buf, PATH_CAP, "%.*s%0*lld%s", (int)pre, pat, width, i, close + 1);
+      r = n < 0 || n >= PATH_CAP ? dl__fail(DL_EOPTION, "source '%s': path too long", pat) : expand_into(buf, out);
+    }
+  } else {
+    for (const char *p = body; p <= close && !r;) {
+      const char *comma = memchr(p, ',', (size_t)(close - p));
+      const char *end = comma ? comma : close;
+      int n = snprintf(buf, PATH_CAP, "%.*s%.*s%s", (int)pre, pat, (int)(end - p), p, close + 1);
+      r = n < 0 || n >= PATH_CAP ? dl__fail(DL_EOPTION, "source '%s': path too long", pat) : expand_into(buf, out);
+      p = end + 1;
+    }
+  }
+  free(buf);
+  return r;
+}
+
+int dl__expand_braces(const char *pattern, char ***out, size_t *count) {
+  int groups = 0;
+  for (const char *p = strchr(pattern, '{'); p; p = strchr(p + 1, '{'))
+    groups++;
+  if (groups > MAX_GROUPS) /* 1,300 of them overflowed a thread's stack of 256 KiB */
+    return dl__fail(DL_EOPTION, "source '%.200s%s': %d groups of braces, more than the %d allowed", pattern,
+                    strlen(pattern) > 200 ? "..." : "", groups, MAX_GROUPS);
+  strlist l = {0};
+  int r = expand_into(pattern, &l);
+  if (r) {
+    strlist_free(&l);
+    if (r == DL_ELIMIT)
+      return dl__fail(DL_ELIMIT, "source '%s' expands to more than %d paths", pattern, DL__MAX_PATHS);
+    return r == -ENOMEM ? dl__fail(r, "out of memory expanding '%s'", pattern) : r;
+  }
+  *out = l.v;
+  *count = l.n;
+  return 0;
+}
+
+/* The first bytes of PATH, by which its format is known: *GOT of them (at most CAP), or a negative
+ * code when PATH cannot be read (a file that fails to open is not taken for a tar). */
+static int read_head(const char *path, uint8_t *head, size_t cap, size_t *got) {
+  struct stat st;
+  int fd = dl__open_regular(path, "source", &st);
+  if (fd < 0)
+    return fd;
+  int64_t n = dl__pread_full(fd, head, cap, 0);
+  close(fd);
+  if (n < 0)
+    return dl__fail((int)n, "source %s: %s", path, strerror((int)-n));
+  if (n < (st.st_size < (off_t)cap ? st.st_size : (off_t)cap))
+    return dl__fail(DL_ECORRUPT, "source %s: the file ends at offset %lld, before its size %lld (truncated meanwhile)",
+                    path, (long long)n, (long long)st.st_size);
+  *got = (size_t)n;
+  return 0;
+}
+
+/* Whether PATH begins as a URL does (scheme://) or as WebDataset's command sources (pipe:). */
+static bool foreign_scheme(const char *path) {
+  size_t n = strspn(path, "abcdefghijklmnopqrstuvwxyz0123456789+.-");
+  return n && (!strncmp(path + n, "://", 3) || !strncmp(path, "pipe:", 5));
+}
+
+static int load_path(dl__dataset *ds, const char *path, const dl__options *o) {
+  struct stat st;
+  if (stat(path, &st)) {
+    int e = errno;
+    if (foreign_scheme(path)) /* not a local file: say what is read instead */
+      return dl__fail(DL_EUNSUPPORTED, "source %s: %s", path,
+                      !strncmp(path, "pipe:", 5)
+                          ? "a command source (WebDataset's pipe:) is not run: give the URL or path it reads"
+                          : "only http://, https://, s3:// and hf:// URLs are read (and local paths)");
+    return dl__fail(-e, "source %s: %s", path, strerror(e));
+  }
+  const dl__format *f = dl__format_of(path, &st, NULL, 0);
+  if (!f) {
+    uint8_t head[512]; /* a tar header's */
+    size_t n = 0;
+    int r = read_head(path, head, sizeof head, &n);
+    if (r)
+      return r;
+    f = dl__format_of(path, &st, head, n);
+  }
+  return f->open(ds, path, o);
+}
+
+/* The next "::" that separates sources, or NULL; one inside the brackets of a URL's host is an
+ * IPv6 address's (http://[::1]:8080/shard.tar, http://user@[::1]/). */
+const char *dl__next_separator(const char *s) {
+  bool host = false;
+  for (const char *p = s; *p; p++) {
+    if (*p == '[' && ((p - s >= 3 && !strncmp(p - 3, "://", 3)) || (p > s && p[-1] == '@')))
+      host = true;
+    else if (*p == ']')
+      host = false;
+    else if (!host && p[0] == ':' && p[1] == ':')
+      return p;
+  }
+  return NULL;
+}
+
+/* What follows the host of URL: brackets before it hold an IPv6 address, not a pattern. */
+static const char *url_path(const char *url) {
+  const char *host = strstr(url, "://");
+  const char *slash = host ? strchr(host + 3, '/') : NULL;
+  return slash ? slash : "";
+}
+
+/* A local name with glob characters that exists as written ("data[1]/") is that name, not a
+ * pattern. */
+bool dl__is_pattern(const char *path) {
+  struct stat st;
+  return strpbrk(path, "*?[") && stat(path, &st) != 0;
+}
+
+/* A local path written as a URL (fsspec, Streaming) is the path. */
+void dl__strip_file_scheme(char *path) {
+  if (!strncmp(path, "file://", 7))
+    memmove(path, path + 7, strlen(path + 7) + 1);
+}
+
+static int load_part(dl__dataset *ds, const char *part, const dl__options *o) {
+  char **paths = NULL;
+  size_t n = 0;
+  int r = dl__expand_braces(part, &paths, &n);
+  if (r)
+    return r;
+  for (size_t i = 0; i < n && !r; i++) {
+    dl__strip_file_scheme(paths[i]);
+    bool listable = !strncmp(paths[i], "s3://", 5) || !strncmp(paths[i], "hf://", 5);
+    if (listable && strpbrk(paths[i], "*?[")) {
+      char **keys = NULL;
+      size_t nkeys = 0;
+      r = dl__remote_list(ds, paths[i], o, &keys, &nkeys);
+      for (size_t k = 0; k < nkeys; k++) {
+        if (!r)
+          r = dl__remote_load(ds, keys[k], o);
+        free(keys[k]);
+      }
+      free(keys);
+    } else if (dl__is_url(paths[i])) {
+      r = !strpbrk(url_path(paths[i]), "*[")
+              ? dl__remote_load(ds, paths[i], o)
+              : dl__fail(DL_EOPTION, "source %s: an HTTP server cannot be listed: give shards by name or brace range",
+                         paths[i]);
+    } else if (dl__is_pattern(paths[i])) {
+      glob_t g;
+      int gr = glob(paths[i], 0, NULL, &g);
+      if (gr == GLOB_NOMATCH)
+        r = dl__fail(-ENOENT, "source %s: no file matches", paths[i]);
+      else if (gr)
+        r = dl__fail(-EIO, "source %s: glob failed", paths[i]);
+      for (size_t j = 0; !r && gr == 0 && j < g.gl_pathc; j++)
+        r = load_path(ds, g.gl_pathv[j], o);
+      if (gr == 0)
+        globfree(&g);
+    } else {
+      r = load_path(ds, paths[i], o);
+    }
+  }
+  for (size_t i = 0; i < n; i++)
+    free(paths[i]);
+  free(paths);
+  return r;
+}
+
+/* Where the part just loaded ends in the sample table (for repeat=). */
+static int note_part_end(dl__dataset *ds) {
+  int64_t *grown = realloc(ds->part_first, (ds->nparts + 2) * sizeof *grown);
+  if (!grown)
+    return dl__fail(-ENOMEM, "out of memory");
+  ds->part_first = grown;
+  if (!ds->nparts)
+    grown[0] = 0;
+  grown[++ds->nparts] = (int64_t)ds->n;
+  return 0;
+}
+
+typedef struct file_key {
+  uint64_t key;      /* a hash of dev and ino, or of the path or URL */
+  uint64_t dev, ino; /* of a file open on disk, else 0 */
+  uint32_t file;
+} file_key;
+
+static int by_key(const void *a, const void *b) {
+  const file_key *x = a, *y = b;
+  return (x->key > y->key) - (x->key < y->key);
+}
+
+/* Whether the files of keys A and B are one: the same file on disk, or the same path or URL. */
+static bool same_file(const dl__dataset *ds, const file_key *a, const file_key *b) {
+  if (a->ino || b->ino)
+    return a->dev == b->dev && a->ino == b->ino;
+  return !strcmp(ds->files[a->file], ds->files[b->file]);
+}
+
+/* A shard named twice (a list, braces or globs that overlap) gives its samples twice an epoch:
+ * allowed, but said, since it is mostly a slip (repeat= weighs a part without listing it again). */
+static void name_repeated_files(const dl__dataset *ds) {
+  if (ds->nfiles < 2)
+    return;
+  file_key *k = malloc(ds->nfiles * sizeof *k);
+  if (!k)
+    return; /* only a warning is lost */
+  for (uint32_t i = 0; i < ds->nfiles; i++) {
+    struct stat st; /* an unnamed copy (of a compressed shard) goes by the shard's name */
+    bool on_disk = ds->fds[i] >= 0 && !fstat(ds->fds[i], &st) && st.st_nlink > 0;
+    k[i] = (file_key){.dev = on_disk ? (uint64_t)st.st_dev : 0, .ino = on_disk ? (uint64_t)st.st_ino : 0,
+                      .file = i};
+    k[i].key = on_disk ? dl__hash3(k[i].dev, k[i].ino, 0)
+                       : dl__rfs_checksum(ds->files[i], strlen(ds->files[i]));
+  }
+  qsort(k, ds->nfiles, sizeof *k, by_key);
+  uint32_t repeats = 0, first = 0, again = 0; /* files named again; the first such, and its second name */
+  bool in_run = false;
+  for (uint32_t i = 1; i < ds->nfiles; i++) {
+    bool same = k[i].key == k[i - 1].key && same_file(ds, &k[i - 1], &k[i]);
+    if (same && !in_run && !repeats++) {
+      first = k[i - 1].file < k[i].file ? k[i - 1].file : k[i].file;
+      again = k[i - 1].file < k[i].file ? k[i].file : k[i - 1].file;
+    }
+    in_run = same;
+  }
+  free(k);
+  if (!repeats)
+    return;
+  bool spelt_apart = strcmp(ds->files[first], ds->files[again]) != 0;
+  dl__log(DL__LOG_WARN, "source: %s is named more than once%s%s%s, so its samples come as many times an "
+          "epoch (%u file%s named again); to weigh a part of the source, name it once and give repeat=",
+          ds->files[first], spelt_apart ? " (also as " : "", spelt_apart ? ds->files[again] : "",
+          spelt_apart ? ")" : "", repeats, repeats == 1 ? "" : "s");
+}
+
+int dl__source_load(dl__dataset *ds, const char *source, const dl__options *o) {
+  if (!source || !*source)
+    return dl__fail(DL_EOPTION, "no source given");
+  if (!strncmp(source, "tokens:", 7)) {
+    if (!o->token_dtype || !o->seq_len)
+      return dl__fail(DL_EOPTION, "source %s: a token source needs dtype=uint16|uint32 and seq_len=L", source);
+    int r = dl__tokens_load(ds, source + 7, o->token_dtype == DL__DTYPE_UINT16 ? 2 : 4, o->seq_len);
+    if (!r)
+      name_repeated_files(ds);
+    return r;
+  }
+  const char *p = source;
+  for (;;) {
+    const char *sep = dl__next_separator(p);
+    size_t n = sep ? (size_t)(sep - p) : strlen(p);
+    char *part = strndup(p, n);
+    if (!part)
+      return dl__fail(-ENOMEM, "out of memory");
+    int r = n ? load_part(ds, part, o) : 0;
+    free(part);
+    if (!r && n && (r = note_part_end(ds)))
+      return r;
+    if (r)
+      return r;
+    if (!sep)
+      break;
+    p = sep + 2;
+  }
+  if (ds->n == 0)
+    return dl__fail(DL_ENOSAMPLES, "source %s: no samples found%s%s", source, ds->skipped_shard[0] ? "; " : "",
+                    ds->skipped_shard);
+  name_repeated_files(ds);
+  /* Said where it costs: at info level each shard says it; past a few seconds, once, louder. */
+  if (ds->unpacked_temp_s >= 5)
+    dl__log(DL__LOG_WARN, "%u compressed shards were decompressed into temporary copies (%.1f GB) in %.0f s, as at "
+            "every open: cache_dir= keeps the copies for later opens", ds->unpacked_temp,
+            (double)ds->unpacked_temp_bytes / 1e9, ds->unpacked_temp_s);
+  return 0;
+}
