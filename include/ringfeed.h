@@ -167,12 +167,14 @@ DL_EXTERN const char *dl_batch_key(const dl_batch *b, int i);
 /* 0 if sample I was delivered as read, else the error that made it a substitute (on_error=skip). */
 DL_EXTERN int dl_batch_sample_error(const dl_batch *b, int i);
 
-/* Position of the batch: epoch and index within that epoch for this rank. */
+/* Position of the batch: its epoch, and its index within that whole epoch for this rank: in a
+ * first epoch resumed part-way the batches handed out before the state was saved count too, so an
+ * epoch's last batch is always at index dl_batches_per_epoch() - 1. */
 DL_EXTERN int dl_batch_position(const dl_batch *b, int64_t *epoch, int64_t *index);
 
 /* Batches this rank (device 0 of the process) gets in EPOCH of the run: dl_batches_per_epoch(),
- * fewer in a first epoch resumed part-way, 0 for epochs outside the run. A batch at index
- * dl_epoch_batches(l, epoch) - 1 ends its epoch. */
+ * fewer in a first epoch resumed part-way (its first at index dl_batches_per_epoch() minus that),
+ * 0 for epochs outside the run. */
 DL_EXTERN int64_t dl_epoch_batches(const dl_loader *l, int64_t epoch);
 
 /*

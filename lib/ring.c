@@ -50,6 +50,10 @@ static dl_batch *open_slot(dl_loader *l, dl__stream *s) {
   b->state = DL__SLOT_FILLING;
   b->k = s->claim_k;
   dl__sampler_locate(&s->sm, s->claim_k, &b->epoch, &b->index, &(int64_t){0});
+  /* The index within the whole epoch: a resumed epoch's batches come after those handed out
+   * before the token was saved, and its last is the epoch's last (nb - 1) as in any epoch. */
+  if (b->epoch == s->sm.start_epoch)
+    b->index += s->sm.nb - s->sm.nb_first;
   b->len = dl__sampler_batch_len(&s->sm, s->claim_k);
   b->done = 0;
   b->ready = false;

@@ -60,6 +60,7 @@ typedef struct run {
   uint64_t digest[64];
   char keys[64][8][16];
   int len[64];
+  int64_t epoch[64], index[64]; /* dl_batch_position's */
   char token[128];
 } run;
 
@@ -92,6 +93,7 @@ static void collect(const char *src, const char *opts, int max, run *r) {
     ASSERT_LT(r->batches, 64);
     r->digest[r->batches] = batch_digest(b);
     r->len[r->batches] = dl_batch_size(b);
+    ASSERT_EQ(dl_batch_position(b, &r->epoch[r->batches], &r->index[r->batches]), 0);
     for (int i = 0; i < dl_batch_size(b) && i < 8; i++)
       snprintf(r->keys[r->batches][i], 16, "%s", dl_batch_key(b, i));
     ASSERT_EQ(dl_batch_sample_error(b, 0), 0);
@@ -205,8 +207,13 @@ static void ranks_and_resume(void) {
   snprintf(opts, sizeof opts, "%s resume=%s", o, head.token);
   collect(source, opts, 64, &tail);
   ASSERT_EQ(tail.batches, full.batches - 5);
-  for (int i = 0; i < tail.batches; i++)
+  /* ... each batch at its place in its whole epoch, as the run that was not stopped had it. */
+  for (int i = 0; i < tail.batches; i++) {
     ASSERT_EQ(tail.digest[i], full.digest[i + 5]);
+    ASSERT_EQ(tail.epoch[i], full.epoch[i + 5]);
+    ASSERT_EQ(tail.index[i], full.index[i + 5]);
+  }
+  ASSERT_EQ(tail.index[0], 5);
   /* A token taken at an epoch's end resumes at the next epoch. */
   collect(source, o, 8, &head);
   snprintf(opts, sizeof opts, "%s resume=%s", o, head.token);

@@ -7,6 +7,7 @@ import os
 import re
 import sys
 import threading
+import warnings
 from typing import Iterator
 
 from . import _dlpack
@@ -216,8 +217,9 @@ class Loader:
     "torch", "numpy" or "dlpack" (default: torch if importable, else numpy, else dlpack).
 
     Each `for batch in loader` yields one epoch (len(loader) batches), the next `for` the next
-    epoch, while the workers prefetch across the boundary; after the last of epochs=E nothing;
-    with epochs=0 epochs without end. next(loader) takes batches regardless of epochs. A Loader
+    epoch, while the workers prefetch across the boundary, without end as a DataLoader does;
+    epochs=E ends the run after epoch E-1, and a `for` after that warns and yields nothing.
+    set_epoch(e) makes the next `for` epoch e. next(loader) takes batches regardless of epochs. A Loader
     has its own workers: iterate it directly, not through torch.utils.data.DataLoader.
     log_stats_every=N writes the loader's verdict on what holds training back (stats()'s
     "bottleneck" and "bottleneck_why") to stderr every N batches."""
@@ -246,6 +248,11 @@ class Loader:
             options["resume"] = _token(state)
         self._options = dict(options)
         self._source = source
+        # Epochs without end unless given, as a DataLoader has them: each `for` is one.
+        self._epochs = options.get("epochs") or 0
+        if "epochs" not in options or options["epochs"] is None:
+            options["epochs"] = 0
+        self._warned_done = getattr(self, "_warned_done", False)
         every = options.get("log_stats_every") or 0
         if isinstance(every, bool) or not isinstance(every, int) or every < 0:
             raise ValueError(f"ringfeed: log_stats_every={every!r}: expected a number of batches (0: never)")
@@ -258,8 +265,11 @@ class Loader:
             message = (lib.dl_last_error() or b"").decode(errors="replace")
             hint = next((h for k, h in _DATALOADER_HINTS.items() if f"unknown option '{k}'" in message), None)
             raise Error(rc, f"{message} ({hint})" if hint else message)
-        # The epoch the next batch belongs to: the token names where the run starts.
+        # The epoch the next batch belongs to (the token names where the run starts), and the
+        # next batch's index within it: past those handed out before a resumed state was saved.
         self._epoch = int(self.state_dict()["token"].split(".")[2])
+        with self._use() as handle:
+            self._next_index = lib.dl_batches_per_epoch(handle) - lib.dl_epoch_batches(handle, self._epoch)
         self._device = str(options.get("device", "cpu"))
         self._torch = None
         if self._framework == "torch":
@@ -273,12 +283,15 @@ class Loader:
 
     def __iter__(self) -> "Iterator[dict]":
         """One epoch: the batches up to the end of the epoch the next batch belongs to."""
+        first = True
         while True:
             batch = self.next_batch()
             if batch is None:
+                if first:
+                    self._say_done()
                 return
-            with self._use() as handle:
-                last = batch["index"] == lib.dl_epoch_batches(handle, batch["epoch"]) - 1
+            first = False
+            last = self._next_index == 0  # the batch ended its epoch
             # Handed on without a name here: a suspended generator that still named it would hold
             # its slot while the loop takes the next one, whatever the loop does with its own.
             handed = [batch]
@@ -303,14 +316,27 @@ class Loader:
         habit: calling it with the epoch that comes next anyway changes nothing; the epoch under way,
         left by a `break`, starts again)."""
         epoch = int(epoch)
-        if epoch == self._epoch and self._at_epoch_start():
-            return
         if epoch < 0:
             raise ValueError(f"ringfeed: set_epoch({epoch}): epochs count from 0")
+        if self._epochs and epoch >= self._epochs:
+            raise ValueError(f"ringfeed: set_epoch({epoch}): the loader was opened with epochs={self._epochs}, so its "
+                             f"last epoch is {self._epochs - 1}; leave epochs out (epochs without end, the default) "
+                             f"or give epochs={epoch + 1} or more")
+        if epoch == self._epoch and self._at_epoch_start():
+            return
         self._live()
         self.close()
         options = {k: v for k, v in self._options.items() if k not in ("resume", "start_epoch")}
         self.__init__(self._source, framework=self._framework, start_epoch=epoch, **options)
+
+    def _say_done(self):
+        """A `for` over a run that has ended: said once, with what to do, rather than nothing."""
+        if self._warned_done:
+            return
+        self._warned_done = True
+        warnings.warn(f"ringfeed: the run has ended (epochs={self._epochs}: epochs 0 to {self._epochs - 1} were "
+                      "delivered), so this for loop yields nothing; leave epochs out for epochs without end, "
+                      "or give a larger epochs=", RuntimeWarning, stacklevel=3)
 
     def _at_epoch_start(self):
         """Whether the next batch is the first of its epoch (the token's position is 0)."""
@@ -396,8 +422,9 @@ class Loader:
             epoch, index = ctypes.c_int64(), ctypes.c_int64()
             lib.dl_batch_position(b, ctypes.byref(epoch), ctypes.byref(index))
             out["epoch"], out["index"] = epoch.value, index.value
-            last = index.value == lib.dl_epoch_batches(handle, epoch.value) - 1
+            last = index.value == lib.dl_batches_per_epoch(handle) - 1
             self._epoch = epoch.value + 1 if last else epoch.value
+            self._next_index = 0 if last else index.value + 1
             errors = [lib.dl_batch_sample_error(b, i) for i in range(n)]
             if any(errors):
                 out["error"] = errors
@@ -439,8 +466,12 @@ class Loader:
     # -- state, stats, lifetime --------------------------------------------------------------
 
     def __len__(self):
+        """The batches the next `for` yields: those left in the epoch under way (all of an epoch
+        that has not begun, fewer after a resume part-way, 0 once a run of epochs=E has ended)."""
         with self._use() as handle:
-            return int(lib.dl_batches_per_epoch(handle))
+            if not lib.dl_epoch_batches(handle, self._epoch):
+                return 0
+            return int(lib.dl_batches_per_epoch(handle)) - self._next_index
 
     def state_dict(self):
         """Where the stream stands: pass it back as Loader(..., state=...) to continue after the

@@ -84,7 +84,8 @@ def test_a_run_opened_past_its_last_epoch_says_so(capfd):
         assert run(loader) == []
     assert "starts at epoch 1 (from the resume token) and ends after epoch 0" in capfd.readouterr().err
     with ringfeed.Loader(WDS, epochs=3, start_epoch=2, **KW) as loader:
-        assert len(run(loader)) == len(loader)
+        left = len(loader)
+        assert len(run(loader)) == left > 0
     assert "no batch is left" not in capfd.readouterr().err
 
 
@@ -111,7 +112,8 @@ def test_a_resumed_epoch_ends_where_the_epoch_ends():
         assert loader.epoch == 0
         rest = run(loader)
         assert keys_of(head) + keys_of(rest) == whole
-        assert loader.epoch == 1 and len(run(loader)) == len(loader)
+        left = len(loader)
+        assert loader.epoch == 1 and len(run(loader)) == left
     # The token counts a prefix of the shuffled order: in file order it would name other samples.
     with pytest.raises(ringfeed.Error) as e:
         ringfeed.Loader(WDS, epochs=2, state=state, **dict(KW, shuffle=0))

@@ -240,7 +240,7 @@ def test_link_members_are_named(tmp_path, capfd):
             t.addfile(label, io.BytesIO(str(i).encode()))
     for _ in range(2):
         with ringfeed.Loader(str(path), batch_size=4, image_size=16, shuffle=False, framework="numpy",
-                             log="warn") as loader:
+                             log="warn", epochs=1) as loader:
             assert sum(len(batch["key"]) for batch in loader) == 4 and loader.stats()["errors"] == 2
         assert "2 members are links, not files (002.png -> 000.png)" in capfd.readouterr().err
 
@@ -274,7 +274,7 @@ def test_sparse_members_are_named_and_the_rest_read(tmp_path, capfd):
         subprocess.run([tar, "--sparse", *how, "-cf", str(shard), "-C", str(src), *names], check=True)
         for _ in range(2):  # said on every open
             with ringfeed.Loader(str(shard), batch_size=5, image_size=16, shuffle=False, framework="numpy",
-                                 on_error="skip", log="warn") as loader:
+                                 on_error="skip", log="warn", epochs=1) as loader:
                 got = [(k, int(label), int(img.mean())) for b in loader for k, label, img, bad in
                        zip(b["key"], b["label"], b["image"], b["error"]) if not bad]
                 assert loader.stats()["errors"] == 1, version

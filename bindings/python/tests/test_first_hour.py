@@ -1,0 +1,76 @@
+"""A new user's first hour, as the README has it: the training loop of 90 epochs with set_epoch,
+a run that ends said, not silent, and a resumed epoch that counts as the whole epoch does."""
+import json
+import subprocess
+import warnings
+
+import pytest
+
+import ringfeed
+from conftest import DLBENCH
+
+KW = dict(batch_size=32, image_size=16, workers=2, framework="dlpack", seed=3)
+
+
+def test_ninety_epochs_each_for_one_epoch_with_set_epoch(synthetic):
+    with ringfeed.Loader(synthetic, **KW) as loader:  # no epochs=: epochs without end
+        per_epoch = len(loader)
+        assert per_epoch == 4  # 120 samples, batches of 32, the last short
+        seen = []
+        for epoch in range(90):
+            loader.set_epoch(epoch)
+            assert len(loader) == per_epoch
+            batches = [(b["epoch"], b["index"], tuple(b["key"])) for b in loader]
+            assert [(e, i) for e, i, _ in batches] == [(epoch, i) for i in range(per_epoch)], epoch
+            seen.append(sorted(k for _, _, keys in batches for k in keys))
+        assert all(keys == seen[0] for keys in seen) and len(seen[0]) == 120
+
+
+def test_set_epoch_picks_any_epoch_and_repeats_it_alike(synthetic):
+    with ringfeed.Loader(synthetic, **KW) as loader:
+        loader.set_epoch(57)
+        first = [b["key"] for b in loader]
+        loader.set_epoch(57)
+        assert [b["key"] for b in loader] == first
+        loader.set_epoch(3)
+        assert [b["key"] for b in loader] != first
+
+
+def test_a_run_of_epochs_that_has_ended_says_so_once(synthetic):
+    with ringfeed.Loader(synthetic, epochs=2, **KW) as loader:
+        assert sum(1 for _ in loader) == 4 and sum(1 for _ in loader) == 4
+        assert len(loader) == 0
+        with pytest.warns(RuntimeWarning, match="epochs=2.*yields nothing.*leave epochs out"):
+            assert list(loader) == []
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert list(loader) == []  # said once
+        with pytest.raises(ValueError, match=r"set_epoch\(2\).*epochs=2.*leave epochs out"):
+            loader.set_epoch(2)
+
+
+def test_a_resumed_epoch_counts_its_batches_from_where_it_stopped(synthetic):
+    with ringfeed.Loader(synthetic, **KW) as loader:
+        whole = [(b["index"], b["key"]) for b in loader]
+    with ringfeed.Loader(synthetic, **KW) as loader:
+        it = iter(loader)
+        head = [(b["index"], b["key"]) for b in (next(it), next(it))]
+        del it
+        state = loader.state_dict()
+    with ringfeed.Loader(synthetic, state=state, **KW) as loader:
+        assert len(loader) == 2  # the epoch's batches left
+        rest = [(b["index"], b["key"]) for b in loader]
+        assert head + rest == whole and [i for i, _ in rest] == [2, 3]
+        assert loader.epoch == 1 and len(loader) == 4
+
+
+def test_dlbench_resumed_prints_the_batches_as_the_whole_run_did(synthetic):
+    def digests(*extra):
+        out = subprocess.run([DLBENCH, synthetic, "--batch", "16", "--size", "16", "--workers", "2", "--digest",
+                              "--json", *extra], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+    whole = digests()["batch_digests"]
+    token = digests("--stop-after", "3")["state"]
+    resumed = digests("--resume", token)["batch_digests"]
+    assert resumed == whole[3:] and resumed[0].startswith("0:3 ")
