@@ -57,8 +57,13 @@ dl_tool_scratch *dl_tool_scratch_new(void);
 void dl_tool_scratch_free(dl_tool_scratch *t);
 /* Sample I of S written into W as one record (dl_writer_begin to dl_writer_end): its key and label,
  * its image as it is (JPEG, PNG, WebP; an MDS column's raw pixels as PNG, a .jpg.zst inflated) and
- * its tensor and bytes fields. Safe from several threads, each with its own T. */
-int dl_tool_write_sample(const dl_tool_source *s, size_t i, dl_writer *w, dl_tool_scratch *t);
+ * its tensor and bytes fields, once read and checked as `dlshard verify` checks it (the image
+ * decoded whole, the tensors parsed). 0: written; a sample the loader would skip is named in WHY
+ * (shard, member, reason) and left out (1), or with KEEP_BAD written all the same (2), unless it
+ * cannot be read at all (1); a negative code when writing fails. Safe from several threads, each
+ * with its own T. */
+int dl_tool_write_sample(const dl_tool_source *s, size_t i, dl_writer *w, dl_tool_scratch *t, bool keep_bad,
+                         char *why, size_t cap);
 
 /* ---- verify, index, ls (tools/inspect.c) ---- */
 

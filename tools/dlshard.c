@@ -26,10 +26,13 @@ static void usage(FILE *f) {
           "usage:\n"
           "  dlshard create OUT_PREFIX INPUT... [--samples-per-shard N | --shard-size SIZE]\n"
           "                 [--codec image=keep,label=index] [--align BYTES] [--threads T]\n"
+          "                 [--keep-bad] [--strict]\n"
           "      INPUT: tar shards (lists, globs, {a..b}), ImageFolder roots, MDS datasets'\n"
           "      folders (MosaicML Streaming) or ringfeed shards;\n"
           "      writes OUT_PREFIX-000000.rfs ... in the inputs' sample order; an OUT_PREFIX of\n"
-          "      s3://bucket/prefix/name uploads each shard once written (credentials as for the loader)\n"
+          "      s3://bucket/prefix/name uploads each shard once written (credentials as for the loader);\n"
+          "      each sample is checked as verify checks it: a bad one is left out and named\n"
+          "      (--keep-bad: kept as it is; --strict: exit 1 when there was any)\n"
           "  dlshard index SHARD...     build and cache the member index of tar shards\n"
           "  dlshard verify SHARD...    decode every image and tensor, check every checksum (and\n"
           "                             the digests an MDS index records);\n"
@@ -64,6 +67,8 @@ static int64_t parse_size(const char *s) {
 
 /* ---- create ---- */
 
+#define MAX_NAMED 1000 /* bad samples named at the end of a create; the rest are counted */
+
 typedef struct create_job {
   const dl_tool_source *src;
   const char *prefix; /* where shards are written */
@@ -72,7 +77,10 @@ typedef struct create_job {
   size_t *bounds; /* shard s holds samples [bounds[s], bounds[s + 1]) */
   size_t nshards;
   size_t next;    /* next shard to write */
-  size_t done;    /* samples written */
+  size_t done;    /* samples written or left out */
+  bool keep_bad;
+  char **bad;     /* the first bad samples' reasons (MAX_NAMED), and how many there were */
+  size_t nbad;
   int err;
   char errmsg[1024];
   pthread_mutex_t mu; /* over next, done and err */
@@ -88,10 +96,15 @@ static int write_shard(create_job *j, size_t shard, dl_tool_scratch *t) {
   if (r)
     return r;
   for (size_t i = j->bounds[shard]; i < j->bounds[shard + 1] && !r; i++) {
-    r = dl_tool_write_sample(j->src, i, w, t);
+    char why[1024];
+    r = dl_tool_write_sample(j->src, i, w, t, j->keep_bad, why, sizeof why);
     pthread_mutex_lock(&j->mu);
     j->done++;
+    if (r > 0 && j->bad && j->nbad < MAX_NAMED)
+      j->bad[j->nbad] = strdup(why);
+    j->nbad += r > 0;
     pthread_mutex_unlock(&j->mu);
+    r = r > 0 ? 0 : r;
   }
   if (r) {
     dl_writer_abort(w);
@@ -162,10 +175,29 @@ static void name_leftovers(const char *prefix, size_t n) {
             "%s-*.rfs would read them too; delete them\n", last - n, prefix, n, prefix, last - 1, prefix);
 }
 
+/* The samples left out (or with --keep-bad kept) as the loader would skip them, named. */
+static void name_bad(const create_job *j) {
+  if (!j->nbad)
+    return;
+  bool one = j->nbad == 1;
+  if (j->keep_bad)
+    fprintf(stderr, "dlshard: %zu bad sample%s kept (--keep-bad); the loader will skip %s:\n", j->nbad, one ? "" : "s",
+            one ? "it" : "them");
+  else
+    fprintf(stderr, "dlshard: %zu bad sample%s left out, as the loader would skip %s (--keep-bad keeps %s):\n",
+            j->nbad, one ? "" : "s", one ? "it" : "them", one ? "it" : "them");
+  for (size_t i = 0; i < j->nbad && i < MAX_NAMED; i++)
+    fprintf(stderr, "  %s\n", j->bad[i] ? j->bad[i] : "(out of memory naming it)");
+  if (j->nbad > MAX_NAMED)
+    fprintf(stderr, "  and %zu more\n", j->nbad - MAX_NAMED);
+}
+
 static int cmd_create(int argc, char **argv) {
   static const struct option opts[] = {{"samples-per-shard", 1, 0, 'n'}, {"shard-size", 1, 0, 's'},
                                        {"codec", 1, 0, 'c'}, {"align", 1, 0, 'a'},
-                                       {"threads", 1, 0, 't'}, {0, 0, 0, 0}};
+                                       {"threads", 1, 0, 't'}, {"keep-bad", 0, 0, 'k'},
+                                       {"strict", 0, 0, 'S'}, {0, 0, 0, 0}};
+  bool keep_bad = false, strict = false;
   int64_t shard_bytes = 0;
   long per_shard = 0, align = 4096, threads = sysconf(_SC_NPROCESSORS_ONLN);
   int c;
@@ -190,6 +222,8 @@ static int cmd_create(int argc, char **argv) {
       if (!cli_whole_number("dlshard", "--threads", optarg, 1, &threads))
         return 2;
       break;
+    case 'k': keep_bad = true; break;
+    case 'S': strict = true; break;
     case 'c':
       /* Images are kept as they are (JPEG/PNG); labels live in the index. */
       for (char *tok = strtok(optarg, ","); tok; tok = strtok(NULL, ",")) {
@@ -273,7 +307,8 @@ static int cmd_create(int argc, char **argv) {
   char wopts[64];
   snprintf(wopts, sizeof wopts, "align=%lld", (long long)align);
   create_job j = {.src = src, .prefix = prefix, .upload = upload, .writer_opts = wopts, .bounds = bounds,
-                  .nshards = nshards, .t0 = now(), .tty = isatty(2)};
+                  .nshards = nshards, .t0 = now(), .tty = isatty(2), .keep_bad = keep_bad,
+                  .bad = calloc(MAX_NAMED, sizeof(char *))};
   pthread_mutex_init(&j.mu, NULL);
   if (threads > (long)nshards)
     threads = (long)nshards;
@@ -300,11 +335,17 @@ static int cmd_create(int argc, char **argv) {
     fprintf(stderr, "dlshard: %s\n", j.errmsg);
     rc = 1;
   } else {
-    printf("%zu samples in %zu shard%s (%s-%06d.rfs ...), %.2f s, %.0f samples/s\n", count, nshards,
+    size_t written = count - (keep_bad ? 0 : j.nbad);
+    printf("%zu samples in %zu shard%s (%s-%06d.rfs ...), %.2f s, %.0f samples/s\n", written, nshards,
            nshards == 1 ? "" : "s", upload ? upload : prefix, 0, dt, count / (dt > 0 ? dt : 1e-9));
     if (!upload)
       name_leftovers(prefix, nshards);
+    name_bad(&j);
+    rc = strict && j.nbad ? 1 : 0;
   }
+  for (size_t i = 0; j.bad && i < j.nbad && i < MAX_NAMED; i++)
+    free(j.bad[i]);
+  free(j.bad);
   if (staging[0]) { /* what a failed shard left */
     for (size_t s = 0; s < nshards; s++) {
       char path[PATH_MAX + 16];

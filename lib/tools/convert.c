@@ -14,11 +14,13 @@
 
 struct dl_tool_source {
   dl__dataset ds;
+  bool has_images; /* then a sample without one is bad: the loader skips it */
 };
 
 struct dl_tool_scratch {
   dl__buf record, raw, image;
   void *zctx;
+  dl__checker *checker; /* each sample read as the loader would, before it is written */
 };
 
 int dl_tool_source_add(dl_tool_source **s, const char *source, const char *options) {
@@ -26,7 +28,10 @@ int dl_tool_source_add(dl_tool_source **s, const char *source, const char *optio
     return dl__fail(-ENOMEM, "out of memory");
   dl__options o;
   int r = dl__options_parse(&o, options);
-  return r ? r : dl__source_load(&(*s)->ds, source, &o);
+  if (!r)
+    r = dl__source_load(&(*s)->ds, source, &o);
+  (*s)->has_images = dl__any_image(&(*s)->ds);
+  return r;
 }
 
 void dl_tool_source_free(dl_tool_source *s) {
@@ -40,7 +45,14 @@ size_t dl_tool_source_count(const dl_tool_source *s) { return s ? s->ds.n : 0; }
 
 uint64_t dl_tool_sample_bytes(const dl_tool_source *s, size_t i) { return s->ds.samples[i].size; }
 
-dl_tool_scratch *dl_tool_scratch_new(void) { return calloc(1, sizeof(dl_tool_scratch)); }
+dl_tool_scratch *dl_tool_scratch_new(void) {
+  dl_tool_scratch *t = calloc(1, sizeof *t);
+  if (t && dl__checker_new(&t->checker, NULL, NULL)) {
+    free(t);
+    t = NULL;
+  }
+  return t;
+}
 
 void dl_tool_scratch_free(dl_tool_scratch *t) {
   if (!t)
@@ -49,6 +61,7 @@ void dl_tool_scratch_free(dl_tool_scratch *t) {
   dl__buf_free(&t->raw);
   dl__buf_free(&t->image);
   ZSTD_freeDCtx(t->zctx);
+  dl__checker_free(t->checker);
   free(t);
 }
 
@@ -134,12 +147,35 @@ static int write_tensors(dl_writer *w, const dl__dataset *ds, const dl__sample *
   return 0;
 }
 
-int dl_tool_write_sample(const dl_tool_source *src, size_t i, dl_writer *w, dl_tool_scratch *t) {
+/* Whether sample S, its bytes read into T, is one the loader would skip: why into WHY. A sample that
+ * cannot be read is bad too, and *UNREAD says so (there is nothing to keep of it). */
+static bool bad_sample(const dl_tool_source *src, const dl__sample *s, dl_tool_scratch *t, bool *unread, char *why,
+                       size_t cap) {
+  const dl__dataset *ds = &src->ds;
+  dl__err e = {0};
+  *unread = false;
+  if (src->has_images && s->codec == DL__CODEC_NONE)
+    dl__err_set(&e, DL_ENOFIELD, DL__NO_IMAGE);
+  if ((s->codec != DL__CODEC_NONE || s->nrefs) && dl__sample_read(ds, s, &t->record)) {
+    *unread = true;
+    snprintf(why, cap, "%s", dl_last_error());
+    return true;
+  }
+  if (!e.code && (s->codec != DL__CODEC_NONE || s->nrefs))
+    dl__check_sample(t->checker, ds, s, t->record.p, &e);
+  if (e.code)
+    snprintf(why, cap, "shard %s member %s: %s", ds->files[s->file], dl__sample_name(ds, s), e.msg);
+  return e.code != 0;
+}
+
+int dl_tool_write_sample(const dl_tool_source *src, size_t i, dl_writer *w, dl_tool_scratch *t, bool keep_bad,
+                         char *why, size_t cap) {
   const dl__dataset *ds = &src->ds;
   const dl__sample *s = &ds->samples[i];
+  bool unread, bad = bad_sample(src, s, t, &unread, why, cap);
+  if (bad && (unread || !keep_bad))
+    return 1;
   int r = dl_writer_begin(w, ds->pool + s->key, s->label);
-  if (!r && (s->codec != DL__CODEC_NONE || s->nrefs))
-    r = dl__sample_read(ds, s, &t->record);
   if (!r && s->codec != DL__CODEC_NONE) {
     const uint8_t *img = t->record.p + s->image_at;
     size_t len = s->image_len;
@@ -158,5 +194,7 @@ int dl_tool_write_sample(const dl_tool_source *src, size_t i, dl_writer *w, dl_t
   }
   if (!r && s->nrefs)
     r = write_tensors(w, ds, s, t->record.p, &t->raw);
-  return r ? r : dl_writer_end(w);
+  if (!r)
+    r = dl_writer_end(w);
+  return r ? r : bad ? 2 : 0;
 }

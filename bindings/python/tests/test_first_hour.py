@@ -74,3 +74,44 @@ def test_dlbench_resumed_prints_the_batches_as_the_whole_run_did(synthetic):
     token = digests("--stop-after", "3")["state"]
     resumed = digests("--resume", token)["batch_digests"]
     assert resumed == whole[3:] and resumed[0].startswith("0:3 ")
+
+
+def test_dlshard_create_checks_each_sample_and_leaves_out_the_broken(synthetic, tmp_path):
+    import glob
+    import io
+    import os
+    import tarfile
+    from conftest import DLSHARD
+    first = sorted(glob.glob(os.path.join(os.path.dirname(synthetic), "*.tar")))[0]
+    members = {}
+    with tarfile.open(first) as tar:
+        for m in tar.getmembers()[:6]:  # three samples: jpg and cls
+            members[m.name] = tar.extractfile(m).read()
+    jpgs = sorted(n for n in members if n.endswith(".jpg"))
+    members[jpgs[1]] = members[jpgs[1]][: len(members[jpgs[1]]) // 3]  # the data ends early
+    src = tmp_path / "in.tar"
+    with tarfile.open(src, "w") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+    def create(out, *flags):
+        return subprocess.run([DLSHARD, "create", str(tmp_path / out / "x"), str(src), *flags],
+                              capture_output=True, text=True, timeout=60)
+
+    left = create("left")
+    assert left.returncode == 0, left.stderr
+    assert left.stdout.startswith("2 samples in 1 shard")
+    assert "1 bad sample left out" in left.stderr and f"member {jpgs[1]}:" in left.stderr
+    assert "--keep-bad" in left.stderr and "in.tar" in left.stderr
+    ok = subprocess.run([DLSHARD, "verify", str(tmp_path / "left" / "x-000000.rfs")], capture_output=True, text=True)
+    assert ok.returncode == 0 and "verified: ok" in ok.stdout
+    kept = create("kept", "--keep-bad", "--strict")
+    assert kept.returncode == 1 and kept.stdout.startswith("3 samples in 1 shard")
+    assert "1 bad sample kept (--keep-bad)" in kept.stderr
+    damaged = subprocess.run([DLSHARD, "verify", str(tmp_path / "kept" / "x-000000.rfs")], capture_output=True,
+                             text=True)
+    assert damaged.returncode == 1 and "1 bad record" in damaged.stdout
+    assert create("strict", "--strict").returncode == 1
+    assert os.path.exists(tmp_path / "strict" / "x-000000.rfs")

@@ -532,9 +532,10 @@ def test_dlshard_converts_pil_pixels_to_png_with_the_same_stream(tmp_path, chann
     for g, w in zip(got, want):
         assert int(g["label"]) == int(w["label"]) and np.array_equal(g["image"], w["image"])
     write_mds(str(tmp_path / "bad"), {"image": "pil"}, [{"image": pil_value(images[0].convert("P"))}])
-    out = subprocess.run([dlshard, "create", str(tmp_path / "out" / "y"), str(tmp_path / "bad")],
+    out = subprocess.run([dlshard, "create", str(tmp_path / "out" / "y"), str(tmp_path / "bad"), "--strict"],
                          capture_output=True, text=True)
-    assert out.returncode != 0 and "shard.00000.mds:0" in out.stderr and "mode 'P'" in out.stderr, out.stderr
+    assert out.returncode == 1 and "shard.00000.mds member sample 0" in out.stderr and "mode 'P'" in out.stderr, \
+        out.stderr
 
 
 def test_dlshard_verify_and_ls_read_an_mds_dataset(tmp_path):

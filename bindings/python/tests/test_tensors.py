@@ -240,14 +240,18 @@ def test_any_zst_member_is_zstd_compressed(tmp_path):
     assert "error" not in y and np.array_equal(x["image"], y["image"]) and y["label"].tolist() == [3]
 
 
-def test_a_damaged_zst_image_stops_dlshard_create_with_its_name(tmp_path):
+def test_a_damaged_zst_image_is_left_out_by_dlshard_create_and_named(tmp_path):
     dlshard = os.environ.get("DL_DLSHARD")
     if not dlshard:
         pytest.skip("DL_DLSHARD not set")
     packed = tmp_path / "z.tar"
     write_tar(packed, [("a.jpg.zst", zstd(b"\xff\xd8" + bytes(5000))[:-7]), ("a.cls", b"3")])
     out = subprocess.run([dlshard, "create", str(tmp_path / "o"), str(packed)], capture_output=True, text=True)
-    assert out.returncode != 0 and "sample a image:" in out.stderr, out.stderr
+    assert out.returncode == 0 and out.stdout.startswith("0 samples in 1 shard"), out.stdout + out.stderr
+    assert "1 bad sample left out" in out.stderr and "member a.jpg.zst: zstd: the frame is cut short" in out.stderr
+    strict = subprocess.run([dlshard, "create", str(tmp_path / "s"), str(packed), "--strict"], capture_output=True,
+                            text=True)
+    assert strict.returncode == 1 and "member a.jpg.zst" in strict.stderr, strict.stderr
 
 
 def test_dlshard_verify_names_the_tensors_and_zst_images_the_loader_refuses(tmp_path):
@@ -298,7 +302,8 @@ def test_dlshard_verify_names_the_tensors_and_zst_images_the_loader_refuses(tmp_
         # A sample without the image the others have (a lone .cls, a link member not followed).
         assert "member c (offset 0): sample has no image member" in report, report
         assert refused(images) == {"b", "c"}
-        subprocess.run([dlshard, "create", str(tmp_path / "z"), str(images)], capture_output=True)
+        # Kept as they are (--keep-bad), the ringfeed shard's verify names them again.
+        subprocess.run([dlshard, "create", str(tmp_path / "z"), str(images), "--keep-bad"], capture_output=True)
         assert "record 2 (key c," in named(tmp_path / "z-000000.rfs")
 
 
