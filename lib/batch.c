@@ -217,7 +217,7 @@ int dl__batch_describe(const dl_batch *b, const char *name, DLDevice device, DLT
     static const DLDataType types[] = {{kDLUInt, 8, 1}, {kDLFloat, 32, 1}, {kDLFloat, 16, 1}, {kDLBfloat, 16, 1}};
     t->data = b->image;
     t->ndim = 4;
-    t->dtype = device.device_type == kDLCUDA ? types[l->o.dtype] : types[0];
+    t->dtype = device.device_type == kDLCUDA || l->host_float ? types[l->o.dtype] : types[0];
     int64_t *sh = m->image_shape;
     sh[0] = b->len;
     if (l->o.layout == DL__LAYOUT_NCHW)

@@ -201,8 +201,11 @@ struct dl_loader {
   uint64_t check_hash;      /* the dataset's, naming its GPU check's verdicts (0: none kept) */
   int nstreams;
   dl__stream streams[DL__MAX_DEVICES];
-  size_t image_bytes; /* one batch's image bytes */
+  size_t image_bytes; /* one batch's image bytes in a host slot */
   size_t sample_bytes;
+  /* Host batches in a float dtype (device=cpu): the workers normalise each image themselves. */
+  bool host_float;
+  dl__affine affine;
   bool has_image;     /* the dataset has images: the "image" field exists */
   dl__field fields[DL__MAX_FIELDS];
   dl__bfield bfields[DL__MAX_FIELDS];

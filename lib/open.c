@@ -118,7 +118,9 @@ static int64_t memory_budget(const dl_loader *l, int ranks) {
  * memory, shared by its ranks) does not hold them, never fewer than two. */
 static void choose_prefetch(dl_loader *l) {
   int ranks = local_ranks();
-  size_t image = l->has_image ? (size_t)l->o.height * l->o.width * (size_t)l->o.channels * (size_t)l->o.batch_size : 0;
+  size_t image = l->has_image ? (size_t)l->o.height * l->o.width * (size_t)l->o.channels *
+                                    (size_t)(l->o.ndevices ? 1 : dl__dtype_bytes(l->o.dtype)) * (size_t)l->o.batch_size
+                              : 0;
   size_t arena = l->has_image && dl__decode_may_use_gpu(l) ? dl__gpu_arena_size(l) : 0;
   size_t slot = (image + l->field_block + arena) * (size_t)l->nstreams; /* one slot of every stream */
   int64_t budget = memory_budget(l, ranks);
@@ -156,7 +158,11 @@ void dl__slots_unmap(void *p, size_t bytes) { munmap(p, bytes); }
 
 static int alloc_slots(dl_loader *l) {
   int ch = l->o.channels;
-  l->sample_bytes = l->has_image ? (size_t)l->o.height * l->o.width * ch : 0;
+  /* With a device, host slots hold uint8 and the GPU converts; on the CPU, the dtype itself. */
+  l->host_float = !l->o.ndevices && l->o.dtype != DL__DTYPE_UINT8;
+  l->affine = dl__affine_of(l->o.mean, l->o.std);
+  l->sample_bytes = l->has_image ? (size_t)l->o.height * l->o.width * ch * (l->host_float ? dl__dtype_bytes(l->o.dtype) : 1)
+                                 : 0;
   l->image_bytes = l->sample_bytes * (size_t)l->o.batch_size;
   size_t nslots = (size_t)l->o.prefetch * (size_t)l->nstreams;
   /* A slot's images, its tensor fields, and the compressed JPEGs the GPU decodes, which the

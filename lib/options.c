@@ -484,8 +484,6 @@ int dl__options_parse(dl__options *o, const char *text) {
     o->token_dtype = o->dtype;
     o->dtype = DL__DTYPE_UINT8;
   }
-  if (o->dtype != DL__DTYPE_UINT8 && o->ndevices == 0)
-    return dl__fail(DL_EOPTION, "option dtype: float conversion runs on the GPU; use device=cuda");
   /* mean and std are on torchvision's scale, pixels as 0..1, where no mean is above 1 and no
    * standard deviation above 0.5. Larger values are on the 0..255 scale DALI's and mmcv's
    * normalisations take (mean=123.675,116.28,103.53 std=58.395,57.12,57.375, or mean=0,0,0

@@ -72,6 +72,8 @@ typedef struct dl__options {
 enum { DL__S3_AUTO, DL__S3_PATH, DL__S3_VIRTUAL };
 
 int dl__options_parse(dl__options *o, const char *text);
+/* Bytes of one image value of DTYPE (DL__DTYPE_*). */
+static inline int dl__dtype_bytes(int dtype) { return dtype == DL__DTYPE_UINT8 ? 1 : dtype == DL__DTYPE_FLOAT32 ? 4 : 2; }
 /* Every option with its values and default: a line each, or a Markdown table (docs/options.md). */
 void dl__options_doc(FILE *out, bool markdown);
 

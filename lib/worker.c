@@ -44,6 +44,7 @@ struct dl__worker {
   void *zctx; /* zstd decompression of tensor fields and compressed images */
   dl__hasher *hasher;
   dl__buf zbuf, zimage;
+  dl__buf pixels; /* an image's uint8 values before they are normalised into a float host slot */
 };
 
 static int64_t ns_since(const struct timespec *t0) {
@@ -76,7 +77,11 @@ static void complete(struct dl__worker *w, inflight *f, dl__err *e) {
 }
 
 void dl__sample_zero(const dl_loader *l, dl_batch *b, int i) {
-  memset(b->image + (size_t)i * l->sample_bytes, 0, l->sample_bytes);
+  if (l->host_float) /* zeros as the GPU's conversion would make them */
+    dl__normalize_zeros(l->o.height, l->o.width, l->o.channels, l->o.layout == DL__LAYOUT_NCHW, l->o.dtype, &l->affine,
+                        b->image + (size_t)i * l->sample_bytes);
+  else
+    memset(b->image + (size_t)i * l->sample_bytes, 0, l->sample_bytes);
   for (int f = 0; f < l->nfields; f++) {
     const dl__field *fd = &l->fields[f];
     memset(b->fields + fd->at + (size_t)i * fd->sample_bytes, 0, fd->sample_bytes);
@@ -124,10 +129,18 @@ static void decode(struct dl__worker *w, inflight *f, bool verify, dl__err *e) {
     atomic_fetch_add_explicit(&l->st.gpu_planned, 1, memory_order_relaxed);
   } else {
     uint8_t *dst = c->slot->image + (size_t)c->i * l->sample_bytes;
+    const dl__image_spec *sp = &l->image_spec;
     struct timespec t1;
     clock_gettime(CLOCK_MONOTONIC, &t1);
-    dl__image_decode(&w->img, &l->image_spec, image, image_len, f->s->codec, key, dl__sample_flip(l, key),
-                     (uint32_t)c->index, dst, e);
+    uint8_t *to = dst;
+    if (l->host_float && dl__buf_reserve(&w->pixels, (size_t)sp->width * (size_t)sp->height * (size_t)sp->channels))
+      dl__err_set(e, -ENOMEM, "out of memory for an image's pixels");
+    else if (l->host_float)
+      to = w->pixels.p;
+    if (!e->code && !dl__image_decode(&w->img, sp, image, image_len, f->s->codec, key, dl__sample_flip(l, key),
+                                      (uint32_t)c->index, to, e) && l->host_float)
+      dl__normalize(to, sp->height, sp->width, sp->channels, l->o.layout == DL__LAYOUT_NCHW, l->o.dtype, &l->affine,
+                    dst);
     atomic_fetch_add_explicit(&l->st.cpu_decoded, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&l->st.cpu_decode_ns, ns_since(&t1), memory_order_relaxed);
   }
@@ -375,6 +388,7 @@ static void worker_free(struct dl__worker *w) {
   dl__buf_free(&w->zbuf);
   dl__hasher_free(w->hasher);
   dl__buf_free(&w->zimage);
+  dl__buf_free(&w->pixels);
   ZSTD_freeDCtx(w->zctx);
 }
 

@@ -137,6 +137,19 @@ void dl__resize_force_portable(bool portable);
 int dl__resize(const uint8_t *src, int w, int h, size_t stride, int ch, dl__rect rect, uint8_t *out,
                int ow, int oh, int planar, int flip, dl__resize_scratch *s);
 
+/* ---- pixels as the model takes them (decode/normalize.c) ---- */
+
+/* (x / 255 - mean) / std as x * scale + shift, per channel (mean and std on the 0..1 scale). */
+typedef struct dl__affine {
+  float scale[3], shift[3];
+} dl__affine;
+dl__affine dl__affine_of(const float mean[3], const float std[3]);
+/* The H x W x C uint8 values at IN (channels interleaved) into OUT as DTYPE (DL__DTYPE_FLOAT32,
+ * _FLOAT16 or _BFLOAT16) normalised by A, interleaved or, with PLANAR, a plane per channel. */
+void dl__normalize(const uint8_t *in, int h, int w, int c, bool planar, int dtype, const dl__affine *a, void *out);
+/* The same of an image of zeros (the substitute for a bad sample, as the GPU converts it). */
+void dl__normalize_zeros(int h, int w, int c, bool planar, int dtype, const dl__affine *a, void *out);
+
 /* ---- one image into its place in a batch on the CPU (decode/image.c) ---- */
 
 /* What a batch asks of each image, from the loader's options. */

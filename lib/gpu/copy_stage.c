@@ -87,7 +87,6 @@ typedef struct cuda_state {
  * the second ... */
 static int pin_order(const dl_loader *l, int stream, int slot) { return slot * l->nstreams + stream; }
 
-static int dtype_size(int dtype) { return dtype == DL__DTYPE_UINT8 ? 1 : dtype == DL__DTYPE_FLOAT32 ? 4 : 2; }
 
 static int cuda_fail(cudaError_t e, const char *what) {
   return dl__fail(DL_ECUDA, "%s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
@@ -183,7 +182,7 @@ int dl__cuda_open(dl_loader *l) {
     return dl__fail(-ENOMEM, "out of memory");
   c->n = l->o.ndevices;
   c->out_sample_bytes =
-      l->has_image ? (size_t)l->o.height * l->o.width * l->o.channels * dtype_size(l->o.dtype) : 0;
+      l->has_image ? (size_t)l->o.height * l->o.width * l->o.channels * dl__dtype_bytes(l->o.dtype) : 0;
   for (int i = 0; i < c->n; i++) {
     c->g[i].l = l;
     c->g[i].index = i;

@@ -230,6 +230,9 @@ class Loader:
             self._guard = threading.Condition()
             self._users = 0
         self._framework = _framework(framework)
+        if self._framework == "numpy" and _format("dtype", options.get("dtype", "uint8")) == "bfloat16":
+            raise ValueError("ringfeed: dtype=bfloat16 with framework='numpy': numpy has no bfloat16; use torch "
+                             "(framework='torch'), or dtype float16 or float32")
         # A path as str, bytes or os.PathLike (pathlib), or a list, tuple or other iterable of them
         # (a generator, glob.iglob, Path.glob).
         if not isinstance(source, (str, bytes, os.PathLike)):

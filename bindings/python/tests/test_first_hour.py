@@ -115,3 +115,58 @@ def test_dlshard_create_checks_each_sample_and_leaves_out_the_broken(synthetic, 
     assert damaged.returncode == 1 and "1 bad record" in damaged.stdout
     assert create("strict", "--strict").returncode == 1
     assert os.path.exists(tmp_path / "strict" / "x-000000.rfs")
+
+
+@pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
+def test_float_batches_on_the_cpu_are_the_uint8_ones_normalised(synthetic, layout):
+    np = pytest.importorskip("numpy")
+    kw = dict(KW, framework="numpy", batch_size=16, image_size=24, flip=True, layout=layout, epochs=1)
+    mean, std = np.float32([0.485, 0.456, 0.406]), np.float32([0.229, 0.224, 0.225])
+    # As the GPU's conversion folds it: x * (1 / (255 std)) + (-mean / std), in float32.
+    scale, shift = np.float32(1) / (np.float32(255) * std), -mean / std
+    with ringfeed.Loader(synthetic, **kw) as loader:
+        raw = [b["image"].astype(np.float32) for b in loader]
+    shape = (1, 3, 1, 1) if layout == "NCHW" else (1, 1, 1, 3)
+    want = [r * scale.reshape(shape) + shift.reshape(shape) for r in raw]
+    with ringfeed.Loader(synthetic, dtype="float32", **kw) as loader:
+        got = [b["image"].copy() for b in loader]
+    assert len(got) == len(want) and got[0].dtype == np.float32 and got[0].shape == raw[0].shape
+    for g, w in zip(got, want):
+        assert np.array_equal(g, w) or np.abs(g - w).max() <= 2 * np.finfo(np.float32).eps * 4
+    with ringfeed.Loader(synthetic, dtype="float16", **kw) as loader:
+        half = [b["image"].copy() for b in loader]
+    assert half[0].dtype == np.float16 and all(np.array_equal(h, w.astype(np.float16)) for h, w in zip(half, want))
+    with pytest.raises(ValueError, match="numpy has no bfloat16"):
+        ringfeed.Loader(synthetic, dtype="bfloat16", **kw)
+
+
+def test_bfloat16_batches_on_the_cpu_round_as_torch_does(synthetic):
+    torch = pytest.importorskip("torch")
+    kw = dict(KW, framework="torch", batch_size=16, image_size=24, epochs=1, mean=(0.5, 0.5, 0.5), std=(0.25, 0.5, 1))
+    with ringfeed.Loader(synthetic, **kw) as loader:
+        raw = [b["image"].float() for b in loader]
+    with ringfeed.Loader(synthetic, dtype="bfloat16", **kw) as loader:
+        got = [b["image"].clone() for b in loader]
+    scale = 1 / (255 * torch.tensor([0.25, 0.5, 1.0]))
+    shift = -torch.tensor([0.5, 0.5, 0.5]) / torch.tensor([0.25, 0.5, 1.0])
+    for g, r in zip(got, raw):
+        assert g.dtype == torch.bfloat16 and g.shape == r.shape
+        assert torch.equal(g, (r * scale + shift).to(torch.bfloat16))
+
+
+def test_a_bad_sample_in_a_float_batch_is_normalised_zeros(tmp_path):
+    np = pytest.importorskip("numpy")
+    import io
+    import tarfile
+    src = tmp_path / "one.tar"
+    with tarfile.open(src, "w") as tar:
+        for name, data in (("a.jpg", b"\xff\xd8\xff\xe0 not really"), ("a.cls", b"1")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    with ringfeed.Loader(str(src), batch_size=1, image_size=4, dtype="float32", framework="numpy", epochs=1,
+                         log="quiet") as loader:
+        b = next(loader)
+    assert b["error"][0] != 0
+    want = -np.float32([0.485, 0.456, 0.406]) / np.float32([0.229, 0.224, 0.225])
+    assert np.allclose(b["image"][0], want, rtol=0, atol=1e-6)
