@@ -97,6 +97,9 @@ DL_EXTERN const char *dl_strerror(int err);
 /* Symbolic name of a code ("DL_ECORRUPT", "ENOENT", "DL_EOF"); static storage. */
 DL_EXTERN const char *dl_errname(int err);
 
+/* 1 if KEY is one of dl_open's option keys ("batch_size"), else 0. Thread-safe. */
+DL_EXTERN int dl_option_exists(const char *key);
+
 /*
  * The calling thread's message for its last failed call, with context (shard, member, offset,
  * option). Valid until the thread's next dl_ call that fails.

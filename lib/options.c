@@ -425,6 +425,13 @@ static int apply(dl__options *o, const char *key, const char *v) {
   return dl__fail(DL_EOPTION, "unknown option '%s'", key);
 }
 
+int dl_option_exists(const char *key) {
+  for (size_t i = 0; key && i < DL__ARRAY_LEN(options); i++)
+    if (!strcmp(key, options[i].name))
+      return 1;
+  return 0;
+}
+
 void dl__options_doc(FILE *out, bool markdown) {
   if (markdown)
     fprintf(out, "# Options\n\nThe loader's options: `key=value` words for `dl_open` (C), the same keywords for "

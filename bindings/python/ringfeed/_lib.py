@@ -76,6 +76,7 @@ _sig = {
     "dl_version": (_c.c_char_p, []),
     "dl_strerror": (_c.c_char_p, [_c.c_int]),
     "dl_errname": (_c.c_char_p, [_c.c_int]),
+    "dl_option_exists": (_c.c_int, [_c.c_char_p]),
     "dl_last_error": (_c.c_char_p, []),
     "dl_open": (_c.c_int, [_c.POINTER(_c.c_void_p), _c.c_char_p, _c.c_char_p]),
     "dl_next_batch_on": (_c.c_int, [_c.c_void_p, _c.c_int, _c.POINTER(_c.c_void_p)]),

@@ -15,6 +15,7 @@ from ._lib import DLManagedTensor, K_DL_CUDA, lib
 
 _DL_EOF = 1
 _DL_EBUSY = -1007
+_DL_EOPTION = -1005
 _DL_ECLOSED = -1011
 _ETIMEDOUT = -110
 _WAIT_SLICE_MS = 50
@@ -196,7 +197,13 @@ _DATALOADER_HINTS = {
     "generator": "a DataLoader keyword: the shuffle comes from seed=",
     "worker_init_fn": "a DataLoader keyword: the workers are the library's threads and run no Python",
     "timeout": "a DataLoader keyword: a batch is waited for until it comes, Ctrl-C interrupts",
+    "transform": "crop, resize, flip and normalisation are options (crop=, image_size=, flip=, dtype=, mean=, "
+                 "std=); for more, batch_transform=fn is called with each batch's dict of tensors (on the GPU "
+                 "where the batch is: torchvision.transforms.v2 works there)",
+    "target_transform": "labels come as a tensor in each batch: change them in batch_transform=fn",
 }
+# Keywords of the binding itself, not options of the library.
+_BINDING_KEYWORDS = ("log_stats_every", "batch_transform")
 
 
 def _token(state):
@@ -256,13 +263,22 @@ class Loader:
         if "epochs" not in options or options["epochs"] is None:
             options["epochs"] = 0
         self._warned_done = getattr(self, "_warned_done", False)
+        transform = options.get("batch_transform")
+        if transform is not None and not callable(transform):
+            raise TypeError(f"ringfeed: batch_transform={transform!r}: give a function of a batch (a dict) that "
+                            "returns the batch to hand out")
+        self._transform = transform
+        for key, value in options.items():  # a keyword given as None is still a keyword: known or not
+            if value is None and key not in _BINDING_KEYWORDS and not lib.dl_option_exists(key.encode()):
+                hint = _DATALOADER_HINTS.get(key)
+                raise Error(_DL_EOPTION, f"unknown option '{key}'" + (f" ({hint})" if hint else ""))
         every = options.get("log_stats_every") or 0
         if isinstance(every, bool) or not isinstance(every, int) or every < 0:
             raise ValueError(f"ringfeed: log_stats_every={every!r}: expected a number of batches (0: never)")
         self._log_every = every
         self._handed = 0
         text = " ".join(f"{k}={_format(k, v)}" for k, v in options.items()
-                        if v is not None and k != "log_stats_every")
+                        if v is not None and k not in _BINDING_KEYWORDS)
         rc = lib.dl_open(ctypes.byref(self._handle), os.fsencode(source), os.fsencode(text))
         if rc < 0:
             message = (lib.dl_last_error() or b"").decode(errors="replace")
@@ -438,6 +454,9 @@ class Loader:
         self._handed += 1  # after the release: a failure to log cannot keep the batch's slot
         if self._log_every and self._handed % self._log_every == 0:
             self._log_stats()
+        if self._transform is not None:
+            changed = self._transform(out)
+            out = out if changed is None else changed
         return out
 
     def _consumer_stream(self, b):

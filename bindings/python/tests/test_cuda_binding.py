@@ -50,6 +50,35 @@ def test_cuda_tensors_equal_cpu_batches(shard):
     assert n == len(cpu) == 5
 
 
+def test_float_batches_of_the_cpu_equal_the_gpus(shard):
+    """The workers' normalisation (device=cpu) and the GPU's kernel give the same values: float32 to
+    within float32 rounding, bfloat16 and float16 to within one unit of their last place."""
+    kw = dict(batch_size=16, image_size=48, seed=4, flip=True, workers=4, decode="cpu", epochs=1)
+    for dtype, layout in (("float32", "NHWC"), ("bfloat16", "NCHW"), ("float16", "NHWC")):
+        cpu = [b["image"].clone() for b in ringfeed.Loader(shard, device="cpu", dtype=dtype, layout=layout, **kw)]
+        gpu = [b["image"].cpu() for b in ringfeed.Loader(shard, device="cuda", dtype=dtype, layout=layout, **kw)]
+        assert len(cpu) == len(gpu) == 5
+        for c, g in zip(cpu, gpu):
+            assert c.dtype == g.dtype and c.shape == g.shape
+            ulp = torch.finfo(c.dtype).eps * torch.maximum(c.float().abs(), g.float().abs()).clamp(min=1)
+            assert ((c.float() - g.float()).abs() <= ulp).all(), (dtype, (c.float() - g.float()).abs().max())
+
+
+def test_batch_transform_runs_on_the_gpu_batch(shard):
+    v2 = pytest.importorskip("torchvision.transforms.v2")
+    jitter = v2.ColorJitter(brightness=0.5)
+    devices = []
+
+    def augment(batch):
+        devices.append(batch["image"].device.type)
+        batch["image"] = jitter(batch["image"])
+
+    kw = dict(batch_size=16, image_size=48, workers=4, epochs=1, dtype="float32", layout="NCHW")
+    with ringfeed.Loader(shard, device="cuda", batch_transform=augment, **kw) as loader:
+        shapes = [b["image"].shape for b in loader]
+    assert devices == ["cuda"] * 5 and shapes[0] == (16, 3, 48, 48)
+
+
 def test_cuda_normalized_bfloat16_nchw(shard):
     kw = dict(batch_size=32, image_size=32, seed=2, workers=4, decode="cpu")
     ref = next(ringfeed.Loader(shard, device="cpu", **kw))["image"].double()

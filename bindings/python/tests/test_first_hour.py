@@ -170,3 +170,41 @@ def test_a_bad_sample_in_a_float_batch_is_normalised_zeros(tmp_path):
     assert b["error"][0] != 0
     want = -np.float32([0.485, 0.456, 0.406]) / np.float32([0.229, 0.224, 0.225])
     assert np.allclose(b["image"][0], want, rtol=0, atol=1e-6)
+
+
+def test_batch_transform_is_called_on_each_batch(synthetic):
+    np = pytest.importorskip("numpy")
+    seen = []
+
+    def flip_labels(batch):  # returning None hands out the batch it changed
+        seen.append(batch["index"])
+        batch["label"] = -batch["label"]
+        batch["image"] = batch["image"][:, ::-1]
+
+    def as_new(batch):
+        return {"x": batch["image"].astype(np.float32) / 255, "y": batch["label"]}
+
+    kw = dict(KW, framework="numpy", epochs=1, shuffle=False)
+    with ringfeed.Loader(synthetic, **kw) as loader:
+        plain = [(b["image"].copy(), b["label"].copy()) for b in loader]
+    with ringfeed.Loader(synthetic, batch_transform=flip_labels, **kw) as loader:
+        flipped = [(b["image"].copy(), b["label"].copy()) for b in loader]
+    assert seen == list(range(len(plain)))
+    for (img, lab), (fimg, flab) in zip(plain, flipped):
+        assert np.array_equal(fimg, img[:, ::-1]) and np.array_equal(flab, -lab)
+    with ringfeed.Loader(synthetic, batch_transform=as_new, **kw) as loader:
+        b = next(loader)
+    assert set(b) == {"x", "y"} and b["x"].dtype == np.float32 and b["x"].max() <= 1
+    with pytest.raises(TypeError, match="batch_transform"):
+        ringfeed.Loader(synthetic, batch_transform="flip", **kw)
+
+
+def test_keywords_given_as_none(synthetic):
+    with ringfeed.Loader(synthetic, crop=None, flip=None, **KW) as loader:  # an option's default
+        assert len(loader) == 4
+    for key in ("transform", "num_workers", "shuffle_buffer"):
+        with pytest.raises(ringfeed.Error) as e:
+            ringfeed.Loader(synthetic, **{key: None}, **KW)
+        assert e.value.name == "DL_EOPTION" and f"unknown option '{key}'" in e.value.message
+    with pytest.raises(ringfeed.Error, match="batch_transform=fn"):
+        ringfeed.Loader(synthetic, transform=lambda b: b, **KW)
