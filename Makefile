@@ -11,6 +11,13 @@ export TSAN_OPTIONS = halt_on_error=1:second_deadlock_stack=1
 
 .PHONY: all deps test-deps build run test test-release test-asan test-tsan test-python device fuzz soak clean
 
+# Builds the CMake tree $(1) quietly: what the compiler says goes to $(1)/build.log, shown when the
+# build fails (warnings are errors here, so they show too).
+define build_quietly
+	@echo "building $(1) (the compiler's output: $(1)/build.log)"
+	@cmake --build $(1) -j $(JOBS) >$(1)/build.log 2>&1 || { tail -60 $(1)/build.log; echo "make: building $(1) failed; the whole log: $(1)/build.log"; exit 1; }
+endef
+
 all: build
 
 deps:
@@ -21,7 +28,7 @@ test-deps:
 
 build: deps
 	@cmake -S . -B build -DDL_WERROR=ON $(CMAKE_FLAGS) >/dev/null
-	@cmake --build build -j $(JOBS)
+	$(call build_quietly,build)
 
 run: build
 	./build/dlbench --workers 8
@@ -31,12 +38,12 @@ test: test-deps
 
 test-release:
 	@cmake -S . -B build -DDL_WERROR=ON $(CMAKE_FLAGS) >/dev/null
-	@cmake --build build -j $(JOBS)
+	$(call build_quietly,build)
 	cd build && ctest --output-on-failure -j $(JOBS)
 
 test-asan:
 	@cmake -S . -B build-asan $(SAN_FLAGS) -DDL_WERROR=ON -DCMAKE_C_FLAGS="$(ASAN)" >/dev/null
-	@cmake --build build-asan -j $(JOBS)
+	$(call build_quietly,build-asan)
 	cd build-asan && ctest --output-on-failure -j $(JOBS) -LE slow
 	@# The remote sources (servers, retries, the shard cache's threads and locks) under ASan+UBSan.
 	cd build && DL_DLSHARD=$(CURDIR)/build-asan/dlshard DL_TEST_SHARDS=$(CURDIR)/build/tests/shards \
@@ -47,7 +54,7 @@ test-asan:
 
 test-tsan:
 	@cmake -S . -B build-tsan $(SAN_FLAGS) -DDL_WERROR=ON -DCMAKE_C_FLAGS="$(TSAN)" >/dev/null
-	@cmake --build build-tsan -j $(JOBS)
+	$(call build_quietly,build-tsan)
 	cd build-tsan && ctest --output-on-failure -j $(JOBS) -L threads
 
 test-python: build

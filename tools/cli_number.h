@@ -28,4 +28,18 @@ static inline bool cli_whole_number(const char *tool, const char *flag, const ch
   return true;
 }
 
+/* What getopt_long (opterr 0, OPTSTRING starting with ':') refused, as one line on stderr that
+ * ends the output, not the first of thirty lines of usage: C (':' a value missing, else unknown),
+ * ARGV and getopt's optind/optopt tell which flag. Returns 2, the status of a bad command line. */
+static inline int cli_bad_flag(const char *tool, int c, char **argv, int optind_, int optopt_) {
+  const char *arg = argv[optind_ - 1];
+  char shortopt[3] = {'-', (char)optopt_, 0};
+  const char *flag = optopt_ > 0 && optopt_ < 128 ? shortopt : arg;
+  if (c == ':')
+    fprintf(stderr, "%s: %s needs a value (%s --help lists the options)\n", tool, flag, tool);
+  else
+    fprintf(stderr, "%s: unknown option '%s' (%s --help lists the options)\n", tool, flag, tool);
+  return 2;
+}
+
 #endif

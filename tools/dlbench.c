@@ -174,7 +174,8 @@ static int parse_args(int argc, char **argv, args *a) {
   bool kernel_given = false, synthetic_given = false;
   long v;
   int c;
-  while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+  opterr = 0; /* cli_bad_flag says it, last */
+  while ((c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
     switch (c) {
     case O_WORKERS: ADD(" workers=%s", optarg); break;
     case O_BATCH: ADD(" batch_size=%s", optarg); break;
@@ -232,7 +233,7 @@ static int parse_args(int argc, char **argv, args *a) {
     case O_HELP: case 'h': usage(stdout); return 0;
     case O_LIST_OPTIONS: dl_tool_options(stdout, optarg && !strcmp(optarg, "md")); return 0;
     case O_VERSION: printf("dlbench (ringfeed) %s\n", dl_version()); return 0;
-    default: usage(stderr); return 2;
+    default: return cli_bad_flag("dlbench", c, argv, optind, optopt);
     }
   }
 #undef ADD

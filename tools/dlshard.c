@@ -202,7 +202,8 @@ static int cmd_create(int argc, char **argv) {
   long per_shard = 0, align = 4096, threads = sysconf(_SC_NPROCESSORS_ONLN);
   int c;
   optind = 1;
-  while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+  opterr = 0; /* cli_bad_flag says it, last */
+  while ((c = getopt_long(argc, argv, ":", opts, NULL)) != -1) {
     switch (c) {
     case 'n':
       if (!cli_whole_number("dlshard", "--samples-per-shard", optarg, 1, &per_shard))
@@ -233,7 +234,7 @@ static int cmd_create(int argc, char **argv) {
         }
       }
       break;
-    default: usage(stderr); return 2;
+    default: return cli_bad_flag("dlshard", c, argv, optind, optopt);
     }
   }
   if (per_shard && shard_bytes) {
@@ -530,7 +531,6 @@ int main(int argc, char **argv) {
     return cmd_index(argc - 1, argv + 1);
   if (!strcmp(argv[1], "ls"))
     return cmd_ls(argc - 1, argv + 1);
-  fprintf(stderr, "dlshard: unknown command '%s'\n", argv[1]);
-  usage(stderr);
+  fprintf(stderr, "dlshard: unknown command '%s': create, verify, index or ls (dlshard --help)\n", argv[1]);
   return 2;
 }

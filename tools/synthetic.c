@@ -11,11 +11,13 @@
 #include <limits.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <jpeglib.h>
@@ -157,11 +159,12 @@ typedef struct job {
   synthetic_coding coding;
   long n, nshards;
   long next;
-  pthread_mutex_t mu;
+  long done; /* samples written, for the progress */
+  pthread_mutex_t mu; /* over next, done and err */
   int err;
 } job;
 
-static int write_shard(const char *dir, synthetic_coding coding, long shard, long n) {
+static int write_shard(job *j, const char *dir, synthetic_coding coding, long shard, long n) {
   char path[PATH_MAX], tmp[PATH_MAX + 16];
   snprintf(path, sizeof path, "%s/synth-%06ld.tar", dir, shard);
   snprintf(tmp, sizeof tmp, "%s.part", path);
@@ -182,6 +185,9 @@ static int write_shard(const char *dir, synthetic_coding coding, long shard, lon
     snprintf(name, sizeof name, "%08ld.cls", i);
     if (!r)
       r = tar_write_member(f, name, label, (size_t)ln);
+    pthread_mutex_lock(&j->mu);
+    j->done++;
+    pthread_mutex_unlock(&j->mu);
   }
   if (!r)
     r = tar_write_end(f);
@@ -202,12 +208,41 @@ static void *worker(void *arg) {
     pthread_mutex_unlock(&j->mu);
     if (shard >= j->nshards)
       return NULL;
-    int r = write_shard(j->dir, j->coding, shard, j->n);
+    int r = write_shard(j, j->dir, j->coding, shard, j->n);
     if (r) {
       pthread_mutex_lock(&j->mu);
       j->err = r;
       pthread_mutex_unlock(&j->mu);
     }
+  }
+}
+
+/* While the set is written: a bar redrawn on a terminal, else a line at every tenth. */
+static void show_progress(job *j, bool tty) {
+  struct timespec t0, now, tick = {0, 200 * 1000000};
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  long said = 0; /* tenths said */
+  for (;;) {
+    pthread_mutex_lock(&j->mu);
+    long done = j->done;
+    bool over = done >= j->n || j->err;
+    pthread_mutex_unlock(&j->mu);
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    double s = (double)(now.tv_sec - t0.tv_sec) + (now.tv_nsec - t0.tv_nsec) * 1e-9;
+    if (tty) {
+      int filled = (int)(30 * done / j->n);
+      fprintf(stderr, "\r[%.*s%*s] %ld/%ld samples, %.0f s", filled, "##############################", 30 - filled,
+              "", done, j->n, s);
+      if (over)
+        fprintf(stderr, "\n");
+    } else {
+      for (; said < 10 && done * 10 >= (said + 1) * j->n; said++)
+        fprintf(stderr, "dlbench: synthetic set %ld%% (%ld of %ld samples, %.0f s)\n", (said + 1) * 10,
+                (said + 1) * j->n / 10, j->n, s);
+    }
+    if (over)
+      return;
+    nanosleep(&tick, NULL);
   }
 }
 
@@ -245,6 +280,7 @@ int synthetic_dataset(long n, synthetic_coding coding, int threads, char *source
     threads = 64;
   for (int i = 0; i < threads; i++)
     pthread_create(&t[i], NULL, worker, &j);
+  show_progress(&j, isatty(2));
   for (int i = 0; i < threads; i++)
     pthread_join(t[i], NULL);
   pthread_mutex_destroy(&j.mu);

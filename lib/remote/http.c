@@ -115,6 +115,27 @@ static bool retryable_transport(CURLcode c) {
   }
 }
 
+/* For a request that reached no server: which host it asked for (the URL of an s3:// or hf://
+ * object names none), and for S3 the endpoint in use and where it comes from, into OUT. */
+static void where_it_went(CURL *h, CURLcode c, const dl__target *t, char *out, size_t cap) {
+  out[0] = 0;
+  if (c != CURLE_COULDNT_RESOLVE_HOST && c != CURLE_COULDNT_CONNECT && c != CURLE_COULDNT_RESOLVE_PROXY)
+    return;
+  const char *url = NULL;
+  char *host = NULL;
+  curl_easy_getinfo(h, CURLINFO_EFFECTIVE_URL, &url);
+  CURLU *u = curl_url();
+  if (u && url && curl_url_set(u, CURLUPART_URL, url, 0) == CURLUE_OK)
+    curl_url_get(u, CURLUPART_HOST, &host, 0);
+  int n = snprintf(out, cap, " (host %s", host ? host : "unknown");
+  if (t->s3 && n > 0 && (size_t)n < cap)
+    snprintf(out + n, cap - (size_t)n, ", the S3 endpoint %s: set AWS_ENDPOINT_URL for another)", t->s3->endpoint);
+  else if (n > 0 && (size_t)n < cap)
+    snprintf(out + n, cap - (size_t)n, ")");
+  curl_free(host);
+  curl_url_cleanup(u);
+}
+
 bool dl__http_outcome_of(CURL *h, CURLcode c, const dl__target *t, int64_t expect, int64_t got, const uint8_t *body,
                          int64_t asked_from, int64_t answered_from, dl__http_outcome *out) {
   char where[1024];
@@ -126,7 +147,9 @@ bool dl__http_outcome_of(CURL *h, CURLcode c, const dl__target *t, int64_t expec
   curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &out->status);
   if (c != CURLE_OK) {
     out->code = DL_EREMOTE;
-    snprintf(out->msg, sizeof out->msg, "%s: %s", where, curl_easy_strerror(c));
+    char went[700];
+    where_it_went(h, c, t, went, sizeof went);
+    snprintf(out->msg, sizeof out->msg, "%s: %s%s", where, curl_easy_strerror(c), went);
     return retryable_transport(c);
   }
   long s = out->status;

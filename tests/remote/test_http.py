@@ -631,3 +631,17 @@ print(json.dumps({{"pairs": pairs, "errors": loader.stats()["errors"]}}))
     refused = sum(1 for x, y in pairs if x != y)
     assert result["errors"] == refused > 300  # all but the batches read before the change
     assert f"{server.url}/t.tar: HTTP 412 (it changed on the server since it was opened)" in out.stderr
+
+
+def test_a_host_that_is_not_there_is_named_and_for_s3_the_endpoint_in_use(tmp_path):
+    """No server answers: the message names the host asked for, and for s3:// (whose URL names
+    no host) the endpoint in use and how to set another."""
+    quick = ["--option", "retries=0", "--option", "timeout_ms=5000"]
+    out = dlbench("http://shards.example.invalid/a.tar", *quick, ok=False)
+    assert out.returncode == 1 and "(host shards.example.invalid)" in out.stderr, out.stderr
+    out = dlbench("s3://bucket/a.tar", *quick, ok=False, aws_env=False,
+                  env={"AWS_ENDPOINT_URL": "http://store.example.invalid:9000", "AWS_ACCESS_KEY_ID": "k",
+                       "AWS_SECRET_ACCESS_KEY": "s", "HOME": str(tmp_path)})
+    assert out.returncode == 1, out.stderr
+    assert "host store.example.invalid, the S3 endpoint http://store.example.invalid:9000" in out.stderr, out.stderr
+    assert "AWS_ENDPOINT_URL" in out.stderr

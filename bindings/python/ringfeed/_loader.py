@@ -84,6 +84,19 @@ def _format(key, value):
     return f'"{text}"' if any(c.isspace() for c in text) else text  # a path with spaces, quoted
 
 
+_INSTALL = {"numpy": "pip install numpy (Debian and Ubuntu: apt install python3-numpy)",
+            "torch": "pip install torch (see pytorch.org for the build of your CUDA)"}
+
+
+def _needs(module):
+    """MODULE imported, or an ImportError that says how to install it."""
+    try:
+        return __import__(module)
+    except ImportError:
+        raise ImportError(f"ringfeed: framework={module!r} needs {module}: {_INSTALL[module]}; "
+                          "framework='dlpack' needs nothing") from None
+
+
 def _framework(name):
     if name is None:
         try:
@@ -237,6 +250,9 @@ class Loader:
             self._guard = threading.Condition()
             self._users = 0
         self._framework = _framework(framework)
+        self._torch = _needs("torch") if self._framework == "torch" else None
+        if self._framework == "numpy":
+            self._numpy = _needs("numpy")
         if self._framework == "numpy" and _format("dtype", options.get("dtype", "uint8")) == "bfloat16":
             raise ValueError("ringfeed: dtype=bfloat16 with framework='numpy': numpy has no bfloat16; use torch "
                              "(framework='torch'), or dtype float16 or float32")
@@ -290,13 +306,7 @@ class Loader:
         with self._use() as handle:
             self._next_index = lib.dl_batches_per_epoch(handle) - lib.dl_epoch_batches(handle, self._epoch)
         self._device = str(options.get("device", "cpu"))
-        self._torch = None
-        if self._framework == "torch":
-            import torch
-            self._torch = torch
-        elif self._framework == "numpy":
-            import numpy
-            self._numpy = numpy
+
 
     # -- iteration -------------------------------------------------------------------------
 

@@ -208,3 +208,26 @@ def test_keywords_given_as_none(synthetic):
         assert e.value.name == "DL_EOPTION" and f"unknown option '{key}'" in e.value.message
     with pytest.raises(ringfeed.Error, match="batch_transform=fn"):
         ringfeed.Loader(synthetic, transform=lambda b: b, **KW)
+
+
+def test_a_mistyped_flag_is_said_last_in_one_line():
+    from conftest import DLSHARD
+    for cmd, said in (([DLBENCH, "--wokers", "4"], "dlbench: unknown option '--wokers' (dlbench --help"),
+                      ([DLBENCH, "--batch"], "dlbench: --batch needs a value"),
+                      ([DLSHARD, "create", "--kept", "o", "i.tar"], "dlshard: unknown option '--kept'"),
+                      ([DLSHARD, "crate"], "dlshard: unknown command 'crate': create, verify, index or ls")):
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode == 2 and len(lines) == 1 and lines[-1].startswith(said), out.stderr
+
+
+def test_a_framework_that_is_not_installed_says_what_to_install(synthetic):
+    import os
+    import sys
+    code = ("import sys\nsys.modules['numpy'] = None\n"
+            f"sys.path.insert(0, {os.path.abspath(os.path.join(os.path.dirname(__file__), '..'))!r})\n"
+            "import ringfeed\n"
+            f"ringfeed.Loader({synthetic!r}, framework='numpy')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "framework='numpy' needs numpy: pip install numpy" in out.stderr, out.stderr
+    assert "apt install python3-numpy" in out.stderr and "framework='dlpack' needs nothing" in out.stderr
