@@ -9,7 +9,7 @@ export ASAN_OPTIONS = detect_leaks=1:abort_on_error=1
 export UBSAN_OPTIONS = print_stacktrace=1:halt_on_error=1
 export TSAN_OPTIONS = halt_on_error=1:second_deadlock_stack=1
 
-.PHONY: all deps test-deps build run test test-release test-asan test-tsan test-python device fuzz soak clean
+.PHONY: all deps test-deps build run test test-release test-asan test-tsan test-python device fuzz soak clean wheel
 
 # Builds the CMake tree $(1) quietly: what the compiler says goes to $(1)/build.log, shown when the
 # build fails (warnings are errors here, so they show too).
@@ -63,6 +63,11 @@ test-python: build
 	cd build && RINGFEED_LIBRARY=$(CURDIR)/build/libringfeed.so DL_DLSHARD=$(CURDIR)/build/dlshard \
 	  DL_TEST_SHARDS=$(CURDIR)/build/tests/shards XDG_CACHE_HOME=$(CURDIR)/build/tests/cache \
 	  $(PYTHON) -m pytest -q $(CURDIR)/bindings/python/tests $(CURDIR)/tests/remote
+
+# The Python wheel, into dist/, with no pip (the build backend needs only the standard library):
+# then `pip install dist/ringfeed-*.whl` anywhere, offline.
+wheel: deps
+	$(PYTHON) bindings/python/build_backend/ringfeed_build.py dist
 
 # Long soak, SOAK_EPOCHS epochs (and as many loaders in turn) from C and from Python, sampling
 # memory, descriptors, threads and pinned bytes; make test runs a short one.
