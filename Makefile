@@ -9,7 +9,19 @@ export ASAN_OPTIONS = detect_leaks=1:abort_on_error=1
 export UBSAN_OPTIONS = print_stacktrace=1:halt_on_error=1
 export TSAN_OPTIONS = halt_on_error=1:second_deadlock_stack=1
 
-.PHONY: all deps test-deps build run test test-release test-asan test-tsan test-python device fuzz soak clean wheel
+# The third-party corpora the tests read (PngSuite, libjpeg-turbo's and Pillow's images, WebDataset
+# and MDS shards, ...), one variable for CMake and pytest alike: DL_TESTDATA if set, else
+# ../shared/testdata beside the checkout, else what `make testdata` fetched into the user's cache.
+TESTDATA_CACHE := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/ringfeed/testdata
+DL_TESTDATA ?= $(firstword $(wildcard $(abspath $(CURDIR)/../shared/testdata)) \
+  $(patsubst %/.complete,%,$(wildcard $(TESTDATA_CACHE)/.complete)))
+export DL_TESTDATA
+TESTDATA_FLAG = -DDL_TESTDATA=$(or $(DL_TESTDATA),$(CURDIR)/build/no-testdata)
+# Each stage's JUnit report, for make test's last line.
+REPORTS = build/ctest.xml build-asan/ctest.xml build-asan/pytest.xml build-tsan/ctest.xml build/pytest.xml
+
+.PHONY: all deps test-deps build run test test-release test-asan test-tsan test-python device fuzz soak clean wheel \
+  testdata
 
 # Builds the CMake tree $(1) quietly: what the compiler says goes to $(1)/build.log, shown when the
 # build fails (warnings are errors here, so they show too).
@@ -33,36 +45,48 @@ build: deps
 run: build
 	./build/dlbench --workers 8
 
+# Every stage runs, also after one fails; the last line counts them all and says why tests skipped.
 test: test-deps
-	@$(MAKE) --no-print-directory test-release test-asan test-tsan test-python
+	@rm -f $(REPORTS)
+	@echo "make test: third-party corpora: $(or $(DL_TESTDATA),none found (make testdata fetches them))"
+	@status=0; for stage in test-release test-asan test-tsan test-python; do \
+	  $(MAKE) --no-print-directory $$stage || status=1; done; \
+	$(PYTHON) scripts/test-summary.py $(REPORTS) || status=1; exit $$status
+
+# The third-party corpora, from their origins at pinned commits, checked against
+# tests/testdata/MANIFEST.tsv, into the user's cache (where make test looks after DL_TESTDATA and
+# ../shared/testdata).
+testdata:
+	$(PYTHON) scripts/fetch-testdata.py $(TESTDATA_CACHE)
 
 test-release:
-	@cmake -S . -B build -DDL_WERROR=ON $(CMAKE_FLAGS) >/dev/null
+	@cmake -S . -B build -DDL_WERROR=ON $(TESTDATA_FLAG) $(CMAKE_FLAGS) >/dev/null
 	$(call build_quietly,build)
-	cd build && ctest --output-on-failure -j $(JOBS)
+	cd build && ctest --output-on-failure -j $(JOBS) --output-junit $(CURDIR)/build/ctest.xml
 
 test-asan:
-	@cmake -S . -B build-asan $(SAN_FLAGS) -DDL_WERROR=ON -DCMAKE_C_FLAGS="$(ASAN)" >/dev/null
+	@cmake -S . -B build-asan $(SAN_FLAGS) -DDL_WERROR=ON $(TESTDATA_FLAG) -DCMAKE_C_FLAGS="$(ASAN)" >/dev/null
 	$(call build_quietly,build-asan)
-	cd build-asan && ctest --output-on-failure -j $(JOBS) -LE slow
+	cd build-asan && ctest --output-on-failure -j $(JOBS) -LE slow --output-junit $(CURDIR)/build-asan/ctest.xml
 	@# The remote sources (servers, retries, the shard cache's threads and locks) under ASan+UBSan.
 	cd build && DL_DLSHARD=$(CURDIR)/build-asan/dlshard DL_TEST_SHARDS=$(CURDIR)/build/tests/shards \
 	  XDG_CACHE_HOME=$(CURDIR)/build/tests/cache \
-	  $(PYTHON) -m pytest -q -p no:cacheprovider $(CURDIR)/tests/remote/test_http.py \
+	  $(PYTHON) -m pytest -q -p no:cacheprovider --junitxml=$(CURDIR)/build-asan/pytest.xml \
+	  $(CURDIR)/tests/remote/test_http.py \
 	  $(CURDIR)/tests/remote/test_cache.py $(CURDIR)/tests/remote/test_s3.py $(CURDIR)/tests/remote/test_hub.py \
 	  $(CURDIR)/tests/remote/test_mds_remote.py
 
 test-tsan:
-	@cmake -S . -B build-tsan $(SAN_FLAGS) -DDL_WERROR=ON -DCMAKE_C_FLAGS="$(TSAN)" >/dev/null
+	@cmake -S . -B build-tsan $(SAN_FLAGS) -DDL_WERROR=ON $(TESTDATA_FLAG) -DCMAKE_C_FLAGS="$(TSAN)" >/dev/null
 	$(call build_quietly,build-tsan)
-	cd build-tsan && ctest --output-on-failure -j $(JOBS) -L threads
+	cd build-tsan && ctest --output-on-failure -j $(JOBS) -L threads --output-junit $(CURDIR)/build-tsan/ctest.xml
 
 test-python: build
 	@# Index caches of the tests' temporary shards go to the build folder, as under ctest, not to
 	@# the user's cache.
 	cd build && RINGFEED_LIBRARY=$(CURDIR)/build/libringfeed.so DL_DLSHARD=$(CURDIR)/build/dlshard \
 	  DL_TEST_SHARDS=$(CURDIR)/build/tests/shards XDG_CACHE_HOME=$(CURDIR)/build/tests/cache \
-	  $(PYTHON) -m pytest -q $(CURDIR)/bindings/python/tests $(CURDIR)/tests/remote
+	  $(PYTHON) -m pytest -q --junitxml=$(CURDIR)/build/pytest.xml $(CURDIR)/bindings/python/tests $(CURDIR)/tests/remote
 
 # The Python wheel, into dist/, with no pip (the build backend needs only the standard library):
 # then `pip install dist/ringfeed-*.whl` anywhere, offline.
