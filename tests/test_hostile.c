@@ -458,14 +458,16 @@ static void close_with_big_images_in_flight(void) {
   /* What closing costs when nothing is in flight, after the same images: freeing the decoders'
    * buffers, tens of MB. A sanitizer clears their shadow memory as they go (100-250 ms under TSan
    * on 2 cores), so there only the time beyond this is the wait for work in flight. */
-  double idle = 0;
+  double idle = 0, per_image = 0;
   {
     dl_loader *l;
     OPEN_OK(l, path, "batch_size=2 workers=2 crop=center image_size=224 log=quiet");
     dl_batch *b;
+    double t0 = now_s();
     while (dl_next_batch(l, &b) == 0)
       dl_batch_release(b, NULL);
-    double t0 = now_s();
+    per_image = (now_s() - t0) * 2 / (2 * EACH); /* two workers, 2 * EACH images */
+    t0 = now_s();
     dl_close(l);
     idle = now_s() - t0;
   }
@@ -481,8 +483,12 @@ static void close_with_big_images_in_flight(void) {
     worst = took > worst ? took : worst;
   }
   printf("dl_close with 12 MP JPEGs and 6 MP PNGs being decoded: %.1f ms at worst "
-         "(%.1f ms with none in flight)\n", worst * 1000, idle * 1000);
-  ASSERT(worst - idle < 0.1);
+         "(%.1f ms with none in flight, %.1f ms to decode one)\n", worst * 1000, idle * 1000,
+         per_image * 1000);
+  /* Under a sanitizer on a loaded 2-core machine scheduling alone varies by tens of ms: the wait
+   * beyond an idle close stays under half of one image's decode (0.1 s at least), so decodes
+   * in flight were stopped partway rather than finished. */
+  ASSERT(worst - idle < (per_image / 2 > 0.1 ? per_image / 2 : 0.1));
 #if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
   ASSERT(worst < 0.1);
 #endif

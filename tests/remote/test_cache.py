@@ -184,6 +184,7 @@ def test_a_nested_cache_dir_is_made_and_a_shard_over_the_limit_is_said(nginx, tm
     assert folder.is_dir() and not entries(folder)
 
 
+@pytest.mark.binding
 def test_close_does_not_wait_for_a_stalled_download(nginx, tmp_path):
     if not os.environ.get("RINGFEED_LIBRARY"):
         pytest.skip("the Python binding needs RINGFEED_LIBRARY")

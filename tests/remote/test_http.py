@@ -323,6 +323,7 @@ def test_a_server_that_ignores_ranges_is_named_at_once_without_credentials(serve
     assert "s3cret-pw" not in warned.stderr and "alice" not in warned.stderr
 
 
+@pytest.mark.binding
 def test_the_binding_keeps_a_password_in_a_url_out_of_repr_and_errors(servers):
     if not os.environ.get("RINGFEED_LIBRARY"):
         pytest.skip("the Python binding needs RINGFEED_LIBRARY")
@@ -412,6 +413,7 @@ def test_a_server_that_goes_down_stops_the_run(servers, tmp_path):
     assert proxy.counts["503"] < 400, proxy.counts
 
 
+@pytest.mark.binding
 def test_close_does_not_wait_for_a_stalled_server(servers, tmp_path):
     lib = os.environ.get("RINGFEED_LIBRARY")
     if not lib:
@@ -595,6 +597,7 @@ def test_a_server_failing_while_the_schema_is_read_fails_the_open_at_once(own_se
     assert proxy.counts["503"] <= 2 * 64, proxy.counts  # a window of headers at most, each tried twice
 
 
+@pytest.mark.binding
 def test_a_shard_replaced_on_the_server_is_refused_not_mixed(own_server, tmp_path):
     # The index (and the labels in it) is of the version opened; reading the new version at its
     # offsets would pair old labels with new tensors. Each read carries If-Match: 412 instead.
