@@ -363,24 +363,23 @@ if has check && [ -x "${BASE:-}/dlbench" ]; then
   done
 fi
 
-# 5. Training: ResNet-50 for 300 steps, JPEGs decoded on the CPU, then as decode=auto chooses.
+# 5. Training: a real model fed by ringfeed against the same model on one batch kept on the GPU
+#    (bench/train_fed_vs_held.sh: ResNet-50 and a host-bound ViT, the ratios, and with TRACE=1
+#    timelines of a held and a fed run that say where a fed step's extra time goes).
 if has train && python3 -c "import torch, torchvision; assert torch.cuda.is_available()" 2> /dev/null; then
   # What a model's step is made of (for the consumer that stands for one under --step-ms)
   timeout 120 python3 bench/model_kernels.py > "$out/model-kernels.json" 2> "$out/model-kernels.err"
   keep "$out/model-kernels.json" "$out/model-kernels.err"
   row "ResNet-50 training step's kernels (bf16, batch 256)" "$(cat "$out/model-kernels.json")"
   src=$("$build/dlbench" --synthetic "$n" --make-synthetic 2> /dev/null)
-  # (--held: one batch kept on the GPU, the model's own rate; fixed: as many workers as CPUs, none
-  # set aside while running)
-  for mode in cpu fixed auto held; do
-    flags="--decode $mode"
-    [ $mode = held ] && flags=--held
-    [ $mode = fixed ] && flags="--decode cpu --workers $workers"
-    RINGFEED_LIBRARY="$PWD/$build/libringfeed.so" timeout ${TRAIN_LIMIT:-300} python3 examples/train_imagenet.py --data "$src" \
-      --steps 300 --epochs 0 $flags > "$out/train-$mode.log" 2>&1
-    row "train_imagenet.py ResNet-50 bf16, 300 steps, $flags" "exit $? $(tail -1 "$out/train-$mode.log")"
-    keep "$out/train-$mode.log"
-  done
+  RINGFEED_LIBRARY="$PWD/$build/libringfeed.so" TRACE=${TRACE:+$build/bench} \
+    bench/train_fed_vs_held.sh "$src" "$out/train" > "$out/train-table.md" 2> "$out/train.err"
+  cat "$out/train-table.md" >> "$table"
+  keep "$out/train.err" "$out"/train/*.log
+  if [ -n "${TRACE:-}" ]; then
+    keep "$out"/train/*.txt
+    cp "$out"/train/*.txt "$dest"/
+  fi
 fi
 
 # 6. Memory and race checks of the GPU tests (last: the slowest).

@@ -41,9 +41,18 @@ def main():
     p.add_argument("--held", action="store_true",
                    help="train on the first batch over and over, kept on the GPU: the model's own rate, no loader "
                         "in the way (needs --steps)")
+    p.add_argument("--model", default="resnet50", choices=["resnet50", "vit_tiny"],
+                   help="vit_tiny: a 12-layer ViT of width 192, whose step is bound by the host's launches")
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="a further loader option, e.g. --option prefetch=8 (repeatable)")
+    p.add_argument("--beside", action="store_true",
+                   help="with --held: the loader keeps running beside the model, each of its batches taken and "
+                        "dropped; the cost of its work on the CPUs and the GPU, without its batches in the step")
     args = p.parse_args()
     if args.held and not args.steps:
         p.error("--held needs --steps")
+    if args.beside and not args.held:
+        p.error("--beside needs --held")
 
     world = int(os.environ.get("WORLD_SIZE", 1))
     rank = int(os.environ.get("RANK", 0))
@@ -52,14 +61,20 @@ def main():
     if world > 1:
         dist.init_process_group("nccl")
     import torchvision
-    model = torchvision.models.resnet50(num_classes=args.classes).cuda().to(memory_format=torch.channels_last)
+    if args.model == "vit_tiny":
+        net = torchvision.models.VisionTransformer(image_size=224, patch_size=16, num_layers=12, num_heads=3,
+                                                   hidden_dim=192, mlp_dim=768, num_classes=args.classes)
+    else:
+        net = torchvision.models.resnet50(num_classes=args.classes)
+    model = net.cuda().to(memory_format=torch.channels_last)
     if world > 1:
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local])
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=5e-5)
     state = json.load(open(args.resume)) if args.resume else None
     loader = ringfeed.Loader(args.data, batch_size=args.batch_size, workers=args.workers, image_size=224,
                              crop="random_resized", flip=True, epochs=args.epochs, device="cuda",
-                             dtype="bfloat16", layout="NCHW", seed=0, state=state, decode=args.decode)
+                             dtype="bfloat16", layout="NCHW", seed=0, state=state, decode=args.decode,
+                             **dict(o.split("=", 1) for o in args.option))
     keys = open(args.keys_out.replace("%RANK%", str(rank)), "w") if args.keys_out else None
     step, seen, t0 = 0, 0, time.perf_counter()
     warm, warm_seen, warm_t = 30, 0, None  # the steady rate counts from step 30 on
@@ -67,12 +82,23 @@ def main():
     def held(loader):
         first = next(iter(loader))
         kept = {"image": first["image"].clone(), "label": first["label"].clone(), "key": first["key"]}
+        del first
         while True:
+            if args.beside:
+                loader.next_batch()
             yield kept
 
+    next_s = 0.0  # the host's time getting batches, from step `warm` on
     while not done:  # each `for` over the loader is one epoch; none left: it yields nothing
         batches = 0
-        for batch in (held(loader) if args.held else loader):
+        it = iter(held(loader) if args.held else loader)
+        while True:
+            t = time.perf_counter()
+            batch = next(it, None)
+            if step >= warm:
+                next_s += time.perf_counter() - t
+            if batch is None:
+                break
             batches += 1
             images = batch["image"].contiguous(memory_format=torch.channels_last)
             labels = batch["label"].clamp_(0, args.classes - 1)
@@ -95,15 +121,19 @@ def main():
             if args.steps and step >= args.steps:
                 done = True
                 break
+            del batch  # the slot is the loader's again once the step's queued work has read it
         done = done or batches == 0
     torch.cuda.synchronize()
     dt = time.perf_counter() - t0
     steady = (seen - warm_seen) / (time.perf_counter() - warm_t) if warm_t and seen > warm_seen else None
     stats = loader.stats()
     result = {"rank": rank, "world": world, "steps": step, "images": seen, "seconds": dt,
-              "images_per_s_per_gpu": seen / dt, "steady_images_per_s_per_gpu": steady, "final_loss": float(loss.item()), "decode": args.decode,
+              "images_per_s_per_gpu": seen / dt, "steady_images_per_s_per_gpu": steady,
+              "final_loss": float(loss.item()), "decode": args.decode, "model": args.model,
               "decode_backend": stats["decode_backend"], "gpu_share": stats["gpu_share"],
-              "gpu_decoded": stats["gpu_decoded"], "cpu_decoded": stats["cpu_decoded"], "held": args.held,
+              "gpu_decoded": stats["gpu_decoded"], "cpu_decoded": stats["cpu_decoded"],
+              "held": args.held, "beside": args.beside,
+              "next_ms_per_step": next_s * 1e3 / max(1, step - warm),
               "bottleneck": stats["bottleneck"], "consumer_wait_frac": stats["consumer_wait_frac"],
               "bottleneck_why": stats["bottleneck_why"], "workers": stats["workers"],
               "workers_active": stats["workers_active"], "parked_s": stats["parked_s"]}

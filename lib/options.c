@@ -27,6 +27,7 @@ static void set_defaults(dl__options *o) {
   memcpy(o->mean, mean, sizeof mean);
   memcpy(o->std, std, sizeof std);
   o->device_slots = 3;
+  o->worker_nice = 0;
   o->on_error = DL__ON_ERROR_SKIP;
   o->io = DL__IO_AUTO;
   o->io_depth = 0; /* 16 for local files, 64 for remote ones (dl_open), unless given */
@@ -328,6 +329,10 @@ static const option options[] = {
     {"rank", INT, 0, 1 << 20, FIELD(rank), .help = "this process's share of every epoch (0)"},
     {"world_size", INT, 1, 1 << 20, FIELD(world_size), .help = "processes sharing every epoch (1)"},
     {"device_slots", INT, 1, 64, FIELD(device_slots), .help = "device batch slots per GPU (3)"},
+    {"worker_nice", INT, 0, 19, FIELD(worker_nice),
+     .help = "how much lower the workers' CPU priority is than the process's (a nice increment): the training "
+             "loop's thread and the copy thread win a contested core, the workers still take every idle one (0; hybrid "
+             "decoding holds them at 4 at least)"},
     {"io_depth", INT, 1, 4096, FIELD(io_depth), .help = "reads in flight per worker (16 local, 64 remote)"},
     {"max_pixels", INT, 1, INT64_C(1) << 40, FIELD(max_pixels), .help = "largest image, in pixels (64 Mi)"},
     {"max_member_bytes", INT, 1, INT64_C(1) << 40, FIELD(max_member_bytes),

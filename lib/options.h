@@ -41,6 +41,7 @@ typedef struct dl__options {
   float mean[3], std[3]; /* on the 0..1 scale of pixels */
   bool mean_std_255;      /* ... given on the 0..255 scale, and divided by 255 */
   int device_slots;
+  int worker_nice; /* the workers' nice increment over the process's */
   int on_error;
   int io;
   int io_depth;

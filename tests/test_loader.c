@@ -711,6 +711,59 @@ static void ring_setup_failure(void) {
          "%d opened and ran; no descriptor left open\n", failed, why, opened);
 }
 
+/* The nice of each of this process's threads: how many are at NICE. */
+static int threads_at_nice(int nice) {
+  DIR *d = opendir("/proc/self/task");
+  ASSERT(d);
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    if (e->d_name[0] == '.')
+      continue;
+    char path[300], buf[1024];
+    snprintf(path, sizeof path, "/proc/self/task/%s/stat", e->d_name);
+    FILE *f = fopen(path, "r");
+    if (!f)
+      continue; /* a thread that ended meanwhile */
+    size_t got = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[got] = 0;
+    /* Fields after the command's closing parenthesis: state is 3rd, nice the 19th. */
+    const char *p = strrchr(buf, ')');
+    int field = 2, value = 0;
+    for (; p && *p; p++)
+      if (*p == ' ' && ++field == 19) {
+        value = atoi(p + 1);
+        break;
+      }
+    n += field == 19 && value == nice;
+  }
+  closedir(d);
+  return n;
+}
+
+/* The workers run below the process's priority, so a training loop's thread wins a shared core;
+ * the thread that opened the loader keeps its own. */
+static void workers_below_the_process(void) {
+  errno = 0;
+  int base = getpriority(PRIO_PROCESS, 0);
+  ASSERT(errno == 0 && base <= 12);
+  dl_loader *l;
+  OPEN_OK(l, source, "batch_size=4 workers=3 worker_nice=7 log=quiet");
+  dl_batch *b;
+  ASSERT_EQ(dl_next_batch(l, &b), 0);
+  ASSERT_EQ(threads_at_nice(base + 7), 3);
+  ASSERT_EQ(getpriority(PRIO_PROCESS, 0), base);
+  dl_batch_release(b, NULL);
+  dl_close(l);
+  OPEN_OK(l, source, "batch_size=4 workers=2 worker_nice=0 log=quiet");
+  ASSERT_EQ(dl_next_batch(l, &b), 0);
+  ASSERT_EQ(threads_at_nice(base + 7), 0);
+  dl_batch_release(b, NULL);
+  dl_close(l);
+  printf("workers at nice +7 (worker_nice=7), the opening thread at %d\n", base);
+}
+
 int main(void) {
   const char *tmp = getenv("TMPDIR");
   snprintf(dir, sizeof dir, "%s/ringfeed-test-loader-XXXXXX", tmp ? tmp : "/tmp");
@@ -732,6 +785,7 @@ int main(void) {
   consumer_threads();
   open_time_split();
   ring_setup_failure();
+  workers_below_the_process();
   char cmd[600];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
   ASSERT_EQ(system(cmd), 0);

@@ -1,5 +1,7 @@
 // What the kernels share: a pixel's uint8 value into the batch's dtype, normalised as
-// (x / 255 - mean) / std, folded into one multiply-add per channel.
+// (x / 255 - mean) / std, folded into a multiply and an add per channel. Each is rounded on its
+// own (no fused multiply-add), as the CPU workers compute it: device=cpu and device=cuda batches
+// hold the same floats.
 #ifndef RINGFEED_GPU_PIXEL_CUH
 #define RINGFEED_GPU_PIXEL_CUH
 
@@ -28,7 +30,7 @@ template <> __device__ inline __half cast<__half>(float v) { return __float2half
 template <> __device__ inline __nv_bfloat16 cast<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 
 template <typename T> __device__ inline T pixel(uint8_t v, int ch, const affine &n) {
-  return cast<T>(v * n.scale[ch] + n.shift[ch]);
+  return cast<T>(__fadd_rn(__fmul_rn((float)v, n.scale[ch]), n.shift[ch]));
 }
 template <> __device__ inline uint8_t pixel<uint8_t>(uint8_t v, int, const affine &) { return v; }
 

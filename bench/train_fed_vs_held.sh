@@ -1,0 +1,60 @@
+#!/bin/sh
+# A real model fed by ringfeed against the same model on one batch kept on the GPU (its own rate),
+# side by side in one run, with the ratio: examples/train_imagenet.py --held, --held --beside (the
+# loader running beside the model, its batches dropped: what its work costs the model without its
+# batches in the step) and fed with the default options and with decode=cpu. With TRACE=DIR (a
+# folder holding libgpu_timeline.so) the held and fed runs are traced again, and
+# bench/train_timeline.py says where the fed step's extra time goes.
+# Usage: bench/train_fed_vs_held.sh DATA [OUT_DIR]   (needs RINGFEED_LIBRARY, torch with CUDA)
+#   MODELS: "resnet50 vit_tiny" by default; STEPS (300); BATCH_resnet50 (256), BATCH_vit_tiny (128);
+#   VARIANTS: loader options (KEY=VALUE ...), each also run fed and beside
+set -u
+data=$1
+out=${2:-out}
+mkdir -p "$out"
+steps=${STEPS:-300}
+traces=$(mktemp -d /tmp/ringfeed-train-trace.XXXXXX)  # large: left on the machine
+steady() { sed -n 's/.*"steady_images_per_s_per_gpu": *\([0-9.]*\).*/\1/p' "$1" | tail -1; }
+field() { sed -n "s/.*\"$2\": *\([^,}]*\).*/\1/p" "$1" | tail -1; }
+for model in ${MODELS:-resnet50 vit_tiny}; do
+  eval batch=\${BATCH_$model:-}
+  [ -n "$batch" ] || { [ $model = vit_tiny ] && batch=128 || batch=256; }
+  run() {  # NAME FLAGS...
+    name=$1
+    shift
+    timeout ${TRAIN_LIMIT:-300} python3 examples/train_imagenet.py --data "$data" --model $model \
+      --batch-size $batch --steps $steps --epochs 0 "$@" > "$out/train-$model-$name.log" 2>&1
+    echo "$?"
+  }
+  rc_held=$(run held --held)
+  rc_beside=$(run beside --held --beside)
+  rc_fed=$(run fed)
+  rc_cpu=$(run fed-cpu --decode cpu)
+  # VARIANTS: loader options (KEY=VALUE, space-separated), each run fed and beside
+  for v in ${VARIANTS:-}; do
+    run "fed-$v" --option "$v" > /dev/null
+    run "beside-$v" --held --beside --option "$v" > /dev/null
+  done
+  held=$(steady "$out/train-$model-held.log")
+  printf '| %s batch %s, steady images/s (exit) | held %s (%s) | beside %s (%s) | fed %s (%s) | fed decode=cpu %s (%s) |\n' \
+    $model $batch "$held" $rc_held "$(steady "$out/train-$model-beside.log")" $rc_beside \
+    "$(steady "$out/train-$model-fed.log")" $rc_fed "$(steady "$out/train-$model-fed-cpu.log")" $rc_cpu
+  names="beside fed fed-cpu"
+  for v in ${VARIANTS:-}; do names="$names fed-$v beside-$v"; done
+  for name in $names; do
+    printf '| %s %s / held | %s | next() %s ms a step, bottleneck %s |\n' $model $name \
+      "$(awk -v a="$(steady "$out/train-$model-$name.log")" -v b="$held" 'BEGIN{ if (b > 0 && a > 0) printf "%.4f", a / b; else print "-" }')" \
+      "$(field "$out/train-$model-$name.log" next_ms_per_step)" "$(field "$out/train-$model-$name.log" bottleneck)"
+  done
+  if [ -n "${TRACE:-}" ] && [ -f "$TRACE/libgpu_timeline.so" ]; then
+    for name in held fed; do
+      flags=
+      [ $name = held ] && flags=--held
+      CUDA_INJECTION64_PATH="$TRACE/libgpu_timeline.so" GPU_TIMELINE_OUT="$traces/trace-$model-$name.tsv" \
+        timeout ${TRAIN_LIMIT:-300} python3 examples/train_imagenet.py --data "$data" --model $model \
+        --batch-size $batch --steps ${TRACE_STEPS:-80} --epochs 0 $flags > "$out/trace-$model-$name.log" 2>&1
+    done
+    python3 bench/train_timeline.py "$traces/trace-$model-held.tsv" "$traces/trace-$model-fed.tsv" \
+      > "$out/trace-$model.txt" 2>&1
+  fi
+done
