@@ -8,7 +8,7 @@ out=$2
 py=/usr/bin/python3
 [ -x "$py" ] || py=python3
 if [ ! -f "$td/MANIFEST.tsv" ]; then
-  echo "make_shards: no test data at $td" >&2
+  echo "skipped: make_shards: no test data at $td (the third-party test data is absent)" >&2
   exit 77
 fi
 rm -rf "$out"
