@@ -9,7 +9,7 @@ took the most GPU time; its thread is the host thread that launched most of them
 model stream's span, busy time and idle gaps, each gap put down to the host (the kernel after it
 was launched after the gap began) or to the GPU (it was queued: held by a wait or by other work);
 the other streams' kernels and how much of them ran while a model kernel did; copies; and the
-model thread's time in calls that wait for the GPU (synchronisations, blocking copies). Side by
+model thread's time in calls that can wait for the GPU (synchronisations, copies, queries). Side by
 side, the difference says what the fed run pays that the held one does not.
 """
 import argparse
@@ -17,8 +17,9 @@ import bisect
 import collections
 import gzip
 
-WAITS = ("Synchronize", "cudaMemcpy_", "cudaMemcpy", "cuMemcpyDtoH", "cuMemcpyHtoD", "cuCtxSynchronize",
-         "cuStreamSynchronize", "cuEventSynchronize", "cudaEventQuery", "cudaStreamQuery")
+# Calls of the model thread that can wait for the GPU: synchronisations, copies (a pageable or
+# device-to-host one waits), and the queries that poll it.
+WAITS = ("Synchronize", "Memcpy", "Query")
 
 
 def load(path):
@@ -135,7 +136,7 @@ def main():
                   r["other_during_model_ms"], r["copies"], r["copy_ms"], r["copy_during_model_ms"],
                   r["launch_ahead_ms_p10_p50"]))
         print("  other streams' kernels by time: %s" % r["other_top"])
-        print("  the model thread's waits for the GPU: %s" % r["thread_waits"])
+        print("  the model thread's calls that can wait for the GPU (count, ms): %s" % r["thread_waits"])
         print("  the model thread, while the model's stream waited for it: %s" % r["late_in"])
 
 

@@ -318,7 +318,7 @@ static bool start(struct dl__worker *w, const dl__claim *c) {
   return false;
 }
 
-/* Raises this thread's nice to the process's plus BY (it can be raised, never lowered back). */
+/* Raises this thread's nice by BY (an unprivileged thread cannot lower it back). */
 static void lower_priority(int by) {
   errno = 0;
   int nice = getpriority(PRIO_PROCESS, (id_t)gettid());
