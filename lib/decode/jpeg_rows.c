@@ -416,16 +416,30 @@ static int walk_mcu(reader *r, const scan *s, int32_t *dc) {
     }
     const huff *ac = &s->ac[c];
     for (int k = 1; k < 64;) {
+      fill(r);
+      /* After a fill at least 57 bits are there: five codes with their bits (AC_LOOK each at most)
+       * read from a copy of the buffer held in a register, the reader written back once. */
+      uint64_t buf = r->buf;
+      int used = 0, move = 1;
+      unsigned e = 0;
+      for (int j = 0; j < 5 && k < 64; j++) {
+        e = ac->skip[buf >> (64 - AC_LOOK)];
+        if (!e)
+          break;
+        buf <<= e & 31;
+        used += (int)(e & 31);
+        if (!(move = (int)(e >> 5)))
+          break;
+        k += move;
+      }
+      r->buf = buf;
+      r->cnt -= used;
+      if (!move)
+        break; /* the block's end */
+      if (e || k >= 64)
+        continue;
       if (r->cnt < 32)
         fill(r);
-      unsigned e = ac->skip[peek(r, AC_LOOK)];
-      if (e) {
-        drop(r, (int)(e & 31));
-        if (!(e >> 5))
-          break;
-        k += (int)(e >> 5);
-        continue;
-      }
       int a = symbol(r, ac);
       if (a < 0)
         return -1;
