@@ -170,6 +170,9 @@ DL_EXTERN const char *dl_batch_key(const dl_batch *b, int i);
 /* 0 if sample I was delivered as read, else the error that made it a substitute (on_error=skip). */
 DL_EXTERN int dl_batch_sample_error(const dl_batch *b, int i);
 
+/* How many of the batch's samples have an error (0 almost always: one call instead of B). */
+DL_EXTERN int dl_batch_errors(const dl_batch *b);
+
 /* Position of the batch: its epoch, and its index within that whole epoch for this rank: in a
  * first epoch resumed part-way the batches handed out before the state was saved count too, so an
  * epoch's last batch is always at index dl_batches_per_epoch() - 1. */

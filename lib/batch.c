@@ -200,6 +200,13 @@ int dl_batch_sample_error(const dl_batch *b, int i) {
   return b && i >= 0 && i < b->len ? b->sample_err[i] : -EINVAL;
 }
 
+int dl_batch_errors(const dl_batch *b) {
+  int n = 0;
+  for (int i = 0; b && i < b->len; i++)
+    n += b->sample_err[i] != 0;
+  return n;
+}
+
 int dl_batch_position(const dl_batch *b, int64_t *epoch, int64_t *index) {
   if (epoch)
     *epoch = b->epoch;

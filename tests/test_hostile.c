@@ -76,8 +76,16 @@ static int run(const char *source, const char *opts, int *errors, char *last, si
       snprintf(last, cap, "%s", dl_last_error());
       break;
     }
+    int here = 0;
     for (int i = 0; i < dl_batch_size(b); i++)
-      *errors += dl_batch_sample_error(b, i) != 0;
+      here += dl_batch_sample_error(b, i) != 0;
+    if (here != dl_batch_errors(b)) { /* the one-call count the Python binding asks first */
+      snprintf(last, cap, "dl_batch_errors says %d, the samples %d", dl_batch_errors(b), here);
+      dl_batch_release(b, NULL);
+      r = -1;
+      break;
+    }
+    *errors += here;
     dl_batch_release(b, NULL);
   }
   char stats[4096];

@@ -454,9 +454,8 @@ class Loader:
             last = index.value == lib.dl_batches_per_epoch(handle) - 1
             self._epoch = epoch.value + 1 if last else epoch.value
             self._next_index = 0 if last else index.value + 1
-            errors = [lib.dl_batch_sample_error(b, i) for i in range(n)]
-            if any(errors):
-                out["error"] = errors
+            if lib.dl_batch_errors(b):  # one call a batch: B calls cost the training loop's thread
+                out["error"] = [lib.dl_batch_sample_error(b, i) for i in range(n)]
         finally:
             # The tensors hold the batch; releasing here only ends the loader-side hold. On CUDA
             # the release is recorded on the consumer's stream, so queued work still sees the data.
