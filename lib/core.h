@@ -189,6 +189,7 @@ typedef struct dl__pace {
   int active;   /* workers that may claim samples; the others wait aside */
   double t, wait;           /* the window's start: time, the consumer's wait */
   int64_t batches, slot_ns; /* and the batches handed out, the workers' wait for slots */
+  int64_t starved;          /* and the batches the consumer waited for */
   int calm;     /* windows to sit out after giving workers back, before setting any aside */
   char why[200]; /* the last change, for the stats */
 } dl__pace;

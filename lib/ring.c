@@ -158,13 +158,16 @@ void dl__slot_free_locked(dl_batch *b) {
 }
 
 /*
- * workers=auto while running. Over each window (8 batches, 50 ms at least), the consumer's wait
- * (dl__consumer_idle_s) and the workers' wait for a free slot (in workers: 2.0 is two workers'
- * worth of idling) decide:
- * - the consumer waited more than 2% of the window: half the workers set aside come back;
- * - it waited less than 0.5% and the workers idled more than one and a half workers' worth: half
- *   of that idling is set aside, never the last worker, and not in the four windows after workers
- *   came back (so that a rate near the limit does not swing the count each window).
+ * workers=auto while running. Over each window (8 batches, 50 ms at least), the consumer's waits
+ * and the workers' wait for a free slot (in workers: 2.0 is two workers' worth of idling) decide:
+ * - the consumer waited for a batch (more than 0.5 ms while its GPU had nothing left: st.starved) or
+ *   more than 0.5% of the window: half the workers set aside come back;
+ * - it waited for none and the workers idled more than one and a half workers' worth: up to half
+ *   of that idling is set aside, never below one and a half times the workers' worth at work, and
+ *   not in the four windows after workers came back.
+ * The headroom is what keeps the consumer from waiting: a training loop whose host thread is near
+ * its limit loses each wait in full (the rule before this one set workers aside to within a few
+ * percent of the consumer's rate and gave them back only once it had waited 2% of a window).
  * Which worker decodes which sample never changes a batch's bytes, so this is invisible but for
  * the CPUs it frees.
  */
@@ -175,27 +178,32 @@ void dl__pace_locked(dl_loader *l, double now) {
   int64_t slot_ns = atomic_load_explicit(&l->st.slot_wait_ns, memory_order_relaxed);
   if (l->st.batches <= 3 || !p->t) { /* the first batches carry the start-up */
     if (l->st.batches >= 3)
-      p->t = now, p->wait = dl__consumer_idle_s(&l->st), p->batches = l->st.batches, p->slot_ns = slot_ns;
+      p->t = now, p->wait = dl__consumer_idle_s(&l->st), p->batches = l->st.batches, p->slot_ns = slot_ns,
+      p->starved = l->st.starved;
     return;
   }
   double span = now - p->t;
   if (l->st.batches - p->batches < 8 || span < 0.05)
     return;
   double waited = (dl__consumer_idle_s(&l->st) - p->wait) / span, idle = (double)(slot_ns - p->slot_ns) * 1e-9 / span;
-  int64_t window = l->st.batches - p->batches;
+  int64_t window = l->st.batches - p->batches, starved = l->st.starved - p->starved;
   p->t = now, p->wait = dl__consumer_idle_s(&l->st), p->batches = l->st.batches, p->slot_ns = slot_ns;
+  p->starved = l->st.starved;
   int was = p->active;
-  if (waited > 0.02 && p->active < l->nworkers) {
+  double busy = p->active - idle; /* workers' worth decoding and reading */
+  int floor = (int)ceil(1.5 * (busy > 0 ? busy : 0));
+  floor = floor < 1 ? 1 : floor;
+  if ((starved > 0 || waited > 0.005) && p->active < l->nworkers) {
     p->active += (l->nworkers - p->active + 1) / 2;
     p->calm = 4;
-    snprintf(p->why, sizeof p->why, "%d of %d workers: the consumer waited %.1f%% of the last %" PRId64 " batches' time",
-             p->active, l->nworkers, 100 * waited, window);
+    snprintf(p->why, sizeof p->why, "%d of %d workers: the consumer waited for %" PRId64 " of the last %" PRId64
+             " batches (%.1f%% of their time)", p->active, l->nworkers, starved, window, 100 * waited);
     pthread_cond_broadcast(&l->work_cv);
   } else if (p->calm > 0) {
     p->calm--;
-  } else if (waited < 0.005 && idle > 1.5 && p->active > 1) {
+  } else if (starved == 0 && idle > 1.5 && p->active > floor) {
     int aside = (int)(idle / 2) > 1 ? (int)(idle / 2) : 1;
-    p->active = p->active - aside > 1 ? p->active - aside : 1;
+    p->active = p->active - aside > floor ? p->active - aside : floor;
     snprintf(p->why, sizeof p->why, "%d of %d workers: the consumer kept up (waited %.2f%%) while the workers "
              "waited for free slots %.1f workers' worth of the time", p->active, l->nworkers, 100 * waited, idle);
   }
