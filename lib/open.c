@@ -30,7 +30,6 @@ void dl__loader_free(dl_loader *l) {
     dl__sampler_free(&l->streams[s].sm);
     dl_batch *slots = l->streams[s].slots;
     for (int i = 0; slots && i < l->o.prefetch; i++) {
-      free(slots[i].label);
       free(slots[i].key);
       free(slots[i].sample_err);
       free(slots[i].jobs);
@@ -165,13 +164,13 @@ static int alloc_slots(dl_loader *l) {
                                  : 0;
   l->image_bytes = l->sample_bytes * (size_t)l->o.batch_size;
   size_t nslots = (size_t)l->o.prefetch * (size_t)l->nstreams;
-  /* A slot's images, its tensor fields, and the compressed JPEGs the GPU decodes, which the
-   * workers read into; a slot is one range of pages, so that it can be pinned by itself. What was
-   * allocated before a failure is freed with the loader. */
+  /* A slot's images, its tensor fields, its labels, and the compressed JPEGs the GPU decodes,
+   * which the workers read into; a slot is one range of pages, so that it can be pinned by itself
+   * (the labels too: a copy from pageable memory goes through the driver's staging buffers). What
+   * was allocated before a failure is freed with the loader. */
   size_t images = page_round(l->image_bytes), fields = page_round(l->field_block);
-  l->slot_stride = images + fields + page_round(l->arena_bytes);
-  if (!l->slot_stride)
-    l->slot_stride = 4096;
+  size_t labels = page_round((size_t)l->o.batch_size * sizeof(int64_t));
+  l->slot_stride = images + fields + labels + page_round(l->arena_bytes);
   size_t total = l->slot_stride * nslots;
   if (!(l->host_mem = dl__host_alloc(l, total)))
     return dl__fail(-ENOMEM, "could not allocate %zu bytes of %s batch memory", total,
@@ -195,16 +194,16 @@ static int alloc_slots(dl_loader *l) {
       b->image = at;
       if (l->field_block)
         b->fields = at + images;
+      b->label = (int64_t *)(at + images + fields);
       if (l->arena_bytes) {
-        b->arena = at + images + fields;
+        b->arena = at + images + fields + labels;
         if (!(b->jobs = calloc((size_t)l->o.batch_size, sizeof *b->jobs)) ||
             !(b->on_cpu = calloc((size_t)l->o.batch_size, sizeof *b->on_cpu)))
           return dl__fail(-ENOMEM, "out of memory");
       }
-      b->label = calloc((size_t)l->o.batch_size, sizeof *b->label);
       b->key = calloc((size_t)l->o.batch_size, sizeof *b->key);
       b->sample_err = calloc((size_t)l->o.batch_size, sizeof *b->sample_err);
-      if (!b->label || !b->key || !b->sample_err || dl__slot_bytes_alloc(l, b))
+      if (!b->key || !b->sample_err || dl__slot_bytes_alloc(l, b))
         return dl__fail(-ENOMEM, "out of memory");
     }
   }
