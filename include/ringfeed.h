@@ -127,7 +127,9 @@ DL_EXTERN const char *dl_last_error(void);
  *   background) gpu_share(auto|0..1) gpu_decode_mb gpu_check(1|0: a JPEG's entropy-coded data is
  *   read through on the CPU once a sample before the GPU may decode it; what it finds is kept in
  *   the cache folder for later runs of the same shards or folder; 0 reads only multi-scan
- *   files, progressive and one-component-a-scan)
+ *   files, progressive and one-component-a-scan) keep_gpu_decoders(1|0: nvJPEG's decoders outlive
+ *   dl_close, for the process's next loader of the same batch size, which then decodes on the GPU
+ *   from its first batch instead of waiting about a second for nvJPEG to start)
  * decode=gpu|hybrid fail with DL_ENODEVICE, naming the reason, where nvJPEG or a GPU is missing.
  * A build with CUDA, when loaded, sets CUDA_DEVICE_MAX_CONNECTIONS=32 where it is unset: with
  * CUDA's 8 hardware queues the loader's GPU work waits behind the model's. It takes effect only

@@ -41,6 +41,7 @@ static void set_defaults(dl__options *o) {
   o->gpu_decode_mb = 256;
   o->gpu_share = -1;
   o->gpu_check = 1;
+  o->keep_gpu_decoders = 1;
   o->retries = 5;
   o->timeout_ms = 30000;
 }
@@ -373,6 +374,10 @@ static const option options[] = {
     {"pad", BOOL, FIELD(pad), .help = "tensor fields padded to the dataset's largest, with NAME_len, 0 or 1 (0)"},
     {"gpu_check", BOOL, FIELD(gpu_check),
      .help = "read a JPEG's data through on the CPU before its first GPU decode, 0 or 1 (1)"},
+    {"keep_gpu_decoders", BOOL, FIELD(keep_gpu_decoders),
+     .help = "after close, nvJPEG's decoders (their gpu_decode_mb and nvJPEG's buffers) stay in the process for "
+             "its next loader of the same batch size, which then decodes on the GPU from its first batch, 0 or 1 "
+             "(1)"},
     {"mean", SPECIAL, .parse = parse_mean, .help = "three means, pixels as 0..1 (ImageNet's 0.485,0.456,0.406)"},
     {"std", SPECIAL, .parse = parse_std, .help = "three deviations, pixels as 0..1 (ImageNet's 0.229,0.224,0.225)"},
     {"repeat", SPECIAL, .parse = parse_repeat,

@@ -68,6 +68,7 @@ typedef struct dl__options {
   int gpu_decode_mb; /* device memory per device for decoded JPEGs */
   double gpu_share;  /* hybrid: the GPU's fixed share of each batch; < 0 adapts it */
   int gpu_check;     /* a JPEG's entropy-coded data is read through on the CPU before its first GPU decode */
+  int keep_gpu_decoders; /* nvJPEG's decoders outlive dl_close, for the process's next loader */
 } dl__options;
 
 enum { DL__S3_AUTO, DL__S3_PATH, DL__S3_VIRTUAL };

@@ -36,7 +36,7 @@ typedef struct stream_copy {
   char **key[MAX_BATCHES];
   size_t bytes[MAX_BATCHES];
   int len[MAX_BATCHES];
-  char stats[4096]; // the loader's stats at the end
+  char stats[8192]; // the loader's stats at the end
 } stream_copy;
 
 // The first STOP batches of a run (every batch with STOP < 0), then the token that resumes after

@@ -465,6 +465,49 @@ static void pool_halves(const char *dir) {
   }
 }
 
+// nvJPEG's decoders kept after dl_close for the process's next loader of the same shape
+// (keep_gpu_decoders=1, the default): that loader decodes on the GPU from its first batch, with
+// decode=auto too, and its bytes are those of a fresh decoder's; keep_gpu_decoders=0 keeps none.
+static void kept_decoders(const char *dir) {
+  char source[600], opts[600];
+  snprintf(source, sizeof source, "%s/q90-420-{0..2}.tar", dir);
+  // Batch 24 is no other test's: nothing of this shape is kept before.
+  const char *base = "batch_size=24 image_size=96 flip=1 seed=5 workers=3 device=cuda:0";
+  snprintf(opts, sizeof opts, "%s decode=hybrid gpu_share=0.5", base);
+  stream_copy fresh, again, after;
+  collect_from(source, opts, &fresh);
+  ASSERT(!strstr(fresh.stats, "kept from a loader"));
+  collect_from(source, opts, &again);
+  ASSERT(strstr(again.stats, "kept from a loader closed earlier in this process"));
+  ASSERT(same_bytes(&fresh, &again));
+  ASSERT_GT(stat_of(&again, "gpu_decoded"), 0);
+
+  snprintf(opts, sizeof opts, "%s decode=auto keep_gpu_decoders=0", base);
+  dl_loader *l;
+  ASSERT_EQ(dl_open(&l, source, opts), 0);
+  dl_batch *b;
+  ASSERT_EQ(dl_next_batch(l, &b), 0);
+  char stats[8192];
+  ASSERT_GT(dl_stats_json(l, stats, sizeof stats), 0);
+  dl_batch_release(b, NULL);
+  ASSERT(strstr(stats, "\"decode_backend\":\"hybrid\""));
+  ASSERT(strstr(stats, "kept from a loader closed earlier in this process"));
+  const char *first = strstr(stats, "\"first_batch_ms\":");
+  ASSERT(first);
+  printf("decode=auto with a kept decoder: hybrid from the first batch, in %.1f ms\n", atof(first + 17));
+  dl_close(l); // keep_gpu_decoders=0: freed
+
+  snprintf(opts, sizeof opts, "%s decode=hybrid gpu_share=0.5", base);
+  collect_from(source, opts, &after);
+  ASSERT(!strstr(after.stats, "kept from a loader"));
+  ASSERT(same_bytes(&fresh, &after));
+  printf("kept decoders: the same bytes as a fresh one's (%d batches); none kept after keep_gpu_decoders=0\n",
+         fresh.batches);
+  free_copy(&fresh);
+  free_copy(&again);
+  free_copy(&after);
+}
+
 // The kernel's float outputs are its uint8 pixels, normalised, in either layout.
 static void float_outputs(const char *dir) {
   char source[600];
@@ -508,6 +551,7 @@ int main(void) {
   resume_exact(dir);
   float_outputs(dir);
   pool_halves(dir);
+  kept_decoders(dir);
   char cmd[700];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
   ASSERT_EQ(system(cmd), 0);

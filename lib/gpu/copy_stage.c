@@ -237,12 +237,14 @@ typedef struct decoder_start {
   dl__gpu_decoder *dec;
   size_t bytes;
   int r;
+  bool kept; /* taken from those an earlier loader left */
   char why[200];
 } decoder_start;
 
 static void *decoder_start_run(void *arg) {
   decoder_start *d = arg;
-  d->r = dl__gpu_decoder_create(d->l, d->device, &d->dec, &d->bytes, d->why, sizeof d->why);
+  d->kept = (d->dec = dl__gpu_decoder_take(d->l, d->device, &d->bytes)) != NULL;
+  d->r = d->kept ? 0 : dl__gpu_decoder_create(d->l, d->device, &d->dec, &d->bytes, d->why, sizeof d->why);
   return NULL;
 }
 
@@ -269,8 +271,8 @@ static int decoders_create(dl_loader *l, decoder_start *d, char *why, size_t cap
   if (failed < 0)
     return 0;
   snprintf(why, cap, "%s", d[failed].why);
-  for (int i = 0; i < c->n; i++) /* decoding stays on the CPU: give their memory back */
-    dl__gpu_decoder_destroy(d[i].dec);
+  for (int i = 0; i < c->n; i++) /* decoding stays on the CPU: kept for a later loader, or freed */
+    dl__gpu_decoder_put(d[i].dec, l->o.keep_gpu_decoders);
   return -1;
 }
 
@@ -286,7 +288,9 @@ static void decoders_commit(dl_loader *l, decoder_start *d, char *why, size_t ca
   }
   l->gpu_hw = engines;
   l->gpu_pool = (size_t)l->o.gpu_decode_mb << 20;
-  snprintf(why, cap, "%s", dl__gpu_decoder_describe(c->g[0].dec, what, sizeof what));
+  /* First: a long nvJPEG path may not leave room after it. */
+  snprintf(why, cap, "%s%s", d[0].kept ? "kept from a loader closed earlier in this process: " : "",
+           dl__gpu_decoder_describe(c->g[0].dec, what, sizeof what));
 }
 
 int dl__gpu_decoders_open(dl_loader *l, char *why, size_t cap) {
@@ -297,13 +301,59 @@ int dl__gpu_decoders_open(dl_loader *l, char *why, size_t cap) {
   return 0;
 }
 
+int dl__gpu_decoders_take_kept(dl_loader *l, char *why, size_t cap) {
+  cuda_state *c = l->cuda;
+  decoder_start d[DL__MAX_DEVICES];
+  int taken = 0;
+  for (; taken < c->n; taken++) {
+    d[taken] = (decoder_start){.l = l, .device = c->g[taken].id};
+    if (!(d[taken].dec = dl__gpu_decoder_take(l, d[taken].device, &d[taken].bytes)))
+      break;
+    d[taken].kept = true;
+  }
+  if (taken < c->n) { /* all or none: another loader took one meanwhile, or none fits a device */
+    while (taken--)
+      dl__gpu_decoder_put(d[taken].dec, true);
+    return -1;
+  }
+  decoders_commit(l, d, why, cap);
+  return 0;
+}
+
+/* decode=auto's decoders, made beside the starter's pinning: they take ten times as long. */
+static void *decoders_run(void *arg) {
+  decoder_start *d = arg;
+  char why[400] = "";
+  d[0].r = decoders_create(d[0].l, d, why, sizeof why);
+  if (d[0].r)
+    snprintf(d[0].why, sizeof d[0].why, "%s", why);
+  return NULL;
+}
+
 /* Pins the host slots in the order they are copied, each copy thread starting as soon as its
- * slot is pinned; then, for decode=auto, starts nvJPEG while the workers decode every JPEG. */
+ * slot is pinned; for decode=auto, starts nvJPEG meanwhile on a thread of its own, while the
+ * workers decode every JPEG. */
 static void *starter(void *arg) {
   dl_loader *l = arg;
   cuda_state *c = l->cuda;
   cudaSetDevice(c->g[0].id);
   double t0 = dl__now();
+  decoder_start d[DL__MAX_DEVICES];
+  pthread_mutex_lock(&l->mu);
+  bool start_decoders = l->decode_starting && !l->stop;
+  pthread_mutex_unlock(&l->mu);
+  pthread_t decoders;
+  if (start_decoders) {
+    d[0] = (decoder_start){.l = l};
+    if (pthread_create(&decoders, NULL, decoders_run, d)) {
+      d[0].r = -1; /* not started: no GPU decoding, said below */
+      snprintf(d[0].why, sizeof d[0].why, "could not start a thread");
+      start_decoders = false;
+      pthread_mutex_lock(&l->mu);
+      dl__decode_started_locked(l, false, d[0].why);
+      pthread_mutex_unlock(&l->mu);
+    }
+  }
   int nslots = l->o.prefetch * c->n;
   bool warned = false;
   for (int k = 0; k < nslots; k++) {
@@ -328,18 +378,17 @@ static void *starter(void *arg) {
   double pin_ms = (dl__now() - t0) * 1e3;
   pthread_mutex_lock(&l->mu);
   c->pin_ms = pin_ms; /* the stats read it under the lock */
-  bool start_decoders = l->decode_starting && !l->stop;
   pthread_mutex_unlock(&l->mu);
   if (!start_decoders)
     return NULL;
-  t0 = dl__now();
-  decoder_start d[DL__MAX_DEVICES];
-  char why[400] = "";
-  bool ok = decoders_create(l, d, why, sizeof why) == 0;
+  pthread_join(decoders, NULL);
+  char why[400];
+  snprintf(why, sizeof why, "%s", d[0].why);
+  bool ok = d[0].r == 0;
   pthread_mutex_lock(&l->mu);
   if (ok && l->stop) { /* closed meanwhile: nothing will decode with them */
     for (int i = 0; i < c->n; i++)
-      dl__gpu_decoder_destroy(d[i].dec);
+      dl__gpu_decoder_put(d[i].dec, l->o.keep_gpu_decoders);
     ok = false;
     snprintf(why, sizeof why, "the loader was closed");
   }
@@ -716,7 +765,7 @@ void dl__cuda_close(dl_loader *l) {
         if (*ev[k])
           cudaEventDestroy(*ev[k]);
     }
-    dl__gpu_decoder_destroy(g->dec);
+    dl__gpu_decoder_put(g->dec, l->o.keep_gpu_decoders);
     cudaFree(g->staging);
     if (g->copy)
       cudaStreamDestroy(g->copy);

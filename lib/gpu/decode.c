@@ -12,6 +12,7 @@
 #include "gpu/nvjpeg.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,6 +56,8 @@ struct dl__gpu_decoder {
   int nparams;
   int *hw_list, *cuda_list;
   dl__image_decoder cpu; /* the JPEGs nvJPEG refuses */
+  int prefetch;          /* the host slots jobs_host was sized for */
+  size_t device_bytes;   /* the device memory it took */
 };
 
 bool dl__gpu_decoder_has_engine(const dl__gpu_decoder *d) { return d->hw.h != NULL; }
@@ -99,6 +102,50 @@ void dl__gpu_decoder_destroy(dl__gpu_decoder *d) {
   free(d->cuda_list);
   dl__image_decoder_free(&d->cpu);
   free(d);
+}
+
+/*
+ * Decoders a closed loader left to the next one in the process (keep_gpu_decoders=1). nvJPEG takes
+ * about a second to start on a device, which a loader opened again (Python's set_epoch and
+ * load_state_dict reopen it, a validation loader is often opened each epoch) would otherwise pay
+ * every time, decoding on the CPU alone meanwhile. A kept decoder is idle: its loader synchronised
+ * the copy stream before closing.
+ */
+static pthread_mutex_t kept_mu = PTHREAD_MUTEX_INITIALIZER;
+static dl__gpu_decoder *kept[DL__MAX_DEVICES]; /* one a device at most: the device memory it holds */
+
+/* Whether D was made for what L asks of a decoder on DEVICE (its pool, batch and job lists). */
+static bool fits(const dl__gpu_decoder *d, const dl_loader *l, int device) {
+  return d->device == device && d->batch == l->o.batch_size && d->channels == l->o.channels &&
+         d->prefetch == l->o.prefetch && d->pool_cap == ((size_t)l->o.gpu_decode_mb << 20) + 256;
+}
+
+dl__gpu_decoder *dl__gpu_decoder_take(const dl_loader *l, int device, size_t *device_bytes) {
+  dl__gpu_decoder *d = NULL;
+  pthread_mutex_lock(&kept_mu);
+  for (int i = 0; i < DL__MAX_DEVICES && !d; i++)
+    if (kept[i] && fits(kept[i], l, device))
+      d = kept[i], kept[i] = NULL;
+  pthread_mutex_unlock(&kept_mu);
+  if (d) {
+    d->pool_wait_ms = 0; /* the stats are the new loader's */
+    *device_bytes += d->device_bytes;
+  }
+  return d;
+}
+
+void dl__gpu_decoder_put(dl__gpu_decoder *d, bool keep) {
+  dl__gpu_decoder *old = NULL;
+  pthread_mutex_lock(&kept_mu);
+  int at = -1; /* the device's entry, else a free one */
+  for (int i = 0; keep && d && i < DL__MAX_DEVICES; i++)
+    if ((kept[i] && kept[i]->device == d->device) || (!kept[i] && at < 0))
+      at = i;
+  if (at >= 0)
+    old = kept[at], kept[at] = d, d = NULL;
+  pthread_mutex_unlock(&kept_mu);
+  dl__gpu_decoder_destroy(old); /* the one it replaces: the latest loader's shape is likelier next */
+  dl__gpu_decoder_destroy(d);   /* not kept */
 }
 
 /* Chroma upsampling by interpolation (libjpeg's "fancy" upsampling); older versions may lack it.
@@ -200,7 +247,9 @@ int dl__gpu_decoder_create(dl_loader *l, int device, dl__gpu_decoder **out, size
     dl__gpu_decoder_destroy(d);
     return -1;
   }
-  *device_bytes += d->pool_cap + B * sizeof *d->jobs_dev;
+  d->prefetch = l->o.prefetch;
+  d->device_bytes = d->pool_cap + B * sizeof *d->jobs_dev;
+  *device_bytes += d->device_bytes;
   t[3] = dl__now();
   /* The engine's own buffers, sized once for a batch of images as large as the pool allows. */
   if (d->hw.h) {

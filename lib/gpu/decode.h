@@ -17,6 +17,12 @@ typedef struct dl__gpu_decoder dl__gpu_decoder;
 int dl__gpu_decoder_create(dl_loader *l, int device, dl__gpu_decoder **out, size_t *device_bytes, char *why,
                            size_t cap);
 void dl__gpu_decoder_destroy(dl__gpu_decoder *d);
+/* A decoder an earlier loader of the process left for L on DEVICE (made for the same batch size,
+ * channels, prefetch and gpu_decode_mb), adding its device bytes to *DEVICE_BYTES; NULL if none. */
+dl__gpu_decoder *dl__gpu_decoder_take(const dl_loader *l, int device, size_t *device_bytes);
+/* The end of a loader's use of D (NULL: none): with KEEP, kept for the next loader in place of
+ * one kept before on its device; else destroyed. */
+void dl__gpu_decoder_put(dl__gpu_decoder *d, bool keep);
 /* Which nvJPEG, from where, and which of its decoders run. */
 const char *dl__gpu_decoder_describe(const dl__gpu_decoder *d, char *buf, size_t cap);
 bool dl__gpu_decoder_has_engine(const dl__gpu_decoder *d);

@@ -14,6 +14,9 @@
 /* Makes a JPEG decoder on every device of l->cuda (nvJPEG's hardware engine where there is
  * one); sets l->gpu_hw and l->gpu_pool. Fails with the reason in WHY (copy_stage.c). */
 int dl__gpu_decoders_open(dl_loader *l, char *why, size_t cap);
+/* The same from decoders an earlier loader of the process kept (keep_gpu_decoders), for every
+ * device or none; -1 when there are none to take. */
+int dl__gpu_decoders_take_kept(dl_loader *l, char *why, size_t cap);
 /* Whether nvJPEG loads here (quick: it is not started); else the reason in WHY. */
 bool dl__gpu_decoders_available(char *why, size_t cap);
 

@@ -39,6 +39,11 @@ int dl__gpu_decoders_open(dl_loader *l, char *why, size_t cap) {
   snprintf(why, cap, "this ringfeed was built without CUDA");
   return -1;
 }
+int dl__gpu_decoders_take_kept(dl_loader *l, char *why, size_t cap) {
+  (void)l;
+  snprintf(why, cap, "this ringfeed was built without CUDA");
+  return -1;
+}
 bool dl__gpu_decoders_available(char *why, size_t cap) {
   snprintf(why, cap, "this ringfeed was built without CUDA");
   return false;

@@ -32,7 +32,7 @@ static double first_share(const dl_loader *l) {
 int dl__decode_choose(dl_loader *l) {
   int want = l->o.decode;
   const char *asked = decode_names[want];
-  char why[200] = "";
+  char why[sizeof l->decode_reason] = "";
   l->decode = DL__DECODE_CPU;
   if (want == DL__DECODE_CPU) {
     snprintf(l->decode_reason, sizeof l->decode_reason, "decode=cpu");
@@ -43,6 +43,9 @@ int dl__decode_choose(dl_loader *l) {
       return dl__fail(DL_ENODEVICE, "option decode=%s: JPEGs are decoded on the GPU given by device=cuda:N, "
                                     "and this loader has device=cpu", asked);
     snprintf(l->decode_reason, sizeof l->decode_reason, "device=cpu");
+  } else if (want == DL__DECODE_AUTO && dl__gpu_decoders_take_kept(l, why, sizeof why) == 0) {
+    l->decode = DL__DECODE_HYBRID; /* an earlier loader's decoders: no start to wait for */
+    snprintf(l->decode_reason, sizeof l->decode_reason, "%s", why);
   } else if (want == DL__DECODE_AUTO && dl__gpu_decoders_available(why, sizeof why)) {
     /* nvJPEG takes about a second to start (0.9 s on an H200, more than the first batches take on
      * the CPU): the GPU stage starts it in the background and the workers decode every JPEG until

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import tarfile
+import time
 
 import pytest
 
@@ -140,6 +141,28 @@ def test_gpu_decode_close_to_cpu(shard):
     stats = gpu_loader.stats()
     assert stats["decode_backend"] == "gpu" and stats["gpu_decoded"] > 0
     assert worst <= 2.0
+
+
+def test_set_epoch_reopens_with_the_gpu_decoders_kept(shard):
+    """set_epoch reopens the loader: nvJPEG's decoders, kept at its close, decode from the first
+    batch of the new epoch instead of the CPU alone while nvJPEG starts again."""
+    kw = dict(batch_size=12, image_size=64, seed=2, workers=3, device="cuda:0")  # a shape of its own
+    loader = ringfeed.Loader(shard, **kw)
+    next(iter(loader))  # a batch of epoch 0, dropped
+    for _ in range(100):  # decode=auto: nvJPEG starts in the background
+        s = loader.stats()
+        if s["decode_backend"] == "hybrid" or "no GPU decoder" in s["decode_reason"]:
+            break
+        time.sleep(0.05)
+    if s["decode_backend"] != "hybrid":
+        pytest.skip(f"no nvJPEG: {s['decode_reason']}")
+    loader.set_epoch(1)
+    batch = next(iter(loader))
+    s = loader.stats()
+    assert s["decode_backend"] == "hybrid", s["decode_reason"]
+    assert "kept from a loader closed earlier in this process" in s["decode_reason"]
+    assert batch["epoch"] == 1 and s["first_batch_ms"] < 800, s["first_batch_ms"]
+    loader.close()
 
 
 def test_workers_auto_leaves_a_cpu_to_the_gpu_decoder(shard, monkeypatch):
