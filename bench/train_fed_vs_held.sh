@@ -7,7 +7,10 @@
 # bench/train_timeline.py says where the fed step's extra time goes.
 # Usage: bench/train_fed_vs_held.sh DATA [OUT_DIR]   (needs RINGFEED_LIBRARY, torch with CUDA)
 #   MODELS: "resnet50 vit_tiny" by default; STEPS (300); BATCH_resnet50 (256), BATCH_vit_tiny (128);
-#   VARIANTS: loader options (KEY=VALUE ...), each also run fed and beside
+#   VARIANTS: loader options (KEY=VALUE ..., KEY=VALUE+KEY=VALUE for several in one run), each also
+#   run fed and beside (fed only with VARIANTS_FED_ONLY=1); TRACE_FED_FLAGS: the
+#   traced fed run's flags (such as "--decode cpu"), TRACE_STEPS its steps (80); TRACE_ONLY=1: the
+#   traces alone
 set -u
 data=$1
 out=${2:-out}
@@ -26,30 +29,41 @@ for model in ${MODELS:-resnet50 vit_tiny}; do
       --batch-size $batch --steps $steps --epochs 0 "$@" > "$out/train-$model-$name.log" 2>&1
     echo "$?"
   }
-  rc_held=$(run held --held)
-  rc_beside=$(run beside --held --beside)
-  rc_fed=$(run fed)
-  rc_cpu=$(run fed-cpu --decode cpu)
-  # VARIANTS: loader options (KEY=VALUE, space-separated), each run fed and beside
-  for v in ${VARIANTS:-}; do
-    run "fed-$v" --option "$v" > /dev/null
-    run "beside-$v" --held --beside --option "$v" > /dev/null
-  done
-  held=$(steady "$out/train-$model-held.log")
-  printf '| %s batch %s, steady images/s (exit) | held %s (%s) | beside %s (%s) | fed %s (%s) | fed decode=cpu %s (%s) |\n' \
-    $model $batch "$held" $rc_held "$(steady "$out/train-$model-beside.log")" $rc_beside \
-    "$(steady "$out/train-$model-fed.log")" $rc_fed "$(steady "$out/train-$model-fed-cpu.log")" $rc_cpu
-  names="beside fed fed-cpu"
-  for v in ${VARIANTS:-}; do names="$names fed-$v beside-$v"; done
-  for name in $names; do
-    printf '| %s %s / held | %s | next() %s ms a step, bottleneck %s |\n' $model $name \
-      "$(awk -v a="$(steady "$out/train-$model-$name.log")" -v b="$held" 'BEGIN{ if (b > 0 && a > 0) printf "%.4f", a / b; else print "-" }')" \
-      "$(field "$out/train-$model-$name.log" next_ms_per_step)" "$(field "$out/train-$model-$name.log" bottleneck)"
-  done
+  if [ -z "${TRACE_ONLY:-}" ]; then
+    rc_held=$(run held --held)
+    rc_beside=$(run beside --held --beside)
+    rc_fed=$(run fed)
+    rc_cpu=$(run fed-cpu --decode cpu)
+    # VARIANTS: loader options (KEY=VALUE, space-separated), each run fed and beside
+    for v in ${VARIANTS:-}; do
+      opts=$(echo "$v" | tr '+' ' ' | sed 's/\([^ ]*\)/--option \1/g')
+      # shellcheck disable=SC2086
+      run "fed-$v" $opts > /dev/null
+      # shellcheck disable=SC2086
+      [ -n "${VARIANTS_FED_ONLY:-}" ] || run "beside-$v" --held --beside $opts > /dev/null
+    done
+    held=$(steady "$out/train-$model-held.log")
+    printf '| %s batch %s, steady images/s (exit) | held %s (%s) | beside %s (%s) | fed %s (%s) | fed decode=cpu %s (%s) |\n' \
+      $model $batch "$held" $rc_held "$(steady "$out/train-$model-beside.log")" $rc_beside \
+      "$(steady "$out/train-$model-fed.log")" $rc_fed "$(steady "$out/train-$model-fed-cpu.log")" $rc_cpu
+    names="beside fed fed-cpu"
+    for v in ${VARIANTS:-}; do
+      names="$names fed-$v"
+      [ -n "${VARIANTS_FED_ONLY:-}" ] || names="$names beside-$v"
+    done
+    for name in $names; do
+      log="$out/train-$model-$name.log"
+      printf '| %s %s / held | %s | next() %s ms a step (waiting for the loader %s), copy thread per batch: waits for the consumer %s ms, queues nvJPEG %s ms; bottleneck %s |\n' $model $name \
+        "$(awk -v a="$(steady "$log")" -v b="$held" 'BEGIN{ if (b > 0 && a > 0) printf "%.4f", a / b; else print "-" }')" \
+        "$(field "$log" next_ms_per_step)" "$(field "$log" loader_wait_ms_per_step)" \
+        "$(field "$log" gpu_stage_wait_consumer_ms)" "$(field "$log" gpu_decode_host_ms)" "$(field "$log" bottleneck)"
+    done
+  fi
   if [ -n "${TRACE:-}" ] && [ -f "$TRACE/libgpu_timeline.so" ]; then
     for name in held fed; do
       flags=
       [ $name = held ] && flags=--held
+      [ $name = fed ] && flags=${TRACE_FED_FLAGS:-}
       CUDA_INJECTION64_PATH="$TRACE/libgpu_timeline.so" GPU_TIMELINE_OUT="$traces/trace-$model-$name.tsv" \
         timeout ${TRAIN_LIMIT:-300} python3 examples/train_imagenet.py --data "$data" --model $model \
         --batch-size $batch --steps ${TRACE_STEPS:-80} --epochs 0 $flags > "$out/trace-$model-$name.log" 2>&1

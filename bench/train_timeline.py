@@ -66,6 +66,7 @@ def summary(path, skip):
     busy = sum(e - s for s, e, _, _, _ in mine)
     gaps = {"host": [0, 0], "gpu": [0, 0]}
     late = []  # the host-late gaps: (start, end)
+    late_before = collections.Counter()  # their time by the kernel that ended them
     for prev, nxt in zip(mine, mine[1:]):
         g = nxt[0] - prev[1]
         if g <= 0:
@@ -76,6 +77,7 @@ def summary(path, skip):
         gaps[cause][1] += g
         if cause == "host":
             late.append((prev[1], nxt[0]))
+            late_before[nxt[4][:60]] += g
     # What the model thread was in while the model's stream idled for it: each of its calls' share
     # of the host-late gaps, and the rest (Python, the loader's binding, the framework's host code).
     calls = sorted((s, e, n) for s, e, th, n in apis.values() if th == thread and e >= t0 and s <= t1)
@@ -102,6 +104,12 @@ def summary(path, skip):
         if th == thread and s >= t0 and e <= t1 and any(w in n for w in WAITS):
             waits[n][0] += 1
             waits[n][1] += e - s
+    # Every call of the model thread in the window, by time: what a step costs its host thread.
+    thread_calls = collections.defaultdict(lambda: [0, 0])
+    for s, e, th, n in apis.values():
+        if th == thread and s >= t0 and e <= t1:
+            thread_calls[n][0] += 1
+            thread_calls[n][1] += e - s
     # Host launch pace: how far ahead of the GPU the model thread was when each kernel was launched.
     ahead = sorted(k[0] - apis[k[3]][1] for k in mine if k[3] in apis)
     span = t1 - t0
@@ -116,6 +124,9 @@ def summary(path, skip):
         "copy_during_model_ms": overlap(sorted((c[0], c[1]) for c in cp), spans) / 1e6,
         "thread_waits": {n: (c, round(t / 1e6, 2)) for n, (c, t) in waits.items()},
         "late_in": [(n, round(t / 1e6, 2)) for n, t in in_late.most_common(6)],
+        "late_before": [(n, round(t / 1e6, 2)) for n, t in late_before.most_common(6)],
+        "largest_late_ms": sorted(round((e - s) / 1e6, 3) for s, e in late)[-8:],
+        "thread_calls": {n: (c, t / 1e6) for n, (c, t) in thread_calls.items()},
         "launch_ahead_ms_p10_p50": (ahead[len(ahead) // 10] / 1e6, ahead[len(ahead) // 2] / 1e6) if ahead else None,
     }
 
@@ -125,8 +136,10 @@ def main():
     ap.add_argument("traces", nargs="+")
     ap.add_argument("--skip", type=float, default=0.4)
     a = ap.parse_args()
+    runs = []
     for path in a.traces:
         r = summary(path, a.skip)
+        runs.append(r)
         print("%s: model stream %.1f ms, busy %.4f of it (%d kernels, %.2f us each); idle %.2f ms host-late in %d gaps, %.2f ms "
               "GPU-held in %d; other streams' kernels %.2f ms (%.2f ms beside the model's); copies %d, %.2f ms "
               "(%.2f ms beside the model's); launches ahead of the GPU p10/p50 %s ms" % (
@@ -138,6 +151,18 @@ def main():
         print("  other streams' kernels by time: %s" % r["other_top"])
         print("  the model thread's calls that can wait for the GPU (count, ms): %s" % r["thread_waits"])
         print("  the model thread, while the model's stream waited for it: %s" % r["late_in"])
+        print("  the kernels that ended those waits, by their time: %s" % r["late_before"])
+        print("  the largest of those waits, ms: %s" % r["largest_late_ms"])
+    if len(runs) == 2:  # held, fed: the calls the fed run's model thread makes more of, a second
+        held, fed = runs
+        per_s = [1e3 / r["span_ms"] for r in runs]
+        rows = []
+        for n, (c, t) in fed["thread_calls"].items():
+            hc, ht = held["thread_calls"].get(n, (0, 0.0))
+            rows.append((t * per_s[1] - ht * per_s[0], n, c * per_s[1] - hc * per_s[0]))
+        rows.sort(reverse=True)
+        print("the model thread's calls, fed against held, a second of the model stream (ms more, calls more): %s" % [
+            (n, round(dt, 2), round(dc, 1)) for dt, n, dc in rows[:10]])
 
 
 if __name__ == "__main__":

@@ -71,10 +71,11 @@ def main():
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local])
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=5e-5)
     state = json.load(open(args.resume)) if args.resume else None
-    loader = ringfeed.Loader(args.data, batch_size=args.batch_size, workers=args.workers, image_size=224,
-                             crop="random_resized", flip=True, epochs=args.epochs, device="cuda",
-                             dtype="bfloat16", layout="NCHW", seed=0, state=state, decode=args.decode,
-                             **dict(o.split("=", 1) for o in args.option))
+    options = dict(batch_size=args.batch_size, workers=args.workers, image_size=224, crop="random_resized",
+                   flip=True, epochs=args.epochs, device="cuda", dtype="bfloat16", layout="NCHW", seed=0,
+                   state=state, decode=args.decode)
+    options.update(o.split("=", 1) for o in args.option)  # --option decode=cpu wins over --decode's default
+    loader = ringfeed.Loader(args.data, **options)
     keys = open(args.keys_out.replace("%RANK%", str(rank)), "w") if args.keys_out else None
     step, seen, t0 = 0, 0, time.perf_counter()
     warm, warm_seen, warm_t = 30, 0, None  # the steady rate counts from step 30 on
@@ -89,6 +90,7 @@ def main():
             yield kept
 
     next_s = 0.0  # the host's time getting batches, from step `warm` on
+    warm_wait = None  # the loader's count of the consumer's waits, at step `warm`
     while not done:  # each `for` over the loader is one epoch; none left: it yields nothing
         batches = 0
         it = iter(held(loader) if args.held else loader)
@@ -114,6 +116,7 @@ def main():
             if step == warm:
                 torch.cuda.synchronize()
                 warm_seen, warm_t = seen, time.perf_counter()
+                warm_wait = loader.stats()["consumer_wait_s"]
             if step % 50 == 0 and rank == 0:
                 torch.cuda.synchronize()
                 dt = time.perf_counter() - t0
@@ -136,7 +139,13 @@ def main():
               "next_ms_per_step": next_s * 1e3 / max(1, step - warm),
               "bottleneck": stats["bottleneck"], "consumer_wait_frac": stats["consumer_wait_frac"],
               "bottleneck_why": stats["bottleneck_why"], "workers": stats["workers"],
-              "workers_active": stats["workers_active"], "parked_s": stats["parked_s"]}
+              "workers_active": stats["workers_active"], "parked_s": stats["parked_s"],
+              # next()'s time split: the loader's own count of the host waiting for a batch (the
+              # rest of next_ms is the binding's work), and the GPU stage's waits and nvJPEG's time
+              "loader_wait_ms_per_step": (stats["consumer_wait_s"] - warm_wait) * 1e3 / max(1, step - warm)
+              if warm_wait is not None else None,
+              **{k: stats[k] for k in ("gpu_stage_wait_consumer_ms", "gpu_stage_wait_workers_ms",
+                                       "gpu_decode_host_ms", "gpu_decode_ms", "device_slots") if k in stats}}
     print(json.dumps(result), flush=True)
     if args.save_state and rank == 0:
         json.dump(loader.state_dict(), open(args.save_state, "w"))
