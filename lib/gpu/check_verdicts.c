@@ -1,6 +1,6 @@
 /*
  * The GPU path's verdicts on JPEGs (gpu_check: dl__jpeg_rows_clean reads a sample's entropy-coded
- * data through once, three quarters of a CPU decode for a baseline file, about a whole one for a
+ * data through once, about 0.6 of a CPU decode for a baseline file, about a whole one for a
  * progressive file), kept across runs in the cache folder, so that only a dataset's first run
  * pays for them in its first epoch.
  *

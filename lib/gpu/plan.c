@@ -105,7 +105,7 @@ bool dl__gpu_plan(const dl_loader *l, dl_batch *b, int i, int64_t index, uint8_t
   /* Damage inside the entropy-coded data of sound markers (the data ends before the last block:
    * libjpeg's "premature end of data segment") shows only to a reader of the codes; nvJPEG
    * decodes it without complaint. Every scan is read through on the CPU once a sample (jpeg_rows.c:
-   * three quarters of a decode's time, about a whole one for a progressive file), and an image that
+   * about 0.6 of a decode's time, about a whole one for a progressive file), and an image that
    * is not sound stays with the CPU path. gpu_check=0 trusts the data of single-scan files only:
    * after damaged scans of progressive and non-interleaved files, nvJPEG's CUDA decoder took the
    * process down when its state was destroyed (an H200, nvJPEG 13.0.1: twice in about 20 runs of
