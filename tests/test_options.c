@@ -56,6 +56,11 @@ int main(void) {
   ASSERT_EQ(o.workers, 3);
   ASSERT_EQ(o.prefetch, 6);
   ASSERT_EQ(o.memory_budget, 2ll << 30);
+  /* nvJPEG's decoders are kept for the next loader unless told otherwise. */
+  ASSERT_EQ(dl__options_parse(&o, NULL), 0);
+  ASSERT_EQ(o.keep_gpu_decoders, 1);
+  ASSERT_EQ(dl__options_parse(&o, "keep_gpu_decoders=0"), 0);
+  ASSERT_EQ(o.keep_gpu_decoders, 0);
   ASSERT_EQ(dl__options_parse(&o, "workers=3 workers=auto prefetch=auto memory_budget=auto"), 0);
   ASSERT_EQ(o.workers, 0);
   ASSERT_EQ(o.prefetch, 0);
@@ -114,6 +119,7 @@ int main(void) {
   expect_bad("image_size=abc", "image_size=abc");
   expect_bad("flip=maybe", "flip=maybe");
   expect_bad("gpu_check=2", "gpu_check=2");
+  expect_bad("keep_gpu_decoders=always", "keep_gpu_decoders=always: expected 0 or 1");
   expect_bad("channels=2", "channels=2");
   expect_bad("device=gpu", "device=gpu");
   expect_bad("device=cuda:0,0", "listed twice");
