@@ -10,7 +10,7 @@
 #   VARIANTS: loader options (KEY=VALUE ..., KEY=VALUE+KEY=VALUE for several in one run), each also
 #   run fed and beside (fed only with VARIANTS_FED_ONLY=1); TRACE_FED_FLAGS: the
 #   traced fed run's flags (such as "--decode cpu"), TRACE_STEPS its steps (80); TRACE_ONLY=1: the
-#   traces alone
+#   traces alone; REPEAT=R: R pairs of held and fed runs, the ratio of each and their median
 set -u
 data=$1
 out=${2:-out}
@@ -42,21 +42,39 @@ for model in ${MODELS:-resnet50 vit_tiny}; do
       # shellcheck disable=SC2086
       [ -n "${VARIANTS_FED_ONLY:-}" ] || run "beside-$v" --held --beside $opts > /dev/null
     done
+    # REPEAT=R: R-1 more pairs of held and fed, one after the other, for the spread of the ratio
+    # from run to run (a host-bound model's rate moves by several percent between runs)
+    pairs=$(awk -v a="$(steady "$out/train-$model-fed.log")" -v b="$(steady "$out/train-$model-held.log")" \
+      'BEGIN{ if (b > 0 && a > 0) printf "%.4f", a / b }')
+    r=2
+    while [ $r -le "${REPEAT:-1}" ]; do
+      run held-$r --held > /dev/null
+      run fed-$r > /dev/null
+      pairs="$pairs $(awk -v a="$(steady "$out/train-$model-fed-$r.log")" -v b="$(steady "$out/train-$model-held-$r.log")" \
+        'BEGIN{ if (b > 0 && a > 0) printf "%.4f", a / b; else print "-" }')"
+      r=$((r + 1))
+    done
+    [ "${REPEAT:-1}" -gt 1 ] && printf '| %s fed / held, pair by pair (held then fed) | %s; median %s |\n' $model "$pairs" \
+      "$(echo $pairs | tr ' ' '\n' | sort -n | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }')"
     held=$(steady "$out/train-$model-held.log")
     printf '| %s batch %s, steady images/s (exit) | held %s (%s) | beside %s (%s) | fed %s (%s) | fed decode=cpu %s (%s) |\n' \
       $model $batch "$held" $rc_held "$(steady "$out/train-$model-beside.log")" $rc_beside \
       "$(steady "$out/train-$model-fed.log")" $rc_fed "$(steady "$out/train-$model-fed-cpu.log")" $rc_cpu
-    names="beside fed fed-cpu"
+    names="held beside fed fed-cpu"
     for v in ${VARIANTS:-}; do
       names="$names fed-$v"
       [ -n "${VARIANTS_FED_ONLY:-}" ] || names="$names beside-$v"
     done
     for name in $names; do
       log="$out/train-$model-$name.log"
-      printf '| %s %s / held | %s | next() %s ms a step (waiting for the loader %s), copy thread per batch: waits for the consumer %s ms, queues nvJPEG %s ms; bottleneck %s |\n' $model $name \
+      printf '| %s %s / held | %s | step %s ms: the training thread on a CPU %s ms, off it %s times waiting and %s times taken off; next() %s ms a step (waiting for the loader %s), copy thread per batch: waits for the consumer %s ms, queues nvJPEG %s ms; bottleneck %s |\n' $model $name \
         "$(awk -v a="$(steady "$log")" -v b="$held" 'BEGIN{ if (b > 0 && a > 0) printf "%.4f", a / b; else print "-" }')" \
-        "$(field "$log" next_ms_per_step)" "$(field "$log" loader_wait_ms_per_step)" \
+        "$(field "$log" step_ms)" "$(field "$log" thread_cpu_ms_per_step)" "$(field "$log" thread_waits_per_step)" \
+        "$(field "$log" thread_preempted_per_step)" "$(field "$log" next_ms_per_step)" "$(field "$log" loader_wait_ms_per_step)" \
         "$(field "$log" gpu_stage_wait_consumer_ms)" "$(field "$log" gpu_decode_host_ms)" "$(field "$log" bottleneck)"
+      printf '| %s %s, slowest steps [step, ms]; Python collector | %s; %s ms a step in %s runs (gen 0, 1, 2) |\n' $model $name \
+        "$(sed -n 's/.*"slowest_steps": *\(\[[^a-z]*\]\),.*/\1/p' "$log" | tail -1)" "$(field "$log" gc_ms_per_step)" \
+        "$(sed -n 's/.*"gc_runs": *\(\[[0-9, ]*\]\).*/\1/p' "$log" | tail -1)"
     done
   fi
   if [ -n "${TRACE:-}" ] && [ -f "$TRACE/libgpu_timeline.so" ]; then

@@ -10,8 +10,10 @@ same number of batches; --resume continues from a saved loader state.
 """
 
 import argparse
+import gc
 import json
 import os
+import resource
 import sys
 import time
 
@@ -73,7 +75,10 @@ def main():
     state = json.load(open(args.resume)) if args.resume else None
     options = dict(batch_size=args.batch_size, workers=args.workers, image_size=224, crop="random_resized",
                    flip=True, epochs=args.epochs, device="cuda", dtype="bfloat16", layout="NCHW", seed=0,
-                   state=state, decode=args.decode)
+                   state=state, decode=args.decode,
+                   # every step one shape: a short last batch has the model choose kernels for a new
+                   # shape once (0.2 s for a ViT on an H200) and weighs its few images as a full batch
+                   drop_last=True)
     options.update(o.split("=", 1) for o in args.option)  # --option decode=cpu wins over --decode's default
     loader = ringfeed.Loader(args.data, **options)
     keys = open(args.keys_out.replace("%RANK%", str(rank)), "w") if args.keys_out else None
@@ -90,7 +95,19 @@ def main():
             yield kept
 
     next_s = 0.0  # the host's time getting batches, from step `warm` on
+    step_ms = []  # each step's time from step `warm` on: a few slow ones differ from a slow step
+    gc_time = {"ms": 0.0, "runs": [0, 0, 0], "t": 0.0}  # Python's collector, from step `warm` on
+
+    def count_gc(phase, info):
+        if phase == "start":
+            gc_time["t"] = time.perf_counter()
+        elif warm_t is not None:
+            gc_time["ms"] += (time.perf_counter() - gc_time["t"]) * 1e3
+            gc_time["runs"][info["generation"]] += 1
+    gc.callbacks.append(count_gc)
+    last_t = None
     warm_wait = None  # the loader's count of the consumer's waits, at step `warm`
+    warm_usage = None  # this thread's CPU time and context switches, at step `warm`
     while not done:  # each `for` over the loader is one epoch; none left: it yields nothing
         batches = 0
         it = iter(held(loader) if args.held else loader)
@@ -113,10 +130,15 @@ def main():
                 keys.write("\n".join(batch["key"]) + "\n")
             step += 1
             seen += images.shape[0]
+            now = time.perf_counter()
+            if warm_t is not None:
+                step_ms.append((step, (now - last_t) * 1e3))
+            last_t = now
             if step == warm:
                 torch.cuda.synchronize()
                 warm_seen, warm_t = seen, time.perf_counter()
                 warm_wait = loader.stats()["consumer_wait_s"]
+                warm_usage = resource.getrusage(resource.RUSAGE_THREAD)
             if step % 50 == 0 and rank == 0:
                 torch.cuda.synchronize()
                 dt = time.perf_counter() - t0
@@ -130,6 +152,16 @@ def main():
     dt = time.perf_counter() - t0
     steady = (seen - warm_seen) / (time.perf_counter() - warm_t) if warm_t and seen > warm_seen else None
     stats = loader.stats()
+    usage = resource.getrusage(resource.RUSAGE_THREAD)
+    per_step = max(1, step - warm)
+    # The training thread's own time: on a CPU (a step that launches kernels runs there) and how
+    # often it left it, by waiting (voluntary) or taken off for another thread (involuntary).
+    thread = {"thread_cpu_ms_per_step": (usage.ru_utime + usage.ru_stime - warm_usage.ru_utime - warm_usage.ru_stime)
+              * 1e3 / per_step,
+              "thread_waits_per_step": (usage.ru_nvcsw - warm_usage.ru_nvcsw) / per_step,
+              "thread_preempted_per_step": (usage.ru_nivcsw - warm_usage.ru_nivcsw) / per_step} if warm_usage else {}
+    gc.callbacks.remove(count_gc)
+    slowest = sorted(step_ms, key=lambda s: -s[1])[:6]
     result = {"rank": rank, "world": world, "steps": step, "images": seen, "seconds": dt,
               "images_per_s_per_gpu": seen / dt, "steady_images_per_s_per_gpu": steady,
               "final_loss": float(loss.item()), "decode": args.decode, "model": args.model,
@@ -137,6 +169,9 @@ def main():
               "gpu_decoded": stats["gpu_decoded"], "cpu_decoded": stats["cpu_decoded"],
               "held": args.held, "beside": args.beside,
               "next_ms_per_step": next_s * 1e3 / max(1, step - warm),
+              "step_ms": (time.perf_counter() - warm_t) * 1e3 / per_step if warm_t else None, **thread,
+              "slowest_steps": [[k, round(ms, 2)] for k, ms in slowest],
+              "gc_ms_per_step": gc_time["ms"] / per_step, "gc_runs": gc_time["runs"],
               "bottleneck": stats["bottleneck"], "consumer_wait_frac": stats["consumer_wait_frac"],
               "bottleneck_why": stats["bottleneck_why"], "workers": stats["workers"],
               "workers_active": stats["workers_active"], "parked_s": stats["parked_s"],
