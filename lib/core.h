@@ -371,6 +371,13 @@ int dl__decode_choose(dl_loader *l);
 bool dl__decode_feeds_gpu(const dl_loader *l);
 /* How many of a batch of LEN samples opened now the workers decode (under l->mu). */
 int dl__split_cpu_n(const dl_loader *l, int len);
+/* Hybrid: which side of a batch split at GPU share X holds it back, by the measured time per image
+ * (GPU_MS on a device's decoders, CPU_MS on one worker) with WORKERS at work for the device: each
+ * side's part of a batch of B in ms, and "gpu", "cpu", or "neither" within a tenth of each other
+ * (the split at its balance: the batch comes at both sides' rates together). NULL before both
+ * rates are measured. */
+const char *dl__split_limit(double x, int b, double gpu_ms, double cpu_ms, double workers, double *gpu_part,
+                            double *cpu_part);
 /* The bytes of a host slot's arena for the dataset's JPEGs (0 without JPEGs the GPU may take). */
 size_t dl__gpu_arena_size(const dl_loader *l);
 /* Hybrid, when batch B opens (under l->mu): which b->cpu_n of its samples the workers decode

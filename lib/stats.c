@@ -57,11 +57,11 @@ static const char *json_text(const char *s, char *out, size_t cap) {
 typedef struct verdict {
   const char *word;
   double consumer, decode, read, slot; /* fractions of the consumer's and the workers' time */
-  char why[320];
+  char why[512];
 } verdict;
 
 static void judge(const dl_loader *l, int decode, int64_t batches, double wall, double since_first, double waited,
-                  verdict *v) {
+                  const char *split, verdict *v) {
   /* Workers set aside (workers=auto) are not counted as idle; one was always at work (the time set
    * aside counts up to now, WALL only to the last batch). */
   double workers = fmax((double)l->o.workers * wall - (double)atomic_load_explicit(&l->st.parked_ns, memory_order_relaxed) * 1e-9, wall);
@@ -87,15 +87,15 @@ static void judge(const dl_loader *l, int decode, int64_t batches, double wall, 
   if (l->cuda && v->slot >= v->decode && v->slot >= v->read) {
     v->word = "copy";
     snprintf(v->why, sizeof v->why, "the consumer waited %.0f%% of the time while the GPU stage (%s) held the "
-             "slots: %s", 100 * v->consumer, gpu_stage, workers_did);
+             "slots: %s%s", 100 * v->consumer, gpu_stage, workers_did, split);
   } else if (v->read > v->decode) {
     v->word = "read";
     snprintf(v->why, sizeof v->why, "the consumer waited %.0f%% of the time, the workers mostly for reads: %s",
              100 * v->consumer, workers_did);
   } else {
     v->word = "decode";
-    snprintf(v->why, sizeof v->why, "the consumer waited %.0f%% of the time, the workers mostly decoding: %s",
-             100 * v->consumer, workers_did);
+    snprintf(v->why, sizeof v->why, "the consumer waited %.0f%% of the time, the workers mostly decoding: %s%s",
+             100 * v->consumer, workers_did, split);
   }
 }
 
@@ -122,12 +122,24 @@ int dl_stats_json(dl_loader *l, char *buf, size_t cap) {
   memcpy(pace_why, l->pace.why, sizeof pace_why);
   int active = l->pace.on ? l->pace.active : l->o.workers;
   pthread_mutex_unlock(&l->mu);
+  /* Hybrid: which side of the split a slow batch waits for, as the verdict's last words. */
+  double gpu_part = 0, cpu_part = 0;
+  const char *limit = decode == DL__DECODE_HYBRID ? dl__split_limit(share, l->o.batch_size, split_gpu_ms, split_cpu_ms,
+                                                                      (double)active / l->nstreams, &gpu_part, &cpu_part)
+                                                  : NULL;
+  char split[200] = "";
+  if (limit)
+    snprintf(split, sizeof split, "; at hybrid's GPU share %.3f the GPU's part of a batch takes %.1f ms, the "
+             "workers' %.1f ms: %s", share, gpu_part, cpu_part,
+             !strcmp(limit, "gpu")   ? "the GPU's JPEG decoding limits it"
+             : !strcmp(limit, "cpu") ? "the workers limit it"
+                                     : "at the balance, both sides limit it alike");
   double wall = dl__now() - l->open_time;
   verdict v; /* over the time batches were handed out: a run's stats read later say the same */
   /* The stream's wait stays out: added to the thread's, a wait of both at once counts twice (an
    * H200, a consumer with no GPU work of its own: 115% of the time). */
-  judge(l, decode, batches, last, batches ? last - first / 1000 : 0, wait - first_wait, &v);
-  char why[400];
+  judge(l, decode, batches, last, batches ? last - first / 1000 : 0, wait - first_wait, split, &v);
+  char why[768];
   char gpu[1536] = "", io_reason[320], decode_reason[512], workers_reason[320], prefetch_reason[400], active_why[240];
   if (l->cuda)
     dl__cuda_stats(l, gpu, sizeof gpu);
@@ -147,7 +159,7 @@ int dl_stats_json(dl_loader *l, char *buf, size_t cap) {
       ",\"tensors_read_in_place\":%" PRId64 ",\"tensors_read_again\":%" PRId64
       ",\"jpeg_rows_skipped\":%" PRIu64 ",\"jpeg_row_index_mb\":%.1f,\"gpu_check_read\":%" PRIu64
       ",\"gpu_check_kept\":%" PRId64 ","
-      "\"slot_wait_s\":%.6f,\"bottleneck\":\"%s\",\"bottleneck_why\":\"%s\",\"consumer_wait_frac\":%.4f"
+      "\"slot_wait_s\":%.6f,\"bottleneck\":\"%s\",\"bottleneck_why\":\"%s\",\"split_limit\":\"%s\",\"consumer_wait_frac\":%.4f"
       ",\"worker_decode_frac\":%.4f,\"worker_read_frac\":%.4f,\"worker_slot_wait_frac\":%.4f%s}",
       atomic_load_explicit(&l->st.samples, memory_order_relaxed), batches, atomic_load_explicit(&l->st.errors, memory_order_relaxed), atomic_load_explicit(&l->st.bytes_read, memory_order_relaxed),
       wall, first, l->st.open_ms, l->st.open_index_ms, l->st.open_cuda_ms, l->st.open_gpu_decode_ms,
@@ -165,7 +177,7 @@ int dl_stats_json(dl_loader *l, char *buf, size_t cap) {
       atomic_load_explicit(&l->st.io.cache_hits, memory_order_relaxed), atomic_load_explicit(&l->st.io.cache_fetches, memory_order_relaxed) + l->ds.cache_fetches,
       atomic_load_explicit(&l->st.io.cache_fetch_bytes, memory_order_relaxed) + l->ds.cache_fetch_bytes,
       atomic_load_explicit(&l->st.placed, memory_order_relaxed), atomic_load_explicit(&l->st.placed_again, memory_order_relaxed), dl__jpeg_rows_skipped(l->jpeg_rows),
-      (double)dl__jpeg_rows_bytes(l->jpeg_rows) / 1048576.0, dl__jpeg_rows_walked(l->jpeg_rows), l->st.check_kept, atomic_load_explicit(&l->st.slot_wait_ns, memory_order_relaxed) * 1e-9, v.word, json_text(v.why, why, sizeof why), v.consumer, v.decode,
+      (double)dl__jpeg_rows_bytes(l->jpeg_rows) / 1048576.0, dl__jpeg_rows_walked(l->jpeg_rows), l->st.check_kept, atomic_load_explicit(&l->st.slot_wait_ns, memory_order_relaxed) * 1e-9, v.word, json_text(v.why, why, sizeof why), limit ? limit : "", v.consumer, v.decode,
       v.read, v.slot, gpu);
   return n < 0 || (size_t)n >= cap ? dl__fail(-ENOSPC, "stats need %d bytes", n + 1) : n;
 }

@@ -424,6 +424,20 @@ static void split(void) {
   }
   ASSERT(fabs(l.share - 0.5) < 1e-9);
   l.decode = DL__DECODE_CPU;
+
+  /* Which side holds a batch back, for the verdict: the GPU's 192 of 256 at 10/192 ms an image
+   * take 10 ms, four workers' 64 at CPU_MS an image 16 * CPU_MS; within a tenth is the balance. */
+  double gpu_part, cpu_part;
+  ASSERT(!dl__split_limit(0.75, 256, 0, 0.5, 4, &gpu_part, &cpu_part)); /* nothing measured yet */
+  ASSERT_STR_EQ(dl__split_limit(0.75, 256, 10.0 / 192, 0.5, 4, &gpu_part, &cpu_part), "gpu");
+  ASSERT(fabs(gpu_part - 10) < 1e-9 && fabs(cpu_part - 8) < 1e-9);
+  ASSERT_STR_EQ(dl__split_limit(0.75, 256, 10.0 / 192, 0.8, 4, &gpu_part, &cpu_part), "cpu");
+  ASSERT(fabs(cpu_part - 12.8) < 1e-9);
+  ASSERT_STR_EQ(dl__split_limit(0.75, 256, 10.0 / 192, 0.6, 4, &gpu_part, &cpu_part), "neither"); /* 9.6 ms */
+  ASSERT_STR_EQ(dl__split_limit(1, 256, 10.0 / 192, 0.6, 4, &gpu_part, &cpu_part), "gpu");  /* all on the GPU */
+  ASSERT(cpu_part == 0);
+  printf("hybrid: the verdict names the side of the split a batch waits for (its part of a batch the longer by a "
+         "tenth), or neither at the balance\n");
   printf("hybrid: the split steps by 1/32 toward the measured balance after three agreeing batches, and drifts "
          "to the CPU only while the batches still come well ahead of the consumer\n");
 }

@@ -158,6 +158,18 @@ static bool keeps_ahead(const dl_loader *l, const dl__split *s, double x) {
   return fmax(gpu, cpu) <= 0.8 * s->period;
 }
 
+const char *dl__split_limit(double x, int b, double gpu_ms, double cpu_ms, double workers, double *gpu_part,
+                            double *cpu_part) {
+  if (!(gpu_ms > 0 && cpu_ms > 0 && workers > 0))
+    return NULL;
+  *gpu_part = x * b * gpu_ms;
+  *cpu_part = (1 - x) * b * cpu_ms / workers;
+  double longer = fmax(*gpu_part, *cpu_part);
+  if (fabs(*gpu_part - *cpu_part) <= 0.1 * longer)
+    return "neither";
+  return *gpu_part > *cpu_part ? "gpu" : "cpu";
+}
+
 /* With gpu_share=S fixed the rates are still measured, for the stats: where the split would go. */
 void dl__gpu_share_update(dl_loader *l, int gpu_samples, double gpu_ms) {
   pthread_mutex_lock(&l->mu);
