@@ -179,6 +179,10 @@ if has ceiling; then
         "$(dirname "$src")"/*.tar > "$j" 2>&1
       row "$set libjpeg-turbo alone, $workers threads, ${band:-whole images}${band:+ halves of the rows}" "$(num "$j" images_per_s) images/s"
     done
+    # gpu_check's walk of an image against its decode, one thread (what the check costs a worker)
+    j="$out/walk-$set.json"
+    [ -x "$build/bench/walk_vs_decode" ] && timeout 120 "$build/bench/walk_vs_decode" "$(dirname "$src")"/*.tar > "$j" 2>&1 &&
+      row "$set gpu_check's walk / libjpeg-turbo's decode, one thread" "$(num "$j" walk_ms) / $(num "$j" decode_ms) ms an image: $(num "$j" walk_frac)"
   done
 fi
 
