@@ -121,7 +121,8 @@ static void choose_prefetch(dl_loader *l) {
                                     (size_t)(l->o.ndevices ? 1 : dl__dtype_bytes(l->o.dtype)) * (size_t)l->o.batch_size
                               : 0;
   size_t arena = l->has_image && dl__decode_may_use_gpu(l) ? dl__gpu_arena_size(l) : 0;
-  size_t slot = (image + l->field_block + arena) * (size_t)l->nstreams; /* one slot of every stream */
+  size_t labels = (size_t)l->o.batch_size * sizeof(int64_t); /* in the slot too (alloc_slots) */
+  size_t slot = (image + l->field_block + labels + arena) * (size_t)l->nstreams; /* one slot of every stream */
   int64_t budget = memory_budget(l, ranks);
   const char *whose = l->o.memory_budget ? "memory_budget"
                       : ranks > 1 ? "memory_budget=auto (an eighth of the host's memory, shared by its ranks)"

@@ -8,7 +8,7 @@ import ringfeed
 JPEGS = os.path.join(os.environ.get("DL_TEST_SHARDS", ""), "sweep-gnu.tar")
 pytestmark = pytest.mark.skipif(not os.path.exists(JPEGS), reason="the test shards are not built")
 KW = dict(batch_size=32, image_size=64, framework="dlpack")
-SLOT = 32 * 64 * 64 * 3  # one host slot's images
+SLOT = 32 * 64 * 64 * 3 + 32 * 8  # one host slot's images and labels
 
 
 def chosen(**options):
