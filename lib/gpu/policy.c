@@ -148,16 +148,6 @@ void dl__gpu_split_batch(dl_loader *l, const dl__sampler *sm, dl_batch *b) {
  * 11.2 ms step. The 0.2 left over is for the workers' time per image, measured on the crops the
  * split gives them (those that end highest, cheaper than the ones a larger CPU share adds), and
  * for the steps' own jitter. */
-static bool keeps_ahead(const dl_loader *l, const dl__split *s, double x) {
-  if (!(s->gpu_ms > 0 && s->cpu_ms > 0 && s->period > 0))
-    return true; /* nothing measured to go by */
-  /* Every worker: those workers=auto sets aside come back as soon as the consumer waits (counted
-   * as set aside, a training run's seven of sixteen would keep the GPU decoding for good). */
-  double per_stream = (double)l->o.workers / l->nstreams, B = l->o.batch_size;
-  double gpu = x * B * s->gpu_ms, cpu = (1 - x) * B * s->cpu_ms / per_stream;
-  return fmax(gpu, cpu) <= 0.8 * s->period;
-}
-
 const char *dl__split_limit(double x, int b, double gpu_ms, double cpu_ms, double workers, double *gpu_part,
                             double *cpu_part) {
   if (!(gpu_ms > 0 && cpu_ms > 0 && workers > 0))
@@ -168,6 +158,16 @@ const char *dl__split_limit(double x, int b, double gpu_ms, double cpu_ms, doubl
   if (fabs(*gpu_part - *cpu_part) <= 0.1 * longer)
     return "neither";
   return *gpu_part > *cpu_part ? "gpu" : "cpu";
+}
+
+static bool keeps_ahead(const dl_loader *l, const dl__split *s, double x) {
+  /* Every worker: those workers=auto sets aside come back as soon as the consumer waits (counted
+   * as set aside, a training run's seven of sixteen would keep the GPU decoding for good). */
+  double gpu, cpu;
+  if (!(s->period > 0) ||
+      !dl__split_limit(x, l->o.batch_size, s->gpu_ms, s->cpu_ms, (double)l->o.workers / l->nstreams, &gpu, &cpu))
+    return true; /* nothing measured to go by */
+  return fmax(gpu, cpu) <= 0.8 * s->period;
 }
 
 /* With gpu_share=S fixed the rates are still measured, for the stats: where the split would go. */
