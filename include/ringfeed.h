@@ -114,7 +114,7 @@ DL_EXTERN const char *dl_last_error(void);
  * OPTIONS are "key=value" words separated by spaces (NULL or "" for defaults); a value with spaces
  * is written in double quotes (cache_dir="/mnt/My Drive/cache"):
  *   batch_size workers prefetch image_size(N or HxW) crop(random_resized|center|resize|none)
- *   flip channels(1|3) layout(NHWC|NCHW) seed shuffle shuffle_block(K shards) epochs(0 = forever)
+ *   flip channels(1|3) layout(NHWC|NCHW|channels_last) seed shuffle shuffle_block(K shards) epochs(0 = forever)
  *   repeat(R1,R2,...: each "::" part of the source R times an epoch; 0.5 a new half each epoch)
  *   start_epoch drop_last rank
  *   world_size device(cpu|cuda|cuda:N[,M...]) dtype(uint8|float32|float16|bfloat16) mean std
@@ -188,8 +188,9 @@ DL_EXTERN int64_t dl_epoch_batches(const dl_loader *l, int64_t epoch);
 /*
  * Describes field NAME ("image", "label") as a DLTensor whose data, shape and strides point into
  * the batch (no copy; valid until release). "image" is uint8 [B,H,W,C] (or [B,C,H,W] with
- * layout=NCHW, or the configured float dtype on a CUDA device); "label" is int64 [B], -1 where a
- * sample has no .cls member. Tensor fields (.npy members, raw fields of .rfs shards, token windows)
+ * layout=NCHW, or the configured float dtype on a CUDA device); with layout=channels_last it is
+ * [B,C,H,W] over [B,H,W,C] memory, the only tensor whose strides are not NULL (compact, row-major).
+ * "label" is int64 [B], -1 where a sample has no .cls member. Tensor fields (.npy members, raw fields of .rfs shards, token windows)
  * come as [B, ...] of their own dtype, with "<name>_len" int64 [B] under pad=1. DL_ENOFIELD for an
  * unknown name.
  */

@@ -227,11 +227,16 @@ int dl__batch_describe(const dl_batch *b, const char *name, DLDevice device, DLT
     t->dtype = device.device_type == kDLCUDA || l->host_float ? types[l->o.dtype] : types[0];
     int64_t *sh = m->image_shape;
     sh[0] = b->len;
-    if (l->o.layout == DL__LAYOUT_NCHW)
-      sh[1] = l->o.channels, sh[2] = l->o.height, sh[3] = l->o.width;
-    else
+    if (l->o.layout == DL__LAYOUT_NHWC)
       sh[1] = l->o.height, sh[2] = l->o.width, sh[3] = l->o.channels;
+    else
+      sh[1] = l->o.channels, sh[2] = l->o.height, sh[3] = l->o.width;
     t->shape = sh;
+    if (l->o.layout == DL__LAYOUT_CHANNELS_LAST) { /* the samples' bytes are NHWC: strides say so */
+      int64_t *st = m->image_strides;
+      st[0] = sh[1] * sh[2] * sh[3], st[1] = 1, st[2] = sh[3] * l->o.channels, st[3] = l->o.channels;
+      t->strides = st;
+    }
     return 0;
   }
   if (!strcmp(name, "label")) {
@@ -394,7 +399,7 @@ void dl_batch_release(dl_batch *b, void *stream) {
 
 typedef struct export {
   DLManagedTensor m;
-  int64_t shape[4];
+  int64_t shape[4], strides[4];
 } export;
 
 static void export_deleter(DLManagedTensor *m) {
@@ -425,6 +430,10 @@ int dl_batch_export(dl_batch *b, const char *name, DLManagedTensor **out) {
   }
   memcpy(e->shape, e->m.dl_tensor.shape, sizeof(int64_t) * (size_t)e->m.dl_tensor.ndim);
   e->m.dl_tensor.shape = e->shape;
+  if (e->m.dl_tensor.strides) {
+    memcpy(e->strides, e->m.dl_tensor.strides, sizeof(int64_t) * (size_t)e->m.dl_tensor.ndim);
+    e->m.dl_tensor.strides = e->strides;
+  }
   e->m.manager_ctx = b;
   e->m.deleter = export_deleter;
   pthread_mutex_lock(&b->l->mu);

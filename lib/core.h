@@ -50,7 +50,7 @@ struct dl_batch {
   pthread_t holder;  /* the thread it was handed to */
   int exports;       /* DLManagedTensors still alive */
   void *release_stream;
-  int64_t image_shape[4], label_shape[1];
+  int64_t image_shape[4], image_strides[4], label_shape[1];
   int err;           /* the failure of the first failing sample, with on_error=fail */
   int err_i;         /* ... and that sample's place, so the report does not depend on timing */
   char errmsg[DL__MSG_MAX];

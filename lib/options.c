@@ -350,7 +350,8 @@ static const option options[] = {
     {"image_size", SPECIAL, .parse = parse_size, .help = "output size, N or HxW (224)"},
     {"crop", CHOICE, FIELD(crop), .choices = NAMES("random_resized", "center", "resize", "none"),
      .help = "random_resized, center, resize or none (random_resized)"},
-    {"layout", CHOICE, FIELD(layout), .choices = NAMES("NHWC", "NCHW"), .help = "NHWC or NCHW (NHWC)"},
+    {"layout", CHOICE, FIELD(layout), .choices = NAMES("NHWC", "NCHW", "channels_last"),
+     .help = "NHWC, NCHW, or channels_last: NCHW's shape over NHWC memory, what a PyTorch model in channels_last reads without a copy (NHWC)"},
     {"dtype", CHOICE, FIELD(dtype),
      .choices = NAMES("uint8", "float32", "float16", "bfloat16", "uint16", "uint32"),
      .help = "uint8, or float32, float16, bfloat16 normalised with mean and std; uint16 or uint32 for a token "

@@ -2,8 +2,8 @@
  * The loader end to end over shards this test writes: the same stream whatever the worker count
  * or I/O backend, disjoint equal rank splits, resume tokens at the same and at another world size,
  * sources (lists, braces, globs, tar dialects, ImageFolder), the index cache, truncated shards,
- * the consumer holding every slot, tensors that outlive the loader, and workers whose I/O rings
- * cannot be set up.
+ * layout=channels_last's strides, the consumer holding every slot, tensors that outlive the loader,
+ * and workers whose I/O rings cannot be set up.
  */
 #include "ringfeed.h"
 #include "tar_writer.h"
@@ -173,6 +173,41 @@ static void order_and_epochs(void) {
   collect(source, "batch_size=50 image_size=32 layout=NCHW channels=1 crop=center workers=2", 64, &r);
   ASSERT_EQ(r.batches, 3);
   printf("order: shuffle=0, epochs=0, drop_last, NCHW grey ok\n");
+}
+
+/* layout=channels_last: NHWC's bytes under NCHW's shape, the strides saying so, in the batch and in
+ * an export that outlives the batch's own description. */
+static void channels_last(void) {
+  run nhwc, cl;
+  const char *base = "batch_size=8 image_size=24 shuffle=0 workers=2 epochs=1";
+  char opts[200];
+  collect(source, base, 64, &nhwc);
+  snprintf(opts, sizeof opts, "%s layout=channels_last", base);
+  collect(source, opts, 64, &cl);
+  ASSERT_EQ(cl.batches, nhwc.batches);
+  for (int i = 0; i < cl.batches; i++)
+    ASSERT_EQ(cl.digest[i], nhwc.digest[i]);
+  dl_loader *l;
+  OPEN_OK(l, source, opts);
+  dl_batch *b;
+  ASSERT_EQ(dl_next_batch(l, &b), 0);
+  DLTensor t;
+  ASSERT_EQ(dl_batch_field(b, "image", &t), 0);
+  const int64_t shape[4] = {8, 3, 24, 24}, strides[4] = {24 * 24 * 3, 1, 24 * 3, 3};
+  ASSERT(t.strides);
+  for (int d = 0; d < 4; d++)
+    ASSERT(t.shape[d] == shape[d] && t.strides[d] == strides[d]);
+  DLManagedTensor *m;
+  ASSERT_EQ(dl_batch_export(b, "image", &m), 0);
+  ASSERT(m->dl_tensor.strides && m->dl_tensor.strides != t.strides);
+  ASSERT_EQ(dl_batch_field(b, "label", &t), 0);
+  ASSERT(!t.strides); /* compact */
+  dl_batch_release(b, NULL);
+  for (int d = 0; d < 4; d++)
+    ASSERT(m->dl_tensor.strides[d] == strides[d]);
+  m->deleter(m);
+  dl_close(l);
+  printf("layout=channels_last: NHWC's bytes, NCHW's shape, strides in batch and export\n");
 }
 
 static int cmp_key(const void *a, const void *b) { return strcmp(a, b); }
@@ -775,6 +810,7 @@ int main(void) {
   snprintf(source, sizeof source, "%s/part-*.tar", dir);
   determinism();
   order_and_epochs();
+  channels_last();
   ranks_and_resume();
   sources();
   damaged_shards_and_cache();

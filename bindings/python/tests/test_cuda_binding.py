@@ -56,12 +56,12 @@ def test_float_batches_of_the_cpu_equal_the_gpus(shard):
     exactly (both multiply, then add, each rounded), bfloat16 and float16 to within one unit of
     their last place."""
     kw = dict(batch_size=16, image_size=48, seed=4, flip=True, workers=4, decode="cpu", epochs=1)
-    for dtype, layout in (("float32", "NHWC"), ("bfloat16", "NCHW"), ("float16", "NHWC")):
+    for dtype, layout in (("float32", "NHWC"), ("bfloat16", "NCHW"), ("float16", "NHWC"), ("bfloat16", "channels_last")):
         cpu = [b["image"].clone() for b in ringfeed.Loader(shard, device="cpu", dtype=dtype, layout=layout, **kw)]
         gpu = [b["image"].cpu() for b in ringfeed.Loader(shard, device="cuda", dtype=dtype, layout=layout, **kw)]
         assert len(cpu) == len(gpu) == 5
         for c, g in zip(cpu, gpu):
-            assert c.dtype == g.dtype and c.shape == g.shape
+            assert c.dtype == g.dtype and c.shape == g.shape and c.stride() == g.stride()
             if dtype == "float32":
                 assert torch.equal(c, g), (dtype, (c - g).abs().max())
                 continue

@@ -140,6 +140,28 @@ def test_float_batches_on_the_cpu_are_the_uint8_ones_normalised(synthetic, layou
         ringfeed.Loader(synthetic, dtype="bfloat16", **kw)
 
 
+def test_channels_last_is_nhwc_memory_under_nchw_shape(synthetic):
+    """layout=channels_last: what a channels_last model reads without a copy, the same values as NHWC."""
+    kw = dict(KW, batch_size=16, image_size=24, flip=True, epochs=1)
+    np = pytest.importorskip("numpy")
+    with ringfeed.Loader(synthetic, **dict(kw, framework="numpy")) as loader:
+        nhwc = [b["image"].copy() for b in loader]
+    with ringfeed.Loader(synthetic, **dict(kw, framework="numpy", layout="channels_last")) as loader:
+        n = 0
+        for b, want in zip(loader, nhwc):
+            assert b["image"].shape[1:] == (3, 24, 24) and b["image"].strides == (24 * 24 * 3, 1, 24 * 3, 3)
+            assert np.array_equal(b["image"], want.transpose(0, 3, 1, 2))
+            n += 1
+        assert n == len(nhwc) > 1
+    torch = pytest.importorskip("torch")
+    with ringfeed.Loader(synthetic, **dict(kw, framework="torch", layout="channels_last", dtype="bfloat16")) as loader:
+        image = next(iter(loader))["image"]
+        assert image.shape == (16, 3, 24, 24) and image.is_contiguous(memory_format=torch.channels_last)
+        # a model's own .contiguous(memory_format=torch.channels_last) then copies nothing
+        assert image.contiguous(memory_format=torch.channels_last).data_ptr() == image.data_ptr()
+        del image
+
+
 def test_bfloat16_batches_on_the_cpu_round_as_torch_does(synthetic):
     torch = pytest.importorskip("torch")
     kw = dict(KW, framework="torch", batch_size=16, image_size=24, epochs=1, mean=(0.5, 0.5, 0.5), std=(0.25, 0.5, 1))
