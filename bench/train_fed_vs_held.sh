@@ -10,7 +10,9 @@
 #   VARIANTS: loader options (KEY=VALUE ..., KEY=VALUE+KEY=VALUE for several in one run), each also
 #   run fed and beside (fed only with VARIANTS_FED_ONLY=1); TRACE_FED_FLAGS: the
 #   traced fed run's flags (such as "--decode cpu"), TRACE_STEPS its steps (80); TRACE_ONLY=1: the
-#   traces alone; REPEAT=R: R pairs of held and fed runs, the ratio of each and their median
+#   traces alone; REPEAT=R: R pairs of held and fed runs, the ratio of each and their median;
+#   ALTERNATE=N: one more run (ALTERNATE_STEPS long, STEPS by default) of N-step blocks held and fed
+#   in turn in one process
 set -u
 data=$1
 out=${2:-out}
@@ -56,6 +58,14 @@ for model in ${MODELS:-resnet50 vit_tiny}; do
     done
     [ "${REPEAT:-1}" -gt 1 ] && printf '| %s fed / held, pair by pair (held then fed) | %s; median %s |\n' $model "$pairs" \
       "$(echo $pairs | tr ' ' '\n' | sort -n | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }')"
+    if [ -n "${ALTERNATE:-}" ]; then
+      rc_alt=$(run alternate --alternate "$ALTERNATE" --steps "${ALTERNATE_STEPS:-$steps}")
+      printf '| %s fed / held in %s-step blocks of one process (exit %s) | median step held / fed %s; blocks: median of the pairs %s, ratio of the medians %s; pairs %s |\n' \
+        $model "$ALTERNATE" "$rc_alt" "$(field "$out/train-$model-alternate.log" ratio_of_median_steps)" \
+        "$(field "$out/train-$model-alternate.log" median_pair_ratio)" \
+        "$(field "$out/train-$model-alternate.log" ratio_of_medians)" \
+        "$(sed -n 's/.*"pair_ratios": *\(\[[0-9., ]*\]\).*/\1/p' "$out/train-$model-alternate.log" | tail -1)"
+    fi
     held=$(steady "$out/train-$model-held.log")
     printf '| %s batch %s, steady images/s (exit) | held %s (%s) | beside %s (%s) | fed %s (%s) | fed decode=cpu %s (%s) |\n' \
       $model $batch "$held" $rc_held "$(steady "$out/train-$model-beside.log")" $rc_beside \

@@ -50,9 +50,14 @@ def main():
     p.add_argument("--beside", action="store_true",
                    help="with --held: the loader keeps running beside the model, each of its batches taken and "
                         "dropped; the cost of its work on the CPUs and the GPU, without its batches in the step")
+    p.add_argument("--alternate", type=int, default=0, metavar="N",
+                   help="after the warm-up, blocks of N steps held and fed in turn in this one process, each timed: "
+                        "the fed/held ratio without what moves from one process or host to the next (needs --steps)")
     args = p.parse_args()
-    if args.held and not args.steps:
-        p.error("--held needs --steps")
+    if (args.held or args.alternate) and not args.steps:
+        p.error("--held and --alternate need --steps")
+    if args.held and args.alternate:
+        p.error("--held or --alternate, not both")
     if args.beside and not args.held:
         p.error("--beside needs --held")
 
@@ -74,7 +79,7 @@ def main():
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=5e-5)
     state = json.load(open(args.resume)) if args.resume else None
     options = dict(batch_size=args.batch_size, workers=args.workers, image_size=224, crop="random_resized",
-                   flip=True, epochs=args.epochs, device="cuda", dtype="bfloat16", layout="NCHW", seed=0,
+                   flip=True, epochs=args.epochs, device="cuda", dtype="bfloat16", layout="channels_last", seed=0,
                    state=state, decode=args.decode,
                    # every step one shape: a short last batch has the model choose kernels for a new
                    # shape once (0.2 s for a ViT on an H200) and weighs its few images as a full batch
@@ -94,6 +99,33 @@ def main():
                 loader.next_batch()
             yield kept
 
+    blocks = {"held": [], "fed": []}  # --alternate: each block's images/s
+    kinds = []  # --alternate: each step's batch, "held" or "fed" ("" for a block's first, which waits for the GPU)
+
+    def alternating(loader, n):
+        """The held batch through the warm-up, then blocks of N steps fed and held in turn; each
+        block timed from a GPU with no work left to the end of its last step's work."""
+        first = loader.next_batch()
+        kept = {"image": first["image"].clone(), "label": first["label"].clone(), "key": first["key"]}
+        del first
+        for _ in range(warm):
+            kinds.append("")
+            yield kept
+        fed = True
+        while True:
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            for i in range(n):
+                batch = loader.next_batch() if fed else kept
+                if batch is None:
+                    return
+                kinds.append(("fed" if fed else "held") if i else "")
+                yield batch
+                del batch
+            torch.cuda.synchronize()
+            blocks["fed" if fed else "held"].append(n * args.batch_size / (time.perf_counter() - t))
+            fed = not fed
+
     next_s = 0.0  # the host's time getting batches, from step `warm` on
     step_ms = []  # each step's time from step `warm` on: a few slow ones differ from a slow step
     gc_time = {"ms": 0.0, "runs": [0, 0, 0], "t": 0.0}  # Python's collector, from step `warm` on
@@ -110,7 +142,7 @@ def main():
     warm_usage = None  # this thread's CPU time and context switches, at step `warm`
     while not done:  # each `for` over the loader is one epoch; none left: it yields nothing
         batches = 0
-        it = iter(held(loader) if args.held else loader)
+        it = iter(held(loader) if args.held else alternating(loader, args.alternate) if args.alternate else loader)
         while True:
             t = time.perf_counter()
             batch = next(it, None)
@@ -119,6 +151,7 @@ def main():
             if batch is None:
                 break
             batches += 1
+            # layout=channels_last delivers what the model reads: this copies only under another --option layout
             images = batch["image"].contiguous(memory_format=torch.channels_last)
             labels = batch["label"].clamp_(0, args.classes - 1)
             with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -181,6 +214,19 @@ def main():
               if warm_wait is not None else None,
               **{k: stats[k] for k in ("gpu_stage_wait_consumer_ms", "gpu_stage_wait_workers_ms",
                                        "gpu_decode_host_ms", "gpu_decode_ms", "device_slots") if k in stats}}
+    if args.alternate:
+        def median(v):
+            v = sorted(v)
+            return (v[(len(v) - 1) // 2] + v[len(v) // 2]) / 2 if v else None
+        pairs = [f / h for f, h in zip(blocks["fed"], blocks["held"])]
+        # each kind's median step, from step to step: what a burst on the host moves least
+        steps = {k: median([ms for s, ms in step_ms if s <= len(kinds) and kinds[s - 1] == k]) for k in ("held", "fed")}
+        result["alternate"] = {"steps": args.alternate, "fed": [round(v) for v in blocks["fed"]],
+                               "held": [round(v) for v in blocks["held"]], "pair_ratios": [round(r, 4) for r in pairs],
+                               "median_pair_ratio": median(pairs), "median_step_ms": steps,
+                               "ratio_of_median_steps": steps["held"] / steps["fed"] if steps["fed"] else None,
+                               "ratio_of_medians": median(blocks["fed"]) / median(blocks["held"])
+                               if blocks["fed"] and blocks["held"] else None}
     print(json.dumps(result), flush=True)
     if args.save_state and rank == 0:
         json.dump(loader.state_dict(), open(args.save_state, "w"))
