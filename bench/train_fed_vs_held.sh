@@ -12,7 +12,7 @@
 #   traced fed run's flags (such as "--decode cpu"), TRACE_STEPS its steps (80); TRACE_ONLY=1: the
 #   traces alone; REPEAT=R: R pairs of held and fed runs, the ratio of each and their median;
 #   ALTERNATE=N: one more run (ALTERNATE_STEPS long, STEPS by default) of N-step blocks held and fed
-#   in turn in one process
+#   in turn in one process (each fed block follows a pause of the loader's consumer)
 set -u
 data=$1
 out=${2:-out}

@@ -52,7 +52,8 @@ def main():
                         "dropped; the cost of its work on the CPUs and the GPU, without its batches in the step")
     p.add_argument("--alternate", type=int, default=0, metavar="N",
                    help="after the warm-up, blocks of N steps held and fed in turn in this one process, each timed: "
-                        "the fed/held ratio without what moves from one process or host to the next (needs --steps)")
+                        "the fed/held ratio without what moves from one process or host to the next, for a model "
+                        "that pauses between its fed blocks (needs --steps)")
     args = p.parse_args()
     if (args.held or args.alternate) and not args.steps:
         p.error("--held and --alternate need --steps")
