@@ -187,7 +187,7 @@ typedef struct dl__split {
 typedef struct dl__pace {
   bool on;      /* workers=auto, with more than one worker */
   int active;   /* workers that may claim samples; the others wait aside */
-  double t, wait;           /* the window's start: time, the consumer's wait */
+  double t, wait, last, gap; /* the window's start: time, the consumer's wait; the last batch, the longest gap */
   int64_t batches, slot_ns; /* and the batches handed out, the workers' wait for slots */
   int64_t starved;          /* and the batches the consumer waited for */
   int calm;     /* windows to sit out after giving workers back, before setting any aside */

@@ -2,7 +2,7 @@
  * workers=auto while running (dl__pace_locked), over simulated windows of 8 batches in 0.1 s: the
  * workers' worth a consumer needs stays at work with half as much again to spare, so that it never
  * waits; the first batch it waits for brings half of those set aside back; nothing is set aside in
- * the four windows after.
+ * the four windows after, nor over a window the consumer spent in a pause.
  */
 #include "core.h"
 #include "test.h"
@@ -13,17 +13,26 @@ static dl_loader l;
 static double now;
 
 /* One window: NEEDED workers' worth decode for the consumer; the others wait for free slots; the
- * consumer waits for STARVED batches. Returns the workers at work after it. */
-static int window(double needed, int starved) {
+ * consumer waits for STARVED batches, and pauses PAUSE seconds before its first (every worker then
+ * waiting for slots). Returns the workers at work after it. */
+static int window_after(double pause, double needed, int starved) {
   double idle = l.pace.active > needed ? l.pace.active - needed : 0;
-  now += 0.1;
-  l.st.batches += 8;
-  atomic_fetch_add(&l.st.slot_wait_ns, (int64_t)(idle * 0.1 * 1e9));
-  l.st.starved += starved;
-  l.st.consumer_wait_s += starved * 0.001;
-  dl__pace_locked(&l, now);
+  now += pause;
+  atomic_fetch_add(&l.st.slot_wait_ns, (int64_t)(l.pace.active * pause * 1e9));
+  for (int b = 0; b < 8; b++) { /* a batch every 12.5 ms */
+    now += 0.0125;
+    l.st.batches++;
+    atomic_fetch_add(&l.st.slot_wait_ns, (int64_t)(idle * 0.0125 * 1e9));
+    if (b == 7) {
+      l.st.starved += starved;
+      l.st.consumer_wait_s += starved * 0.001;
+    }
+    dl__pace_locked(&l, now);
+  }
   return l.pace.active;
 }
+
+static int window(double needed, int starved) { return window_after(0, needed, starved); }
 
 int main(void) {
   pthread_cond_init(&l.work_cv, NULL);
@@ -31,6 +40,7 @@ int main(void) {
   l.pace.on = true;
   l.pace.active = 16;
   l.st.batches = 3; /* the window starts after the first batches */
+  now = 1;
   dl__pace_locked(&l, now);
 
   /* A consumer needing 6 workers' worth: workers go aside down to 9 (1.5 x 6), no further. */
@@ -49,7 +59,12 @@ int main(void) {
   ASSERT(strstr(l.pace.why, "the consumer waited for 1 of the last 8 batches"));
   for (int k = 0; k < 4; k++)
     ASSERT_EQ(window(6, 0), 13);
-  ASSERT_LT(window(6, 0), 13);
+  int kept = window(6, 0);
+  ASSERT_LT(kept, 13);
+
+  /* A consumer that pauses 3 s between windows: its workers stay, however long they wait. */
+  for (int k = 0; k < 8; k++)
+    ASSERT_EQ(window_after(3, 6, 0), kept);
 
   /* A consumer needing next to nothing: one worker is kept. */
   for (int k = 0; k < 40; k++)
@@ -62,6 +77,6 @@ int main(void) {
   for (int k = 0; k < 5; k++)
     ASSERT_EQ(window(16, 8), expect[k]);
   printf("workers=auto: 9 of 16 kept at work for a consumer needing 6; the first wait gives 4 back, "
-         "kept for four windows; all back in four windows of waiting\n");
+         "kept for four windows; none set aside over a pause; all back in four windows of waiting\n");
   return 0;
 }
