@@ -187,9 +187,9 @@ typedef struct dl__split {
 typedef struct dl__pace {
   bool on;      /* workers=auto, with more than one worker */
   int active;   /* workers that may claim samples; the others wait aside */
-  double t, wait, last, gap; /* the window's start: time, the consumer's wait; the last batch, the longest gap */
-  int64_t batches, slot_ns; /* and the batches handed out, the workers' wait for slots */
-  int64_t starved;          /* and the batches the consumer waited for */
+  double t, wait, slot, last, gap; /* the window's start: time, the consumer's and the workers' waits; the last batch, the longest gap */
+  int64_t batches, starved; /* and the batches handed out, and those the consumer waited for */
+  int waiting; double since; /* workers waiting for a free slot now, and the sum of their waits' starts */
   int calm;     /* windows to sit out after giving workers back, before setting any aside */
   char why[200]; /* the last change, for the stats */
 } dl__pace;
