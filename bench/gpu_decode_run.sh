@@ -283,7 +283,7 @@ if has idle; then
           guarded 120 "$j" "$out/$set-idle-free-$tag.err" env "$setting" "$bin/dlbench" $args $option --epochs 5 --decode hybrid
           keep "$j"
           [ -n "$step" ] || step=$(awk -v s="$(num "$j" steady_samples_per_s)" 'BEGIN{ if (s > 0) printf "%.3f", 1.2 * 256 / s * 1000; else print 100 }')
-          row "$set hybrid, no consumer ($variant)" "$(num "$j" steady_samples_per_s) images/s steady, share $(num "$j" gpu_share) (balanced $(num "$j" gpu_share_balanced)), GPU decode $(num "$j" gpu_decode_ms) ms/batch, $(num "$j" split_cpu_ms_per_image) ms an image on a worker, $(num "$j" cuda_queues) CUDA queues, the side that limits: $(str "$j" split_limit): step $step ms"
+          row "$set hybrid, no consumer ($variant)" "$(num "$j" steady_samples_per_s) images/s steady, share $(num "$j" gpu_share) (balanced $(num "$j" gpu_share_balanced)), GPU decode $(num "$j" gpu_decode_ms) ms/batch, $(num "$j" split_cpu_ms_per_image) ms an image on a worker (and $(num "$j" split_walk_ms_per_image) for each of the GPU's), $(num "$j" cuda_queues) CUDA queues, the side that limits: $(str "$j" split_limit): step $step ms"
         fi
         j="$out/$set-idle-$share-$tag.json"
         guarded 90 "$j" "$out/$set-idle-$share-$tag.err" env "$setting" "$bin/dlbench" $args $option --epochs 10 --decode hybrid \

@@ -124,7 +124,7 @@ typedef struct dl__stats {
   _Atomic int64_t slot_wait_ns; /* workers with nothing to read or decode: every slot was taken */
   _Atomic int64_t parked_ns;    /* workers=auto: workers set aside while the consumer kept up */
   _Atomic int64_t cpu_decoded, gpu_planned; /* images decoded by the workers; handed to the GPU */
-  _Atomic int64_t cpu_decode_ns;            /* the workers' time on those decodes */
+  _Atomic int64_t cpu_decode_ns, gpu_plan_ns; /* the workers' time on those decodes; on the GPU's (gpu_check) */
   _Atomic int64_t gpu_decoded, gpu_fallbacks; /* by nvJPEG; refused by it and decoded on the CPU */
   dl__io_counts io;                           /* the io stage's: requests, retries, the shard cache's */
   _Atomic int64_t placed;       /* samples whose tensors were read straight into the slot */
@@ -169,10 +169,11 @@ typedef struct dl__split_rank {
 
 /* Hybrid's measurements (gpu/policy.c, under l->mu). */
 typedef struct dl__split {
-  double gpu_ms, cpu_ms;  /* smoothed time per image: one device's decoder, one worker */
+  double gpu_ms, cpu_ms, walk_ms; /* smoothed ms an image: a device's decoder; a worker's decode, and */
+                                  /* its plan of one the GPU takes (gpu_check's walk in a first epoch) */
   double balanced;        /* the share at which both sides would finish together */
   int votes;              /* batches since the last step: + the GPU should take more, - less */
-  int64_t cpu_decoded, cpu_ns, starved, release_wait_ns; /* the counters at the last update */
+  int64_t cpu_decoded, cpu_ns, planned, plan_ns, starved, release_wait_ns; /* the counters at the last update */
   double t;                                              /* and its time */
   double period;          /* ms between a stream's batches, the consumer's when it is ahead */
   double win_t;           /* over windows of at least 0.1 s from this time, */
@@ -372,12 +373,12 @@ bool dl__decode_feeds_gpu(const dl_loader *l);
 /* How many of a batch of LEN samples opened now the workers decode (under l->mu). */
 int dl__split_cpu_n(const dl_loader *l, int len);
 /* Hybrid: which side of a batch split at GPU share X holds it back, by the measured time per image
- * (GPU_MS on a device's decoders, CPU_MS on one worker) with WORKERS at work for the device: each
- * side's part of a batch of B in ms, and "gpu", "cpu", or "neither" within a tenth of each other
- * (the split at its balance: the batch comes at both sides' rates together). NULL before both
- * rates are measured. */
-const char *dl__split_limit(double x, int b, double gpu_ms, double cpu_ms, double workers, double *gpu_part,
-                            double *cpu_part);
+ * (GPU_MS on a device's decoders, CPU_MS on one worker, WALK_MS of a worker's for each image the
+ * GPU takes) with WORKERS at work for the device: each side's part of a batch of B in ms, and
+ * "gpu", "cpu", or "neither" within a tenth of each other (the split at its balance: the batch
+ * comes at both sides' rates together). NULL before both rates are measured. */
+const char *dl__split_limit(double x, int b, double gpu_ms, double cpu_ms, double walk_ms, double workers,
+                            double *gpu_part, double *cpu_part);
 /* The bytes of a host slot's arena for the dataset's JPEGs (0 without JPEGs the GPU may take). */
 size_t dl__gpu_arena_size(const dl_loader *l);
 /* Hybrid, when batch B opens (under l->mu): which b->cpu_n of its samples the workers decode

@@ -114,6 +114,7 @@ int dl_stats_json(dl_loader *l, char *buf, size_t cap) {
   double wait = dl__consumer_idle_s(&l->st), first = l->st.first_batch_ms;
   double share = l->share, wait_busy = l->st.consumer_wait_gpu_busy_s, stream_wait = l->st.consumer_stream_wait_s;
   double balanced = l->split.balanced, split_gpu_ms = l->split.gpu_ms, split_cpu_ms = l->split.cpu_ms;
+  double split_walk_ms = l->split.walk_ms;
   int64_t split_moves = l->split.moves, split_holds = l->split.holds;
   double first_wait = l->st.first_wait_s, last = l->st.last_batch_s;
   int decode = l->decode; /* decode=auto changes it once nvJPEG has started */
@@ -124,9 +125,10 @@ int dl_stats_json(dl_loader *l, char *buf, size_t cap) {
   pthread_mutex_unlock(&l->mu);
   /* Hybrid: which side of the split a slow batch waits for, as the verdict's last words. */
   double gpu_part = 0, cpu_part = 0;
-  const char *limit = decode == DL__DECODE_HYBRID ? dl__split_limit(share, l->o.batch_size, split_gpu_ms, split_cpu_ms,
-                                                                      (double)active / l->nstreams, &gpu_part, &cpu_part)
-                                                  : NULL;
+  const char *limit = decode == DL__DECODE_HYBRID
+                          ? dl__split_limit(share, l->o.batch_size, split_gpu_ms, split_cpu_ms, split_walk_ms,
+                                            (double)active / l->nstreams, &gpu_part, &cpu_part)
+                          : NULL;
   char split[200] = "";
   if (limit)
     snprintf(split, sizeof split, "; at hybrid's GPU share %.3f the GPU's part of a batch takes %.1f ms, the "
@@ -153,7 +155,7 @@ int dl_stats_json(dl_loader *l, char *buf, size_t cap) {
       ",\"workers_reason\":\"%s\",\"prefetch_reason\":\"%s\",\"io_backend\":\"%s\",\"io_reason\":\"%s\",\"device\":\"%s\",\"decode_backend\":\"%s\""
       ",\"decode_reason\":\"%s\",\"cpu_decoded\":%" PRId64 ",\"gpu_decoded\":%" PRId64 ",\"gpu_fallbacks\":%" PRId64
       ",\"gpu_share\":%.4f,\"gpu_share_balanced\":%.4f,\"gpu_share_moves\":%" PRId64 ",\"gpu_share_holds\":%" PRId64
-      ",\"split_gpu_ms_per_image\":%.4f,\"split_cpu_ms_per_image\":%.4f,\"arena_mb\":%.1f,\"host_batch_bytes\":%zu"
+      ",\"split_gpu_ms_per_image\":%.4f,\"split_cpu_ms_per_image\":%.4f,\"split_walk_ms_per_image\":%.4f,\"arena_mb\":%.1f,\"host_batch_bytes\":%zu"
       ",\"pinned_bytes_in_process\":%zu,\"requests\":%" PRId64 ",\"retries\":%" PRId64
       ",\"cache_hits\":%" PRId64 ",\"cache_fetches\":%" PRId64 ",\"cache_fetch_bytes\":%" PRId64
       ",\"tensors_read_in_place\":%" PRId64 ",\"tensors_read_again\":%" PRId64
@@ -171,7 +173,7 @@ int dl_stats_json(dl_loader *l, char *buf, size_t cap) {
       l->o.io == DL__IO_MMAP ? "mmap" : l->io_ops->name, json_text(l->io_reason, io_reason, sizeof io_reason),
       device, decoders[decode], json_text(decode_now, decode_reason, sizeof decode_reason),
       atomic_load_explicit(&l->st.cpu_decoded, memory_order_relaxed), atomic_load_explicit(&l->st.gpu_decoded, memory_order_relaxed), atomic_load_explicit(&l->st.gpu_fallbacks, memory_order_relaxed),
-      decode == DL__DECODE_CPU ? 0.0 : share, balanced, split_moves, split_holds, split_gpu_ms, split_cpu_ms,
+      decode == DL__DECODE_CPU ? 0.0 : share, balanced, split_moves, split_holds, split_gpu_ms, split_cpu_ms, split_walk_ms,
       (double)l->arena_bytes * l->o.prefetch * l->nstreams / 1048576.0, l->host_mem_bytes,
       atomic_load_explicit(&dl__pinned_in_process, memory_order_relaxed), atomic_load_explicit(&l->st.io.requests, memory_order_relaxed), atomic_load_explicit(&l->st.io.retries, memory_order_relaxed),
       atomic_load_explicit(&l->st.io.cache_hits, memory_order_relaxed), atomic_load_explicit(&l->st.io.cache_fetches, memory_order_relaxed) + l->ds.cache_fetches,

@@ -128,8 +128,11 @@ static void decode(struct dl__worker *w, inflight *f, bool verify, dl__err *e) {
       return;
     image = w->zimage.p;
   }
+  struct timespec tp;
+  clock_gettime(CLOCK_MONOTONIC, &tp);
   if (c->arena && dl__gpu_plan(l, c->slot, c->i, c->index, c->arena, image, image_len, key)) {
     atomic_fetch_add_explicit(&l->st.gpu_planned, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&l->st.gpu_plan_ns, ns_since(&tp), memory_order_relaxed);
   } else {
     uint8_t *dst = c->slot->image + (size_t)c->i * l->sample_bytes;
     const dl__image_spec *sp = &l->image_spec;

@@ -423,23 +423,47 @@ static void split(void) {
     dl__gpu_share_update(&l, 192, 10.0);
   }
   ASSERT(fabs(l.share - 0.5) < 1e-9);
+  /* The workers also walk each image the GPU takes (a first epoch's gpu_check): at 0.1 ms an image
+   * beside their 0.208 ms decodes, the balance is 0.208 / (0.208 - 0.1 + 0.208) = 0.658, where the
+   * split rests; walks as slow as the GPU side's cost per worker (0.25 ms) give the GPU all. */
+  double walks[] = {0.1, 0.25}, rests[] = {0.65625, 1};
+  for (int w = 0; w < 2; w++) {
+    for (int k = 0; k < 60; k++) {
+      l.st.starved++;
+      l.st.cpu_decoded += 10;
+      l.st.cpu_decode_ns += (int64_t)(10 * worker_ms * 1e6);
+      l.st.gpu_planned += 192;
+      l.st.gpu_plan_ns += (int64_t)(192 * walks[w] * 1e6);
+      dl__gpu_share_update(&l, 192, 10.0);
+    }
+    if (fabs(l.share - rests[w]) > 1e-9)
+      FAIL_AT("with walks of %.2f ms the share rests at %.5f, not %.5f", walks[w], l.share, rests[w]);
+  }
   l.decode = DL__DECODE_CPU;
 
   /* Which side holds a batch back, for the verdict: the GPU's 192 of 256 at 10/192 ms an image
    * take 10 ms, four workers' 64 at CPU_MS an image 16 * CPU_MS; within a tenth is the balance. */
   double gpu_part, cpu_part;
-  ASSERT(!dl__split_limit(0.75, 256, 0, 0.5, 4, &gpu_part, &cpu_part)); /* nothing measured yet */
-  ASSERT_STR_EQ(dl__split_limit(0.75, 256, 10.0 / 192, 0.5, 4, &gpu_part, &cpu_part), "gpu");
+  ASSERT(!dl__split_limit(0.75, 256, 0, 0.5, 0, 4, &gpu_part, &cpu_part)); /* nothing measured yet */
+  ASSERT_STR_EQ(dl__split_limit(0.75, 256, 10.0 / 192, 0.5, 0, 4, &gpu_part, &cpu_part), "gpu");
   ASSERT(fabs(gpu_part - 10) < 1e-9 && fabs(cpu_part - 8) < 1e-9);
-  ASSERT_STR_EQ(dl__split_limit(0.75, 256, 10.0 / 192, 0.8, 4, &gpu_part, &cpu_part), "cpu");
+  ASSERT_STR_EQ(dl__split_limit(0.75, 256, 10.0 / 192, 0.8, 0, 4, &gpu_part, &cpu_part), "cpu");
   ASSERT(fabs(cpu_part - 12.8) < 1e-9);
-  ASSERT_STR_EQ(dl__split_limit(0.75, 256, 10.0 / 192, 0.6, 4, &gpu_part, &cpu_part), "neither"); /* 9.6 ms */
-  ASSERT_STR_EQ(dl__split_limit(1, 256, 10.0 / 192, 0.6, 4, &gpu_part, &cpu_part), "gpu");  /* all on the GPU */
+  ASSERT_STR_EQ(dl__split_limit(0.75, 256, 10.0 / 192, 0.6, 0, 4, &gpu_part, &cpu_part), "neither"); /* 9.6 ms */
+  ASSERT_STR_EQ(dl__split_limit(1, 256, 10.0 / 192, 0.6, 0, 4, &gpu_part, &cpu_part), "gpu");  /* all on the GPU */
   ASSERT(cpu_part == 0);
+  /* The workers' walks of the GPU's images (gpu_check in a first epoch), 0.2 ms each: at 0.75 they
+   * take the workers 9.6 ms of a batch beside 3.2 of decodes, which alone would leave the GPU's
+   * 10 ms the longer part; at 1, 12.8 ms against the GPU's 13.3. */
+  ASSERT_STR_EQ(dl__split_limit(0.75, 256, 10.0 / 192, 0.2, 0, 4, &gpu_part, &cpu_part), "gpu");
+  ASSERT_STR_EQ(dl__split_limit(0.75, 256, 10.0 / 192, 0.2, 0.2, 4, &gpu_part, &cpu_part), "cpu");
+  ASSERT(fabs(cpu_part - 12.8) < 1e-9);
+  ASSERT_STR_EQ(dl__split_limit(1, 256, 10.0 / 192, 0.2, 0.2, 4, &gpu_part, &cpu_part), "neither");
   printf("hybrid: the verdict names the side of the split a batch waits for (its part of a batch the longer by a "
          "tenth), or neither at the balance\n");
-  printf("hybrid: the split steps by 1/32 toward the measured balance after three agreeing batches, and drifts "
-         "to the CPU only while the batches still come well ahead of the consumer\n");
+  printf("hybrid: the split steps by 1/32 toward the measured balance after three agreeing batches (the "
+         "workers' walks of the GPU's images counted as theirs), and drifts to the CPU only while the batches "
+         "still come well ahead of the consumer\n");
 }
 
 int main(void) {

@@ -148,16 +148,27 @@ void dl__gpu_split_batch(dl_loader *l, const dl__sampler *sm, dl_batch *b) {
  * 11.2 ms step. The 0.2 left over is for the workers' time per image, measured on the crops the
  * split gives them (those that end highest, cheaper than the ones a larger CPU share adds), and
  * for the steps' own jitter. */
-const char *dl__split_limit(double x, int b, double gpu_ms, double cpu_ms, double workers, double *gpu_part,
-                            double *cpu_part) {
+const char *dl__split_limit(double x, int b, double gpu_ms, double cpu_ms, double walk_ms, double workers,
+                            double *gpu_part, double *cpu_part) {
   if (!(gpu_ms > 0 && cpu_ms > 0 && workers > 0))
     return NULL;
   *gpu_part = x * b * gpu_ms;
-  *cpu_part = (1 - x) * b * cpu_ms / workers;
+  *cpu_part = ((1 - x) * cpu_ms + x * walk_ms) * b / workers;
   double longer = fmax(*gpu_part, *cpu_part);
   if (fabs(*gpu_part - *cpu_part) <= 0.1 * longer)
     return "neither";
   return *gpu_part > *cpu_part ? "gpu" : "cpu";
+}
+
+/* The GPU's share at which both sides finish a batch together: (1 - x) CPU_MS + x WALK_MS = x GPU_MS
+ * WORKERS, the workers' time on a batch against the GPU's. The walk is the workers' cost of an
+ * image the GPU takes: its markers read, and in a run's first epoch its scan (gpu_check, about 0.55
+ * of a decode). Left out, the first epoch's balance put on the workers more than they could do
+ * beside their walks; with it, a walk as slow as the GPU side's whole cost per worker gives the
+ * GPU every image. */
+static double balance(double gpu_ms, double cpu_ms, double walk_ms, double workers) {
+  double d = cpu_ms - walk_ms + gpu_ms * workers;
+  return d > cpu_ms ? cpu_ms / d : 1;
 }
 
 static bool keeps_ahead(const dl_loader *l, const dl__split *s, double x) {
@@ -165,7 +176,8 @@ static bool keeps_ahead(const dl_loader *l, const dl__split *s, double x) {
    * as set aside, a training run's seven of sixteen would keep the GPU decoding for good). */
   double gpu, cpu;
   if (!(s->period > 0) ||
-      !dl__split_limit(x, l->o.batch_size, s->gpu_ms, s->cpu_ms, (double)l->o.workers / l->nstreams, &gpu, &cpu))
+      !dl__split_limit(x, l->o.batch_size, s->gpu_ms, s->cpu_ms, s->walk_ms, (double)l->o.workers / l->nstreams, &gpu,
+                       &cpu))
     return true; /* nothing measured to go by */
   return fmax(gpu, cpu) <= 0.8 * s->period;
 }
@@ -181,13 +193,17 @@ void dl__gpu_share_update(dl_loader *l, int gpu_samples, double gpu_ms) {
   int64_t cpu_n = atomic_load_explicit(&l->st.cpu_decoded, memory_order_relaxed);
   int64_t cpu_ns = atomic_load_explicit(&l->st.cpu_decode_ns, memory_order_relaxed);
   int64_t dn = cpu_n - s->cpu_decoded, dns = cpu_ns - s->cpu_ns;
+  int64_t planned = atomic_load_explicit(&l->st.gpu_planned, memory_order_relaxed);
+  int64_t plan_ns = atomic_load_explicit(&l->st.gpu_plan_ns, memory_order_relaxed);
+  int64_t pn = planned - s->planned, pns = plan_ns - s->plan_ns;
   bool starved = l->st.starved > s->starved;
   /* The copy threads' share of the time since the last update spent waiting for the consumer's
    * GPU to give a slot back: how far ahead of the consumer the loader runs. */
   int64_t rw = atomic_load_explicit(&l->st.release_wait_ns, memory_order_relaxed);
   double now = dl__now(), span = s->t > 0 ? now - s->t : 0;
   double ahead = span > 0 ? (double)(rw - s->release_wait_ns) * 1e-9 / span / l->nstreams : 0;
-  s->cpu_decoded = cpu_n, s->cpu_ns = cpu_ns, s->starved = l->st.starved, s->release_wait_ns = rw, s->t = now;
+  s->cpu_decoded = cpu_n, s->cpu_ns = cpu_ns, s->planned = planned, s->plan_ns = plan_ns;
+  s->starved = l->st.starved, s->release_wait_ns = rw, s->t = now;
   /* In ms, over 0.1 s at least, not from one update to the next: a copy thread hands back every
    * finished slot at once, microseconds apart. Updates of all streams come in turn: one stream's
    * batches are nstreams apart. */
@@ -206,9 +222,11 @@ void dl__gpu_share_update(dl_loader *l, int gpu_samples, double gpu_ms) {
       s->gpu_ms = s->gpu_ms > 0 ? 0.8 * s->gpu_ms + 0.2 * gpu_ms / gpu_samples : gpu_ms / gpu_samples;
     if (dn > 0)
       s->cpu_ms = s->cpu_ms > 0 ? 0.8 * s->cpu_ms + 0.2 * (double)dns / 1e6 / (double)dn : (double)dns / 1e6 / (double)dn;
+    if (pn > 0)
+      s->walk_ms = s->walk_ms > 0 ? 0.8 * s->walk_ms + 0.2 * (double)pns / 1e6 / (double)pn : (double)pns / 1e6 / (double)pn;
     if (s->gpu_ms > 0 && s->cpu_ms > 0) {
-      double gpu_rate = 1 / s->gpu_ms, cpu_rate = (l->pace.on ? l->pace.active : l->o.workers) / s->cpu_ms / l->nstreams;
-      s->balanced = gpu_rate / (gpu_rate + cpu_rate);
+      double workers = (double)(l->pace.on ? l->pace.active : l->o.workers) / l->nstreams;
+      s->balanced = balance(s->gpu_ms, s->cpu_ms, s->walk_ms, workers);
     }
     /* The split moves toward that balance while the consumer waits for batches. Both sides
      * share the host's cores, so each side's rate is measured where the split is: at a larger
