@@ -5,8 +5,9 @@
 # time limit and adds its output to $OUT/run.log and its row to $OUT/table.md as it finishes (so a
 # run cut short still tells where it was); the table is printed last.
 # Usage: bench/gpu_decode_run.sh [BUILD_DIR] [SHARDS_DIR] [PARTS]
-#   PARTS: any of abi tests start cpu ceiling bench idle trace check train sanitize (default: all but idle, trace and
-#   check; check needs BASE=DIR, a dlbench built from the version before); N=images
+#   PARTS: any of abi tests start cpu ceiling bench idle trace check firstrun train sanitize (default: all but idle,
+#   trace, check and firstrun; check needs BASE=DIR, a dlbench built from the version before, which
+#   firstrun also runs where given); N=images
 #   per synthetic set; SKIP=torch leaves out the PyTorch contenders; RF_WORKERS=N ringfeed's workers
 #   (default: workers=auto); IDLE_VARIANTS: what the idle part runs side by side, each an environment
 #   assignment, bin=DIR (a dlbench built otherwise) or opt=K=V (a loader option: --option K=V)
@@ -107,9 +108,11 @@ if has tests; then
 fi
 
 # The synthetic sets, made once.
-if has ceiling || has bench || has start || has idle || has trace || has check; then
+if has ceiling || has bench || has start || has idle || has trace || has check || has firstrun; then
   q90=$("$build/dlbench" --synthetic "$n" --make-synthetic 2> "$out/make-q90.log")
-  q96=$("$build/dlbench" --synthetic "$n" --quality 96 --subsampling 444 --make-synthetic 2> "$out/make-q96.log")
+  case " ${FIRST_SETS:-q96} " in *" q96 "*)
+    q96=$("$build/dlbench" --synthetic "$n" --quality 96 --subsampling 444 --make-synthetic 2> "$out/make-q96.log") ;;
+  esac
 fi
 
 # The first batch on cuda:0 (CUDA already started, as in a training script), and where dl_open's
@@ -363,6 +366,35 @@ if has check && [ -x "${BASE:-}/dlbench" ]; then
         keep "$j" "$out/$set-check-step-$run-$epochs.err"
         row "$set hybrid, --step-ms $step, $epochs epochs, $run" "gpu_idle_frac $(num "$j" gpu_idle_frac) in $(gaps "$j"); $(num "$j" samples_per_s) images/s, share $(num "$j" gpu_share), scans read $(num "$j" gpu_check_read), kept $(num "$j" gpu_check_kept)"
       done
+    done
+  done
+fi
+
+# 4d. A dataset's first run, when gpu_check reads every scan the GPU takes (no verdicts kept from an
+#    earlier run): hybrid 5 epochs against gpu_check=0, and with BASE=DIR against the version before,
+#    in turn, FIRST_ROUNDS rounds (default 2), over FIRST_SETS (default "q90 q96"; "q90" alone makes
+#    no q96 set, for the other parts either). What the check costs the run is 1 - first / unchecked.
+if has firstrun; then
+  forget() { rm -f "$XDG_CACHE_HOME"/ringfeed/*.rfcheck; }
+  runs="first unchecked"
+  [ -x "${BASE:-}/dlbench" ] && runs="base $runs"
+  for set in ${FIRST_SETS:-q90 q96}; do
+    eval src=\$$set
+    cat "$(dirname "$src")"/*.tar > /dev/null
+    args="$src ${RF_WORKERS:+--workers $RF_WORKERS} --batch 256 --size 224 --flip --device cuda:0 --json --decode hybrid --epochs 5"
+    round=1
+    while [ $round -le "${FIRST_ROUNDS:-2}" ]; do
+      for run in $runs; do
+        bin=$build check=1
+        [ $run = base ] && bin=$BASE
+        [ $run = unchecked ] && check=0
+        forget
+        j="$out/$set-first-$run-$round.json"
+        guarded 120 "$j" "$out/$set-first-$run-$round.err" "$bin/dlbench" $args --option gpu_check=$check
+        keep "$j" "$out/$set-first-$run-$round.err"
+        row "$set hybrid 5 epochs, first run, $run, round $round" "$(num "$j" steady_samples_per_s) images/s steady ($(num "$j" samples_per_s) with start-up), share $(num "$j" gpu_share) (balanced $(num "$j" gpu_share_balanced)), $(num "$j" split_cpu_ms_per_image) ms an image on a worker and $(num "$j" split_walk_ms_per_image) for each of the GPU's, $(num "$j" split_gpu_ms_per_image) on the GPU; scans read $(num "$j" gpu_check_read); the side that limits: $(str "$j" split_limit)"
+      done
+      round=$((round + 1))
     done
   done
 fi

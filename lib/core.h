@@ -169,8 +169,7 @@ typedef struct dl__split_rank {
 
 /* Hybrid's measurements (gpu/policy.c, under l->mu). */
 typedef struct dl__split {
-  double gpu_ms, cpu_ms, walk_ms; /* smoothed ms an image: a device's decoder; a worker's decode, and */
-                                  /* its plan of one the GPU takes (gpu_check's walk in a first epoch) */
+  double gpu_ms, cpu_ms, walk_ms; /* smoothed ms an image: the GPU's; a worker's, and its plan of a GPU one */
   double balanced;        /* the share at which both sides would finish together */
   int votes;              /* batches since the last step: + the GPU should take more, - less */
   int64_t cpu_decoded, cpu_ns, planned, plan_ns, starved, release_wait_ns; /* the counters at the last update */
