@@ -373,7 +373,8 @@ fi
 # 4d. A dataset's first run, when gpu_check reads every scan the GPU takes (no verdicts kept from an
 #    earlier run): hybrid 5 epochs against gpu_check=0, and with BASE=DIR against the version before,
 #    in turn, FIRST_ROUNDS rounds (default 2), over FIRST_SETS (default "q90 q96"; "q90" alone makes
-#    no q96 set, for the other parts either). What the check costs the run is 1 - first / unchecked.
+#    no q96 set, for the other parts either); FIRST_RFS=1 converts each set to ringfeed shards first
+#    (dlshard create), whose writer gave the verdicts. What the check costs is 1 - first / unchecked.
 if has firstrun; then
   forget() { rm -f "$XDG_CACHE_HOME"/ringfeed/*.rfcheck; }
   runs="first unchecked"
@@ -381,6 +382,11 @@ if has firstrun; then
   for set in ${FIRST_SETS:-q90 q96}; do
     eval src=\$$set
     cat "$(dirname "$src")"/*.tar > /dev/null
+    if [ -n "${FIRST_RFS:-}" ]; then # the same images as ringfeed shards, whose writer read every scan
+      mkdir -p "$out/$set-rfs"
+      "$build/dlshard" create "$out/$set-rfs/s" "$src" --threads "$workers" > "$out/$set-rfs.log" 2>&1
+      src="$out/$set-rfs/s-*.rfs"
+    fi
     args="$src ${RF_WORKERS:+--workers $RF_WORKERS} --batch 256 --size 224 --flip --device cuda:0 --json --decode hybrid --epochs 5"
     round=1
     while [ $round -le "${FIRST_ROUNDS:-2}" ]; do
@@ -392,7 +398,7 @@ if has firstrun; then
         j="$out/$set-first-$run-$round.json"
         guarded 120 "$j" "$out/$set-first-$run-$round.err" "$bin/dlbench" $args --option gpu_check=$check
         keep "$j" "$out/$set-first-$run-$round.err"
-        row "$set hybrid 5 epochs, first run, $run, round $round" "$(num "$j" steady_samples_per_s) images/s steady ($(num "$j" samples_per_s) with start-up), share $(num "$j" gpu_share) (balanced $(num "$j" gpu_share_balanced)), $(num "$j" split_cpu_ms_per_image) ms an image on a worker and $(num "$j" split_walk_ms_per_image) for each of the GPU's, $(num "$j" split_gpu_ms_per_image) on the GPU; scans read $(num "$j" gpu_check_read); the side that limits: $(str "$j" split_limit)"
+        row "$set hybrid 5 epochs, first run, $run, round $round" "$(num "$j" steady_samples_per_s) images/s steady ($(num "$j" samples_per_s) with start-up), share $(num "$j" gpu_share) (balanced $(num "$j" gpu_share_balanced)), $(num "$j" split_cpu_ms_per_image) ms an image on a worker and $(num "$j" split_walk_ms_per_image) for each of the GPU's, $(num "$j" split_gpu_ms_per_image) on the GPU; scans read $(num "$j" gpu_check_read), verdicts from the shards $(num "$j" gpu_check_from_shards); the side that limits: $(str "$j" split_limit)"
       done
       round=$((round + 1))
     done

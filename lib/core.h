@@ -129,7 +129,7 @@ typedef struct dl__stats {
   dl__io_counts io;                           /* the io stage's: requests, retries, the shard cache's */
   _Atomic int64_t placed;       /* samples whose tensors were read straight into the slot */
   _Atomic int64_t placed_again; /* and those read again whole instead (a .npy header not as assumed) */
-  int64_t check_kept; /* the GPU check's verdicts an earlier run left (gpu/check_verdicts.c) */
+  int64_t check_kept, check_shards; /* GPU check verdicts an earlier run left; the shards' writer gave */
   int64_t batches;
   int64_t starved; /* batches the consumer had to wait for */
   double consumer_wait_s;

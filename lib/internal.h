@@ -90,7 +90,9 @@ void dl__buf_free(dl__buf *b);
 
 /* ---- the sample table (built by source/, read by every later stage) ---- */
 
-enum { DL__SAMPLE_CHECKSUM = 1, DL__SAMPLE_IMAGE_ZST = 2 };
+/* SCAN_CLEAN: the shard's writer read its JPEG's codes through without complaint (an .rfs field's
+ * byte 3), and its checksum vouches for the bytes. */
+enum { DL__SAMPLE_CHECKSUM = 1, DL__SAMPLE_IMAGE_ZST = 2, DL__SAMPLE_SCAN_CLEAN = 4 };
 
 /* A field of a sample, within the bytes a worker reads for it: a tensor, or a member's bytes as
  * they are (captions, JSON, anything else a WebDataset sample holds). */

@@ -160,7 +160,7 @@ int dl_stats_json(dl_loader *l, char *buf, size_t cap) {
       ",\"cache_hits\":%" PRId64 ",\"cache_fetches\":%" PRId64 ",\"cache_fetch_bytes\":%" PRId64
       ",\"tensors_read_in_place\":%" PRId64 ",\"tensors_read_again\":%" PRId64
       ",\"jpeg_rows_skipped\":%" PRIu64 ",\"jpeg_row_index_mb\":%.1f,\"gpu_check_read\":%" PRIu64
-      ",\"gpu_check_kept\":%" PRId64 ","
+      ",\"gpu_check_kept\":%" PRId64 ",\"gpu_check_from_shards\":%" PRId64 ","
       "\"slot_wait_s\":%.6f,\"bottleneck\":\"%s\",\"bottleneck_why\":\"%s\",\"split_limit\":\"%s\",\"consumer_wait_frac\":%.4f"
       ",\"worker_decode_frac\":%.4f,\"worker_read_frac\":%.4f,\"worker_slot_wait_frac\":%.4f%s}",
       atomic_load_explicit(&l->st.samples, memory_order_relaxed), batches, atomic_load_explicit(&l->st.errors, memory_order_relaxed), atomic_load_explicit(&l->st.bytes_read, memory_order_relaxed),
@@ -179,7 +179,7 @@ int dl_stats_json(dl_loader *l, char *buf, size_t cap) {
       atomic_load_explicit(&l->st.io.cache_hits, memory_order_relaxed), atomic_load_explicit(&l->st.io.cache_fetches, memory_order_relaxed) + l->ds.cache_fetches,
       atomic_load_explicit(&l->st.io.cache_fetch_bytes, memory_order_relaxed) + l->ds.cache_fetch_bytes,
       atomic_load_explicit(&l->st.placed, memory_order_relaxed), atomic_load_explicit(&l->st.placed_again, memory_order_relaxed), dl__jpeg_rows_skipped(l->jpeg_rows),
-      (double)dl__jpeg_rows_bytes(l->jpeg_rows) / 1048576.0, dl__jpeg_rows_walked(l->jpeg_rows), l->st.check_kept, atomic_load_explicit(&l->st.slot_wait_ns, memory_order_relaxed) * 1e-9, v.word, json_text(v.why, why, sizeof why), limit ? limit : "", v.consumer, v.decode,
+      (double)dl__jpeg_rows_bytes(l->jpeg_rows) / 1048576.0, dl__jpeg_rows_walked(l->jpeg_rows), l->st.check_kept, l->st.check_shards, atomic_load_explicit(&l->st.slot_wait_ns, memory_order_relaxed) * 1e-9, v.word, json_text(v.why, why, sizeof why), limit ? limit : "", v.consumer, v.decode,
       v.read, v.slot, gpu);
   return n < 0 || (size_t)n >= cap ? dl__fail(-ENOSPC, "stats need %d bytes", n + 1) : n;
 }

@@ -3,6 +3,7 @@
  * takes every verdict the first made and reads no scan; what one loader learnt and another learnt
  * are both kept; a damaged, forged or stale file is ignored and written again; a shard changed
  * under it names another file. Image folders keep theirs too, named by their files' identities.
+ * Ringfeed shards carry their writer's verdicts, which a first open takes.
  * The loaders here decode on the CPU, and the walks the GPU path would ask for are asked directly.
  */
 #include "core.h"
@@ -140,6 +141,52 @@ static void rewrite(const char *path, uint8_t *p, size_t len, bool fix_sum) {
     memcpy(p + len - 8, &sum, 8);
   }
   ASSERT_EQ(dl__write_file(path, p, len), 0);
+}
+
+/* The images as a ringfeed shard at PATH; with SCAN >= 0, every field entry's scan byte then set
+ * to it (docs/format.md), the index's checksum made good. */
+static void write_rfs(const char *path, int scan) {
+  dl_writer *w;
+  ASSERT_EQ(dl_writer_open(&w, path, NULL), 0);
+  for (int i = 0; i < IMAGES; i++) {
+    unsigned long len;
+    unsigned char *jpg = image(i, &len);
+    char key[16];
+    snprintf(key, sizeof key, "s%04d", i);
+    ASSERT_EQ(dl_writer_begin(w, key, 1), 0);
+    ASSERT_EQ(dl_writer_field(w, "image", "jpeg", jpg, len), 0);
+    ASSERT_EQ(dl_writer_end(w), 0);
+    free(jpg);
+  }
+  ASSERT_EQ(dl_writer_close(w), 0);
+  if (scan < 0)
+    return;
+  uint8_t *p;
+  size_t len;
+  ASSERT_EQ(dl__read_file(path, 1, &p, &len), 0);
+  uint64_t at, size, n, keys;
+  memcpy(&at, p + len - 32, 8);
+  memcpy(&size, p + len - 24, 8);
+  uint8_t *x = p + at, *q = x + 8;
+  uint32_t names;
+  memcpy(&n, q, 8), q += 8;
+  memcpy(&names, q, 4), q += 4;
+  for (uint32_t i = 0; i < names; i++)
+    q += 2 + (q[0] | q[1] << 8);
+  memcpy(&keys, q, 8), q += 8 + keys;
+  for (uint64_t r = 0; r < n; r++) {
+    uint16_t fields = (uint16_t)(q[32] | q[33] << 8);
+    q += 34;
+    for (uint16_t f = 0; f < fields; f++, q += 20) {
+      ASSERT_EQ(q[3], r == IMAGES - 1 ? 0 : 1); /* as the writer read them */
+      q[3] = (uint8_t)scan;
+    }
+  }
+  ASSERT(q == x + size);
+  uint64_t sum = XXH3_64bits(x, size);
+  memcpy(p + len - 16, &sum, 8);
+  rewrite(path, p, len, false);
+  free(p);
 }
 
 /* The test shard compressed with zstd into PATH. */
@@ -309,6 +356,32 @@ int main(int argc, char **argv) {
   dl_close(l);
   kept_across_opens(packed);
   printf("a compressed shard read from a temporary copy: a second open keeps every verdict\n");
+
+  /* A ringfeed shard of the images: its writer read each JPEG's codes, and an open takes the 11
+   * sound ones' verdicts from it (with gpu_check=0 too) and reads only the damaged one; with the
+   * byte that says so 0 (a writer before it) or a value this version does not know, none. */
+  char rfs[400];
+  snprintf(rfs, sizeof rfs, "%s/shard.rfs", dir);
+  for (int k = 0; k < 4; k++) {
+    write_rfs(rfs, k < 2 ? -1 : k == 2 ? 0 : 7);
+    if (k == 1) {
+      OPEN_OK(l, rfs, "workers=1 batch_size=4 gpu_check=0");
+      dl__check_verdicts_load(l);
+    } else {
+      l = open_source(rfs);
+    }
+    ASSERT_EQ(l->st.check_kept, 0);
+    ASSERT_EQ(l->st.check_shards, (k < 2 ? IMAGES - 1 : 0));
+    walk(l, 0, IMAGES, again);
+    ASSERT_EQ(dl__jpeg_rows_walked(l->jpeg_rows), (k < 2 ? 1 : IMAGES));
+    ASSERT(!memcmp(first, again, sizeof first));
+    dl_close(l);
+    char rm[500];
+    snprintf(rm, sizeof rm, "rm -f %s %s/*.rfcheck", rfs, cache); /* the next open knows nothing of it */
+    ASSERT_EQ(system(rm), 0);
+  }
+  printf("a ringfeed shard: its writer's verdicts taken for the %d sound JPEGs (gpu_check on and off), only "
+         "the damaged one read; none from a writer before them or a later one's value\n", IMAGES - 1);
 
   /* A cache folder that cannot be made (its place is a file): nothing kept, nothing lost. */
   char blocked[400];

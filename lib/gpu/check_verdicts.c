@@ -2,7 +2,7 @@
  * The GPU path's verdicts on JPEGs (gpu_check: dl__jpeg_rows_clean reads a sample's entropy-coded
  * data through once, about 0.6 of a CPU decode for a baseline file, about a whole one for a
  * progressive file), kept across runs in the cache folder, so that only a dataset's first run
- * pays for them in its first epoch.
+ * pays for them in its first epoch; ringfeed shards (.rfs) carry their writer's, and no run does.
  *
  * One file per dataset, named by a hash of what the verdicts are about: every shard's path and
  * identity (device, inode, size, mtime, ctime) and every sample's place in the shards. A shard
@@ -118,9 +118,25 @@ static uint8_t *read_verdicts(const char *path, uint64_t hash, uint32_t n) {
   return p;
 }
 
+/* The verdicts the shards' writer gave (DL__SAMPLE_SCAN_CLEAN), taken with gpu_check on or off: the
+ * record's checksum, checked at every read before the GPU may take its image, vouches for the bytes. */
+static void take_from_shards(dl_loader *l, uint32_t n) {
+  uint8_t *v = NULL;
+  for (uint32_t i = 0; i < n; i++)
+    if (l->ds.samples[i].flags & DL__SAMPLE_SCAN_CLEAN) {
+      if (!v && !(v = calloc(n, 1)))
+        return; /* read as usual */
+      v[i] = DL__VERDICT_CLEAN;
+    }
+  if (v)
+    l->st.check_shards = dl__jpeg_rows_take_verdicts(l->jpeg_rows, v, n);
+  free(v);
+}
+
 void dl__check_verdicts_load(dl_loader *l) {
   uint32_t n = dl__jpeg_rows_verdicts(l->jpeg_rows, NULL);
   char path[PATH_MAX + 64], dir[PATH_MAX];
+  take_from_shards(l, n);
   l->check_hash = l->o.gpu_check && n == l->ds.n ? dataset_hash(&l->ds) : 0;
   if (!l->check_hash || cache_path(l->check_hash, dir, path, sizeof path))
     return;

@@ -149,6 +149,7 @@ int dl__rfs_parse_index(dl__rfs *r, const uint8_t *p, size_t n, uint64_t first, 
       const uint8_t *q = p + at;
       fd->name = get16(q);
       fd->codec = q[2];
+      fd->scan = q[3] == DL__RFS_SCAN_CLEAN ? DL__RFS_SCAN_CLEAN : 0; /* other values: a later version's */
       fd->offset = get32(q + 4);
       fd->size = get32(q + 8);
       fd->raw_size = get64(q + 12);
@@ -256,6 +257,8 @@ static int add_records(dl__dataset *ds, uint32_t file, const dl__rfs *r, const c
       s.image_at = img->offset;
       s.image_len = img->size;
       s.codec = (uint8_t)dl__codec_of_rfs(img->codec)->id;
+      if (img->scan == DL__RFS_SCAN_CLEAN && s.codec == DL__CODEC_JPEG)
+        s.flags |= DL__SAMPLE_SCAN_CLEAN;
     }
     const char *key = r->keys + rec->key;
     char name[600];

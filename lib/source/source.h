@@ -133,9 +133,11 @@ int dl__rfs_load_fd(dl__dataset *ds, uint32_t file, int fd, uint64_t size);
 /* A parsed .rfs index (source/rfs.c), for the loader, dlshard and the fuzz harness. */
 /* Field codecs (docs/format.md); 2-4 and any other number an image codec's row gives (its rfs). */
 enum { DL__RFS_RAW = 0, DL__RFS_ZSTD = 1, DL__RFS_BYTES = 5, DL__RFS_TEXT = 6, DL__RFS_JSON = 7, DL__RFS_CODECS = 32 };
+/* A field entry's byte 3 (docs/format.md): the writer read the JPEG's codes through clean. */
+enum { DL__RFS_SCAN_CLEAN = 1 };
 typedef struct dl__rfs_field {
   uint16_t name;
-  uint8_t codec;
+  uint8_t codec, scan; /* scan: DL__RFS_SCAN_CLEAN or 0 */
   uint32_t offset, size;
   uint64_t raw_size;
 } dl__rfs_field;
