@@ -7,6 +7,7 @@
  * The loaders here decode on the CPU, and the walks the GPU path would ask for are asked directly.
  */
 #include "core.h"
+#include "entropy_damaged.h"
 #include "test.h"
 #include "test_data.h"
 #include "tar_writer.h"
@@ -15,6 +16,7 @@
 #include <glob.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define XXH_INLINE_ALL
@@ -143,24 +145,9 @@ static void rewrite(const char *path, uint8_t *p, size_t len, bool fix_sum) {
   ASSERT_EQ(dl__write_file(path, p, len), 0);
 }
 
-/* The images as a ringfeed shard at PATH; with SCAN >= 0, every field entry's scan byte then set
- * to it (docs/format.md), the index's checksum made good. */
-static void write_rfs(const char *path, int scan) {
-  dl_writer *w;
-  ASSERT_EQ(dl_writer_open(&w, path, NULL), 0);
-  for (int i = 0; i < IMAGES; i++) {
-    unsigned long len;
-    unsigned char *jpg = image(i, &len);
-    char key[16];
-    snprintf(key, sizeof key, "s%04d", i);
-    ASSERT_EQ(dl_writer_begin(w, key, 1), 0);
-    ASSERT_EQ(dl_writer_field(w, "image", "jpeg", jpg, len), 0);
-    ASSERT_EQ(dl_writer_end(w), 0);
-    free(jpg);
-  }
-  ASSERT_EQ(dl_writer_close(w), 0);
-  if (scan < 0)
-    return;
+/* In the ringfeed shard at PATH, every field entry's scan byte (docs/format.md), which its writer
+ * set to WROTE[record], set to SCAN; the index's checksum made good. */
+static void set_scan_bytes(const char *path, const uint8_t *wrote, int scan) {
   uint8_t *p;
   size_t len;
   ASSERT_EQ(dl__read_file(path, 1, &p, &len), 0);
@@ -178,7 +165,7 @@ static void write_rfs(const char *path, int scan) {
     uint16_t fields = (uint16_t)(q[32] | q[33] << 8);
     q += 34;
     for (uint16_t f = 0; f < fields; f++, q += 20) {
-      ASSERT_EQ(q[3], r == IMAGES - 1 ? 0 : 1); /* as the writer read them */
+      ASSERT_EQ(q[3], wrote[r]);
       q[3] = (uint8_t)scan;
     }
   }
@@ -187,6 +174,70 @@ static void write_rfs(const char *path, int scan) {
   memcpy(p + len - 16, &sum, 8);
   rewrite(path, p, len, false);
   free(p);
+}
+
+/* JPEGS (N of them) as a ringfeed shard at PATH, one image field a record. */
+static void write_rfs_of(const char *path, uint8_t *const *jpegs, const size_t *lens, int n) {
+  dl_writer *w;
+  ASSERT_EQ(dl_writer_open(&w, path, NULL), 0);
+  for (int i = 0; i < n; i++) {
+    char key[16];
+    snprintf(key, sizeof key, "s%04d", i);
+    ASSERT_EQ(dl_writer_begin(w, key, 1), 0);
+    ASSERT_EQ(dl_writer_field(w, "image", "jpeg", jpegs[i], lens[i]), 0);
+    ASSERT_EQ(dl_writer_end(w), 0);
+  }
+  ASSERT_EQ(dl_writer_close(w), 0);
+}
+
+/* The images as a ringfeed shard at PATH: the writer reads the 11 sound ones clean; with SCAN >= 0,
+ * every scan byte then set to it. */
+static void write_rfs(const char *path, int scan) {
+  uint8_t *jpegs[IMAGES], wrote[IMAGES];
+  size_t lens[IMAGES];
+  for (int i = 0; i < IMAGES; i++) {
+    unsigned long len;
+    jpegs[i] = image(i, &len);
+    lens[i] = len;
+    wrote[i] = i < IMAGES - 1;
+  }
+  write_rfs_of(path, jpegs, lens, IMAGES);
+  for (int i = 0; i < IMAGES; i++)
+    free(jpegs[i]);
+  if (scan >= 0)
+    set_scan_bytes(path, wrote, scan);
+}
+
+/* A progressive JPEG and a sequential one in a ringfeed shard: its writer says the second reads
+ * clean, not the first, of which it cannot (a loader reads such a file itself); a shard that says
+ * so of the first is named by dlshard verify, which reads the file through (DLSHARD: its path). */
+static void claims_verified(const char *dlshard) {
+  char path[400], cmd[1000], out[400];
+  snprintf(path, sizeof path, "%s/claims.rfs", dir);
+  snprintf(out, sizeof out, "%s/claims.txt", dir);
+  uint8_t *jpegs[2], wrote[2] = {0, 1};
+  size_t lens[2];
+  unsigned long len;
+  jpegs[0] = several_scans_jpeg(1, &lens[0]);
+  jpegs[1] = image(0, &len);
+  lens[1] = len;
+  write_rfs_of(path, jpegs, lens, 2);
+  snprintf(cmd, sizeof cmd, "%s verify %s > %s 2>&1", dlshard, path, out);
+  ASSERT_EQ(system(cmd), 0);
+  set_scan_bytes(path, wrote, 1);
+  int st = system(cmd);
+  ASSERT(WIFEXITED(st) && WEXITSTATUS(st) == 1);
+  uint8_t *text;
+  size_t n;
+  ASSERT_EQ(dl__read_file(out, 1, &text, &n), 0);
+  text[n - 1] = 0;
+  ASSERT(strstr((char *)text, "s0000") && strstr((char *)text, "says its JPEG's codes read clean"));
+  ASSERT(!strstr((char *)text, "s0001"));
+  printf("dlshard verify names a record whose shard says a progressive JPEG reads clean: %s\n", (char *)text);
+  free(text);
+  free(jpegs[0]);
+  free(jpegs[1]);
+  unlink(path);
 }
 
 /* The test shard compressed with zstd into PATH. */
@@ -380,6 +431,9 @@ int main(int argc, char **argv) {
     snprintf(rm, sizeof rm, "rm -f %s %s/*.rfcheck", rfs, cache); /* the next open knows nothing of it */
     ASSERT_EQ(system(rm), 0);
   }
+  const char *dlshard = getenv("DL_DLSHARD");
+  if (dlshard && *dlshard)
+    claims_verified(dlshard);
   printf("a ringfeed shard: its writer's verdicts taken for the %d sound JPEGs (gpu_check on and off), only "
          "the damaged one read; none from a writer before them or a later one's value\n", IMAGES - 1);
 

@@ -196,6 +196,44 @@ static void routes(const char *testdata) {
   }
   printf("scans cut in half: the CPU failed %d of two progressive files' and %d of a non-interleaved one's, none "
          "went to the GPU\n", progressive_cuts, separate_cuts);
+  /* A ringfeed shard's writer vouches for single-scan files only (plan.c): sample V's claim, its
+   * verdict taken at open, is not believed of a progressive file, whose damaged cuts each stay on
+   * the CPU; of a single-scan file it is, as gpu_check=0 trusts one. */
+  enum { V = 1000 }; /* a sample no route above was */
+  dl__sample *vouched = calloc(V + 1, sizeof *vouched);
+  uint8_t *clean = calloc(V + 1, 1);
+  ASSERT(vouched && clean);
+  vouched[V].flags = DL__SAMPLE_SCAN_CLEAN;
+  l.ds.samples = vouched, l.ds.n = V + 1;
+  clean[V] = DL__VERDICT_CLEAN;
+  ASSERT_EQ(dl__jpeg_rows_take_verdicts(l.jpeg_rows, clean, V + 1), 1);
+  free(clean);
+  p = several_scans_jpeg(1, &n);
+  uint8_t *out = malloc(l.sample_bytes);
+  int disbelieved = 0;
+  for (int scan = 0; scan < 64; scan++) {
+    size_t m;
+    uint8_t *q = cut_scan(p, n, scan, &m);
+    if (!q)
+      continue;
+    dl__err e = {0};
+    if (dl__image_decode(&cpu, &l.image_spec, q, m, DL__CODEC_JPEG, 42, dl__sample_flip(&l, 42), 0, out, &e)) {
+      ASSERT_EQ(route(q, m, true, 42, V), 0);
+      disbelieved++;
+    }
+    free(q);
+  }
+  ASSERT_GT(disbelieved, 3);
+  free(out);
+  free(p);
+  snprintf(path, sizeof path, "%s/%s", testdata, entropy_damaged[0]);
+  ASSERT((p = read_file(path, &n)));
+  ASSERT_NE(route(p, n, true, 42, V), 0);
+  free(p);
+  free(vouched);
+  l.ds.samples = NULL, l.ds.n = 0;
+  printf("a shard's word that a JPEG reads clean: not believed of %d damaged cuts of a progressive file, believed "
+         "of a single-scan file\n", disbelieved);
   /* A baseline file cut short: the data never reaches its EOI. */
   snprintf(path, sizeof path, "%s/libjpeg-turbo/testimages/testorig.jpg", testdata);
   p = read_file(path, &n);

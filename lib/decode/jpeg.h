@@ -40,6 +40,10 @@ int dl__jpeg_rows_clean(dl__jpeg_rows *st, uint32_t sample, const uint8_t *p, si
 /* Whether libjpeg reads every scan of the JPEG P (LEN bytes), of at most MAX_PIXELS, to its
  * coefficients without an error or a warning: 1, else 0. */
 int dl__jpeg_sound(const uint8_t *p, size_t len, int64_t max_pixels);
+/* Whether the JPEG P (LEN bytes) is of one scan holding every component and its codes read through
+ * clean (dl__jpeg_rows_clean): what a ringfeed shard's writer records of it (docs/format.md), and
+ * what a loader then need not read again before a GPU decode. */
+bool dl__jpeg_scan_vouched(const uint8_t *p, size_t len);
 /* The first iMCU row a decode of D needs for output rows from Y0 on. */
 int dl__jpeg_rows_first(struct jpeg_decompress_struct *d, int y0);
 

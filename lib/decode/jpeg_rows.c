@@ -839,6 +839,15 @@ int dl__jpeg_rows_clean(dl__jpeg_rows *st, uint32_t sample, const uint8_t *p, si
   return v == DL__VERDICT_CLEAN;
 }
 
+bool dl__jpeg_scan_vouched(const uint8_t *p, size_t len) {
+  scan s;
+  size_t at;
+  /* Only the walker's files (scan_parse): a several-scan file is read by every loader itself. */
+  if (len > UINT32_MAX / 8 || scan_parse(p, len, &s, &at))
+    return false;
+  return dl__jpeg_rows_clean(NULL, 0, p, len, 0) == 1;
+}
+
 int dl__jpeg_rows_first(struct jpeg_decompress_struct *d, int y0) {
   int h = d->max_v_samp_factor * MIN_DCT_V(d); /* output rows an iMCU row makes */
   /* Upsampled vertically, the first output row of an iMCU row blends in the last chroma row of

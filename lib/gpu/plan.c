@@ -110,8 +110,11 @@ bool dl__gpu_plan(const dl_loader *l, dl_batch *b, int i, int64_t index, uint8_t
    * after damaged scans of progressive and non-interleaved files, nvJPEG's CUDA decoder took the
    * process down when its state was destroyed (an H200, nvJPEG 13.0.1: twice in about 20 runs of
    * test_gpu_decode, both on closing the one loader that gave it such files unread). */
+  /* A ringfeed shard's writer vouches only for single-scan files (the verdicts taken at open): one
+   * that says so of another file is not believed, and the file is read at every GPU decode. */
+  bool vouched = (size_t)index < l->ds.n && l->ds.samples[index].flags & DL__SAMPLE_SCAN_CLEAN;
   if ((l->o.gpu_check || !single) &&
-      !dl__jpeg_rows_clean(l->jpeg_rows, (uint32_t)index, image, len, l->o.max_pixels))
+      !dl__jpeg_rows_clean(vouched && !single ? NULL : l->jpeg_rows, (uint32_t)index, image, len, l->o.max_pixels))
     return false;
   /* A sequential scan codes every block with at least a DC and an end-of-block code, two bits:
    * less data than that is damage a hardware decoder would fill in silently. */

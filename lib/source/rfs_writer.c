@@ -208,12 +208,11 @@ static int add_field(dl_writer *w, const char *name, const char *codec, const vo
   memset(e, 0, 20);
   memcpy(e, &n16, 2);
   e[2] = (uint8_t)c;
-  /* A JPEG's codes read through as the loader's gpu_check reads them (docs/format.md): every record
-   * read is checked against its checksum, so a loader's first run over these shards need not read
-   * them again before the GPU decodes them. Images over the loader's default max_pixels are left
-   * unread (libjpeg reads a progressive file's coefficients whole). */
+  /* A single-scan JPEG's codes read through as the loader's gpu_check reads them (docs/format.md):
+   * every record read is checked against its checksum, so a loader's first run over these shards
+   * need not read them again before the GPU decodes them. */
   const dl__codec *image = dl__codec_of_rfs(c);
-  if (image && image->id == DL__CODEC_JPEG && dl__jpeg_rows_clean(NULL, 0, data, size, INT64_C(64) << 20))
+  if (image && image->id == DL__CODEC_JPEG && dl__jpeg_scan_vouched(data, size))
     e[3] = DL__RFS_SCAN_CLEAN;
   memcpy(e + 4, &off32, 4);
   memcpy(e + 8, &st32, 4);

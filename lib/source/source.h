@@ -236,6 +236,8 @@ int dl__check_image(dl__checker *c, const uint8_t *p, size_t n, bool zst, bool p
 int dl__check_npy(dl__checker *c, const uint8_t *p, size_t n, bool zst, dl__err *e);
 /* Sample S of DS, read into BYTES: its image decoded, its tensor values checked. */
 int dl__check_sample(dl__checker *c, const dl__dataset *ds, const dl__sample *s, const uint8_t *bytes, dl__err *e);
+/* A JPEG field whose scan byte is 1 (docs/format.md): 0 when it is so, else the error into E. */
+int dl__check_scan_claim(const uint8_t *p, size_t n, dl__err *e);
 /* Sample S of DS read (from FD, the shard's copy; FD -1: as the loader reads it, its checksum
  * checked) and checked; true when E says what the loader would find wrong with it. HAS_IMAGES:
  * the dataset's samples have images, so one without is skipped. */

@@ -6,6 +6,7 @@
  * loads it.
  */
 #include "source/source.h"
+#include "decode/jpeg.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -154,11 +155,22 @@ bool dl__any_image(const dl__dataset *ds) {
   return false;
 }
 
+/* What a ringfeed shard's writer said of a JPEG, which a loader believes of a single-scan file: with
+ * the record's checksum good, a shard whose word is wrong was written so. */
+int dl__check_scan_claim(const uint8_t *p, size_t n, dl__err *e) {
+  if (dl__jpeg_scan_vouched(p, n))
+    return 0;
+  return dl__err_set(e, DL_ECORRUPT, "the shard says its JPEG's codes read clean, and they do not (or the "
+                     "file has several scans, of which no writer says so)");
+}
+
 /* Sample S of DS, read into BYTES: its image decoded, its tensor values checked. */
 int dl__check_sample(dl__checker *c, const dl__dataset *ds, const dl__sample *s, const uint8_t *bytes,
                         dl__err *e) {
   bool zst = s->flags & DL__SAMPLE_IMAGE_ZST, pil = s->codec == DL__CODEC_PIL;
   if (s->codec != DL__CODEC_NONE && dl__check_image(c, bytes + s->image_at, s->image_len, zst, pil, e))
+    return e->code;
+  if ((s->flags & DL__SAMPLE_SCAN_CLEAN) && dl__check_scan_claim(bytes + s->image_at, s->image_len, e))
     return e->code;
   for (uint8_t r = 0; r < s->nrefs; r++) {
     const dl__fref *ref = &ds->refs[s->first_ref + r];
