@@ -209,8 +209,9 @@ static void write_rfs(const char *path, int scan) {
 }
 
 /* A progressive JPEG and a sequential one in a ringfeed shard: its writer says the second reads
- * clean, not the first, of which it cannot (a loader reads such a file itself); a shard that says
- * so of the first is named by dlshard verify, which reads the file through (DLSHARD: its path). */
+ * clean, not the first, of which it cannot (a loader reads such a file itself), and dlshard ls
+ * counts them; a shard that says so of the first is named by dlshard verify, which reads the file
+ * through (DLSHARD: its path). */
 static void claims_verified(const char *dlshard) {
   char path[400], cmd[1000], out[400];
   snprintf(path, sizeof path, "%s/claims.rfs", dir);
@@ -222,13 +223,19 @@ static void claims_verified(const char *dlshard) {
   jpegs[1] = image(0, &len);
   lens[1] = len;
   write_rfs_of(path, jpegs, lens, 2);
+  snprintf(cmd, sizeof cmd, "%s ls %s > %s 2>&1", dlshard, path, out);
+  ASSERT_EQ(system(cmd), 0);
+  uint8_t *text;
+  size_t n;
+  ASSERT_EQ(dl__read_file(out, 1, &text, &n), 0);
+  text[n - 1] = 0;
+  ASSERT(strstr((char *)text, "(1 of 2 JPEGs read clean by the writer)"));
+  free(text);
   snprintf(cmd, sizeof cmd, "%s verify %s > %s 2>&1", dlshard, path, out);
   ASSERT_EQ(system(cmd), 0);
   set_scan_bytes(path, wrote, 1);
   int st = system(cmd);
   ASSERT(WIFEXITED(st) && WEXITSTATUS(st) == 1);
-  uint8_t *text;
-  size_t n;
   ASSERT_EQ(dl__read_file(out, 1, &text, &n), 0);
   text[n - 1] = 0;
   ASSERT(strstr((char *)text, "s0000") && strstr((char *)text, "says its JPEG's codes read clean"));

@@ -205,7 +205,7 @@ static void list_rfs(const dl__rfs *r, const char *name, uint64_t size, bool ver
   fprintf(out, "%s: ringfeed shard v1, %llu records, alignment %u, %llu bytes\n", name,
           (unsigned long long)r->nrecords, r->align, (unsigned long long)size);
   for (uint32_t n = 0; n < r->nnames; n++) {
-    uint64_t count = 0, stored = 0, raw = 0;
+    uint64_t count = 0, stored = 0, raw = 0, jpegs = 0, clean = 0;
     uint32_t codecs = 0;
     for (uint64_t f = 0; f < r->nfields_total; f++)
       if (r->fields[f].name == n) {
@@ -213,12 +213,19 @@ static void list_rfs(const dl__rfs *r, const char *name, uint64_t size, bool ver
         stored += r->fields[f].size;
         raw += r->fields[f].raw_size;
         codecs |= 1u << r->fields[f].codec;
+        const dl__codec *image = dl__codec_of_rfs(r->fields[f].codec);
+        jpegs += image && image->id == DL__CODEC_JPEG;
+        clean += r->fields[f].scan == DL__RFS_SCAN_CLEAN;
       }
     fprintf(out, "  field %-12s %8llu records  %12llu bytes stored  %12llu decoded  codec", r->names[n],
             (unsigned long long)count, (unsigned long long)stored, (unsigned long long)raw);
     for (int c = 0; c < DL__RFS_CODECS; c++)
       if (codecs & (1u << c))
         fprintf(out, " %s", dl__rfs_codec_name(c));
+    /* What a GPU run's first epoch need not read (docs/format.md): none from a writer before it. */
+    if (jpegs)
+      fprintf(out, "  (%llu of %llu JPEGs read clean by the writer)", (unsigned long long)clean,
+              (unsigned long long)jpegs);
     fprintf(out, "\n");
   }
   for (uint64_t i = 0; verbose && i < r->nrecords; i++) {
