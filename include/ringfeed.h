@@ -168,6 +168,9 @@ DL_EXTERN int dl_batch_size(const dl_batch *b);
 
 /* Key of sample I ("shard-000001/000123" style); owned by the loader; NULL if I is out of range. */
 DL_EXTERN const char *dl_batch_key(const dl_batch *b, int i);
+/* The keys of all dl_batch_size(b) samples at once, owned by the loader until the batch is released
+ * (one call a batch where a binding's calls cost more than the loop over them); NULL for no batch. */
+DL_EXTERN const char *const *dl_batch_keys(const dl_batch *b);
 
 /* 0 if sample I was delivered as read, else the error that made it a substitute (on_error=skip). */
 DL_EXTERN int dl_batch_sample_error(const dl_batch *b, int i);

@@ -196,6 +196,8 @@ const char *dl_batch_key(const dl_batch *b, int i) {
   return b && i >= 0 && i < b->len ? b->key[i] : NULL;
 }
 
+const char *const *dl_batch_keys(const dl_batch *b) { return b ? (const char *const *)b->key : NULL; }
+
 int dl_batch_sample_error(const dl_batch *b, int i) {
   return b && i >= 0 && i < b->len ? b->sample_err[i] : -EINVAL;
 }

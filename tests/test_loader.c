@@ -294,6 +294,10 @@ static void sources(void) {
   ASSERT_EQ(dl_batch_size(b), 9);
   ASSERT_STR_EQ(dl_batch_key(b, 0), "class0/img0");
   ASSERT_STR_EQ(dl_batch_key(b, 3), "class1/img1");
+  const char *const *keys = dl_batch_keys(b); /* all at once, the same */
+  for (int i = 0; i < 9; i++)
+    ASSERT(keys[i] == dl_batch_key(b, i));
+  ASSERT(!dl_batch_keys(NULL));
   DLTensor lab;
   dl_batch_field(b, "label", &lab);
   ASSERT_EQ(((int64_t *)lab.data)[0], 0);

@@ -1,0 +1,68 @@
+#!/usr/bin/env python3
+"""What the Python binding costs the training loop's thread for each batch: the time in
+Loader._take (the batch's tensors made from its slot, its keys, its release), the loader kept well
+ahead so that no wait for it is counted. Each --binding (a folder holding a `ringfeed` package, e.g.
+an older version's) runs in its own process, in turn, ROUNDS times; the median of each run.
+
+Usage: python_batch_cost.py SOURCE [--binding DIR]... [--batch-size N] [--batches N] [--rounds N]
+(RINGFEED_LIBRARY names the library, as for the binding itself.)
+"""
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def one_run(source, batch_size, batches):
+    import ringfeed
+    from ringfeed import _loader
+    loader = ringfeed.Loader(source, framework="torch", batch_size=batch_size, image_size=16, workers=1,
+                             prefetch=4)
+    take, spent = _loader.Loader._take, []
+
+    def timed(self, *args):
+        t = time.perf_counter()
+        try:
+            return take(self, *args)
+        finally:
+            spent.append(time.perf_counter() - t)
+
+    _loader.Loader._take = timed
+    for _ in range(batches):
+        time.sleep(0.03)  # a step: the loader gets ahead
+        batch = loader.next_batch()
+        del batch
+    loader.close()
+    return statistics.median(spent[batches // 8:]) * 1e3
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("source")
+    p.add_argument("--binding", action="append", default=[])
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--batches", type=int, default=400)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.one:
+        print(one_run(a.source, a.batch_size, a.batches))
+        return
+    bindings = a.binding or [os.path.join(HERE, "..", "bindings", "python")]
+    medians = {b: [] for b in bindings}
+    for _ in range(a.rounds):
+        for b in bindings:
+            env = dict(os.environ, PYTHONPATH=b)
+            out = subprocess.run([sys.executable, __file__, a.source, "--one", "--batch-size", str(a.batch_size),
+                                  "--batches", str(a.batches)], env=env, check=True, capture_output=True, text=True)
+            medians[b].append(float(out.stdout.split()[-1]))
+    for b, ms in medians.items():
+        print(f"{b}: {', '.join(f'{m:.3f}' for m in ms)} ms a batch of {a.batch_size} in Loader._take")
+
+
+if __name__ == "__main__":
+    main()
