@@ -128,8 +128,9 @@ static void decode(struct dl__worker *w, inflight *f, bool verify, dl__err *e) {
       return;
     image = w->zimage.p;
   }
-  struct timespec tp;
-  clock_gettime(CLOCK_MONOTONIC, &tp);
+  struct timespec tp = {0};
+  if (c->arena) /* the workers' time on the GPU's samples, which hybrid's split counts as theirs */
+    clock_gettime(CLOCK_MONOTONIC, &tp);
   if (c->arena && dl__gpu_plan(l, c->slot, c->i, c->index, c->arena, image, image_len, key)) {
     atomic_fetch_add_explicit(&l->st.gpu_planned, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&l->st.gpu_plan_ns, ns_since(&tp), memory_order_relaxed);

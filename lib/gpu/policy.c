@@ -165,7 +165,8 @@ const char *dl__split_limit(double x, int b, double gpu_ms, double cpu_ms, doubl
  * image the GPU takes: its markers read, and in a run's first epoch its scan (gpu_check, about 0.55
  * of a decode). Left out, the first epoch's balance put on the workers more than they could do
  * beside their walks; with it, a walk as slow as the GPU side's whole cost per worker gives the
- * GPU every image. */
+ * GPU every image (an H100 host, a first run over 20,000 q90 images: 5 epochs at 0.77 and 0.89 of
+ * gpu_check=0's rate, against 0.75 and 0.75 with the walks left out). */
 static double balance(double gpu_ms, double cpu_ms, double walk_ms, double workers) {
   double d = cpu_ms - walk_ms + gpu_ms * workers;
   return d > cpu_ms ? cpu_ms / d : 1;
