@@ -416,8 +416,7 @@ static int rfs_verify(const char *path, int fd, uint64_t size, dl__checker *c, d
         if (dl__codec_of_rfs(fd_->codec)) {
           if (!dl__check_image(c, p, fd_->size, false, false, &e) && fd_->scan == DL__RFS_SCAN_CLEAN)
             dl__check_scan_claim(p, fd_->size, &e);
-        }
-        else if (fd_->codec == DL__RFS_ZSTD && ZSTD_getFrameContentSize(p, fd_->size) != fd_->raw_size)
+        } else if (fd_->codec == DL__RFS_ZSTD && ZSTD_getFrameContentSize(p, fd_->size) != fd_->raw_size)
           dl__err_set(&e, DL_ECORRUPT, "zstd frame does not declare its %llu bytes",
                       (unsigned long long)fd_->raw_size);
         else if (fd_->codec == DL__RFS_ZSTD)

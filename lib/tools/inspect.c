@@ -214,8 +214,9 @@ static void list_rfs(const dl__rfs *r, const char *name, uint64_t size, bool ver
         raw += r->fields[f].raw_size;
         codecs |= 1u << r->fields[f].codec;
         const dl__codec *image = dl__codec_of_rfs(r->fields[f].codec);
-        jpegs += image && image->id == DL__CODEC_JPEG;
-        clean += r->fields[f].scan == DL__RFS_SCAN_CLEAN;
+        bool jpeg = image && image->id == DL__CODEC_JPEG;
+        jpegs += jpeg;
+        clean += jpeg && r->fields[f].scan == DL__RFS_SCAN_CLEAN; /* the byte means nothing elsewhere */
       }
     fprintf(out, "  field %-12s %8llu records  %12llu bytes stored  %12llu decoded  codec", r->names[n],
             (unsigned long long)count, (unsigned long long)stored, (unsigned long long)raw);
