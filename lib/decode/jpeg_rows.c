@@ -117,7 +117,18 @@ uint32_t dl__jpeg_rows_take_verdicts(dl__jpeg_rows *s, const uint8_t *v, uint32_
   return taken;
 }
 
-/* ---- Huffman tables, for reading and for writing ---- */
+uint8_t dl__jpeg_rows_verdict(const dl__jpeg_rows *s, uint32_t sample) {
+  return s && sample < s->n ? atomic_load_explicit(&s->verdicts[sample], memory_order_relaxed) : DL__VERDICT_UNREAD;
+}
+
+void dl__jpeg_rows_note(dl__jpeg_rows *s, uint32_t sample, bool clean) {
+  if (!s || sample >= s->n)
+    return;
+  atomic_store_explicit(&s->verdicts[sample], clean ? DL__VERDICT_CLEAN : DL__VERDICT_DAMAGED, memory_order_relaxed);
+  atomic_fetch_add_explicit(&s->walked, 1, memory_order_relaxed);
+}
+
+/* ---- The scan as libjpeg has read it ---- */
 
 static bool scan_usable(j_decompress_ptr d) {
   return !d->progressive_mode && !d->arith_code && d->data_precision == 8 && d->restart_interval == 0 &&

@@ -214,7 +214,7 @@ WALK_FN int symbol(reader *r, const huff *h) {
 }
 
 WALK_FN void reader_at(reader *r, const uint8_t *p, size_t n, uint32_t bit) {
-  *r = (reader){.p = p, .i = bit >> 3, .n = n};
+  r->p = p, r->i = bit >> 3, r->n = n, r->buf = 0, r->cnt = r->fake = 0;
   fill(r);
   drop(r, (int)(bit & 7));
 }
