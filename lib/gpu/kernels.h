@@ -34,19 +34,6 @@ int dl__box_launch(const dl__resize_job *jobs, int n, int c, cudaStream_t s);
 int dl__resize_launch(const dl__resize_job *jobs, int n, void *out, int oh, int ow, int c, int nchw, int dtype,
                       const float *mean, const float *std, cudaStream_t s);
 
-/* A JPEG whose scan a device thread reads (walk.cu): its bytes at AT (LEN) of the arena's copy,
- * its place OUT in the host batch, and what the walk found: 1 clean, 0 not, -1 not a file the
- * walker reads (decode/jpeg_walk.h's walk_whole). */
-typedef struct dl__walk_job {
-  uint32_t at, len;
-  int32_t out, verdict;
-} dl__walk_job;
-
-/* The device bytes one walk needs for its tables (ROOM holds N of them). */
-size_t dl__walk_room_bytes(void);
-/* Reads the scans of N JOBS (device memory) in ARENA (device memory), their verdicts into JOBS. */
-int dl__walk_launch(const uint8_t *arena, dl__walk_job *jobs, int n, void *room, cudaStream_t s);
-
 #ifdef __cplusplus
 }
 #endif
