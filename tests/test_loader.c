@@ -791,6 +791,10 @@ static void workers_below_the_process(void) {
   OPEN_OK(l, source, "batch_size=4 workers=3 worker_nice=7 log=quiet");
   dl_batch *b;
   ASSERT_EQ(dl_next_batch(l, &b), 0);
+  /* One worker may fill the first batch before the others are scheduled at all (two loaded cores):
+   * each lowers itself as its first step, so wait for them to start. */
+  for (int i = 0; i < 200 && threads_at_nice(base + 7) < 3; i++)
+    usleep(10000);
   ASSERT_EQ(threads_at_nice(base + 7), 3);
   ASSERT_EQ(getpriority(PRIO_PROCESS, 0), base);
   dl_batch_release(b, NULL);
