@@ -393,8 +393,8 @@ static void split(void) {
   dl__sampler_free(&sm);
   free(mem);
 
-  /* The split steps by 1/32 toward the balance of the two sides' measured rates after three
-   * batches that agree, and only then; a consumer that never waits moves it to the CPU while the
+  /* The split moves half the way toward the balance of the two sides' measured rates (in 32nds of
+   * a batch, one at least) after three batches that agree, and only then; a consumer that never waits moves it to the CPU while the
    * copy stage waits for the consumer's GPU over a quarter of the time (AHEAD: that share of the
    * time since the update before, PERIOD ms apart), by 1/8 while over half, else it holds; and
    * only as far as both sides' parts of a batch at the new split stay within 0.8 of that period.
@@ -409,19 +409,20 @@ static void split(void) {
   double gpu_rate = 192 / 10.0;
   struct { bool starved; double ahead, period, balance, want; } steps[] = {
       {true, 0, 0, 0.9, 0.75}, {true, 0, 0, 0.9, 0.75}, /* start-up: not counted */
-      {true, 0, 0, 0.9, 0.75}, {true, 0, 0, 0.9, 0.75}, {true, 0, 0, 0.9, 0.78125}, /* the GPU side is faster: it takes more */
-      {true, 0, 0, 0.78, 0.78125}, {true, 0, 0, 0.78, 0.78125}, {true, 0, 0, 0.78, 0.78125}, /* balanced: stays */
-      /* never waited, ahead: to the CPU (its 64 images take 30 ms, the consumer 60 a batch) */
-      {false, 0.375, 60, 0.9, 0.78125}, {false, 0.375, 60, 0.9, 0.78125}, {false, 0.375, 60, 0.9, 0.75},
-      /* far ahead: faster (96 images take the workers 45 ms of the consumer's 100) */
-      {false, 0.9, 100, 0.9, 0.75}, {false, 0.9, 100, 0.9, 0.75}, {false, 0.9, 100, 0.9, 0.625},
-      {false, 0, 0, 0.9, 0.625}, {false, 0, 0, 0.9, 0.625}, {false, 0, 0, 0.9, 0.625}, /* never waited, just ahead: holds */
-      /* Both sides take 8.3 ms a batch at 0.625 and the consumer steps at 10 ms: at 0.5 the workers'
-       * part would take 11.1 ms and at 0.59375 9.0, over 0.8 of the step, however far ahead the
-       * copy stage runs now and then. It holds... */
-      {false, 0.6, 10, 0.625, 0.625}, {false, 0.6, 10, 0.625, 0.625}, {false, 0.6, 10, 0.625, 0.625},
+      /* the GPU side is faster: it takes more, 2/32 of the 0.15 to the balance */
+      {true, 0, 0, 0.9, 0.75}, {true, 0, 0, 0.9, 0.75}, {true, 0, 0, 0.9, 0.8125},
+      {true, 0, 0, 0.81, 0.8125}, {true, 0, 0, 0.81, 0.8125}, {true, 0, 0, 0.81, 0.8125}, /* balanced: stays */
+      /* never waited, ahead: to the CPU (its 56 images would take 26 ms, the consumer 60 a batch) */
+      {false, 0.375, 60, 0.9, 0.8125}, {false, 0.375, 60, 0.9, 0.8125}, {false, 0.375, 60, 0.9, 0.78125},
+      /* far ahead: faster (88 images would take the workers 41 ms of the consumer's 100) */
+      {false, 0.9, 100, 0.9, 0.78125}, {false, 0.9, 100, 0.9, 0.78125}, {false, 0.9, 100, 0.9, 0.65625},
+      {false, 0, 0, 0.9, 0.65625}, {false, 0, 0, 0.9, 0.65625}, {false, 0, 0, 0.9, 0.65625}, /* never waited, just ahead: holds */
+      /* At 0.625 both sides take 8.3 ms a batch and the consumer steps at 10 ms: at 0.53125 the
+       * workers' part would take 10.4 ms and at 0.625 8.3, over 0.8 of the step, however far ahead
+       * the copy stage runs now and then. It holds... */
+      {false, 0.6, 10, 0.625, 0.65625}, {false, 0.6, 10, 0.625, 0.65625}, {false, 0.6, 10, 0.625, 0.65625},
       /* ...where a consumer of 30 ms steps leaves room to go by 1/8. */
-      {false, 0.6, 30, 0.625, 0.625}, {false, 0.6, 30, 0.625, 0.625}, {false, 0.6, 30, 0.625, 0.5},
+      {false, 0.6, 30, 0.625, 0.65625}, {false, 0.6, 30, 0.625, 0.65625}, {false, 0.6, 30, 0.625, 0.53125},
   };
   for (size_t k = 0; k < sizeof steps / sizeof *steps; k++) {
     if (steps[k].starved)
@@ -463,19 +464,29 @@ static void split(void) {
   ASSERT(fabs(l.share - 0.5) < 1e-9);
   /* The workers also walk each image the GPU takes (a first epoch's gpu_check): at 0.1 ms an image
    * beside their 0.208 ms decodes, the balance is 0.208 / (0.208 - 0.1 + 0.208) = 0.658, where the
-   * split rests; walks as slow as the GPU side's cost per worker (0.25 ms) give the GPU all. */
-  double walks[] = {0.1, 0.25}, rests[] = {0.65625, 1};
-  for (int w = 0; w < 2; w++) {
-    for (int k = 0; k < 60; k++) {
+   * split rests; walks as slow as the GPU side's cost per worker (0.25 ms) give the GPU all, and
+   * once they end (a dataset's second epoch) it comes back to 0.5. Each within 23 batches, a first
+   * epoch of 6,000 images, where steps of 1/32 took 15, 33 and 48 (the walks' rate eases in). */
+  double walks[] = {0.1, 0.25, 0}, rests[] = {0.65625, 1, 0.5};
+  for (int w = 0; w < 3; w++) {
+    int k = 0, rested = -1;
+    for (; k < 60; k++) {
       l.st.starved++;
       l.st.cpu_decoded += 10;
       l.st.cpu_decode_ns += (int64_t)(10 * worker_ms * 1e6);
       l.st.gpu_planned += 192;
       l.st.gpu_plan_ns += (int64_t)(192 * walks[w] * 1e6);
       dl__gpu_share_update(&l, 192, 10.0);
+      if (fabs(l.share - rests[w]) > 1e-9)
+        rested = -1;
+      else if (rested < 0)
+        rested = k + 1;
     }
-    if (fabs(l.share - rests[w]) > 1e-9)
-      FAIL_AT("with walks of %.2f ms the share rests at %.5f, not %.5f", walks[w], l.share, rests[w]);
+    if (rested < 0 || rested > 23)
+      FAIL_AT("with walks of %.2f ms the share rests at %.5f after %d batches, not %.5f within 23", walks[w], l.share,
+              rested, rests[w]);
+    printf("hybrid: with the workers' walks at %.2f ms an image the split rests at %.3f after %d batches\n", walks[w],
+           rests[w], rested);
   }
   l.decode = DL__DECODE_CPU;
 
@@ -499,7 +510,7 @@ static void split(void) {
   ASSERT_STR_EQ(dl__split_limit(1, 256, 10.0 / 192, 0.2, 0.2, 4, &gpu_part, &cpu_part), "neither");
   printf("hybrid: the verdict names the side of the split a batch waits for (its part of a batch the longer by a "
          "tenth), or neither at the balance\n");
-  printf("hybrid: the split steps by 1/32 toward the measured balance after three agreeing batches (the "
+  printf("hybrid: the split moves half the way to the measured balance after three agreeing batches (the "
          "workers' walks of the GPU's images counted as theirs), and drifts to the CPU only while the batches "
          "still come well ahead of the consumer\n");
 }
