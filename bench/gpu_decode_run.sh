@@ -36,6 +36,8 @@ keep() { for f in "$@"; do printf '\n===== %s\n' "$(basename "$f")" >> "$dest/ru
 num() { sed -n "s/.*\"$2\": *\([0-9.e+-]*\).*/\1/p" "$1" | head -1; }
 # The GPU's idle gaps under --step-ms: how many over 1 ms, their time, the largest and the step after it.
 gaps() { echo "$(num "$1" gpu_idle_gaps_over_1ms) gaps over 1 ms ($(num "$1" gpu_idle_over_1ms_ms) ms), the largest $(sed -n 's/.*"gpu_idle_largest":\[{"step":\([0-9]*\),"ms":\([0-9.]*\).*/\2 ms before step \1/p' "$1")"; }
+# A list of numbers, rounded: "1 2 3".
+nums() { sed -n "s/.*\"$2\": *\[\([^]]*\)\].*/\1/p" "$1" | head -1 | tr ',' '\n' | awk '{ printf "%s%.0f", (NR > 1 ? " " : ""), $1 }'; }
 str() { sed -n "s/.*\"$2\":\"\([^\"]*\)\".*/\1/p" "$1" | head -1; }
 has() { case " $parts " in *" $1 "*) return 0 ;; esac; return 1; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN{ if (b > 0) printf "%.2f", a / b; else print "-" }'; }
@@ -398,7 +400,7 @@ if has firstrun; then
         j="$out/$set-first-$run-$round.json"
         guarded 120 "$j" "$out/$set-first-$run-$round.err" "$bin/dlbench" $args --option gpu_check=$check
         keep "$j" "$out/$set-first-$run-$round.err"
-        row "$set hybrid 5 epochs, first run, $run, round $round" "$(num "$j" steady_samples_per_s) images/s steady ($(num "$j" samples_per_s) with start-up), share $(num "$j" gpu_share) (balanced $(num "$j" gpu_share_balanced)), $(num "$j" split_cpu_ms_per_image) ms an image on a worker and $(num "$j" split_walk_ms_per_image) for each of the GPU's, $(num "$j" split_gpu_ms_per_image) on the GPU; scans read $(num "$j" gpu_check_read), verdicts from the shards $(num "$j" gpu_check_from_shards); the side that limits: $(str "$j" split_limit)"
+        row "$set hybrid 5 epochs, first run, $run, round $round" "$(num "$j" steady_samples_per_s) images/s steady ($(num "$j" samples_per_s) with start-up; by epoch $(nums "$j" epochs_samples_per_s)), share $(num "$j" gpu_share) (balanced $(num "$j" gpu_share_balanced)), $(num "$j" split_cpu_ms_per_image) ms an image on a worker and $(num "$j" split_walk_ms_per_image) for each of the GPU's, $(num "$j" split_gpu_ms_per_image) on the GPU; scans read $(num "$j" gpu_check_read), verdicts from the shards $(num "$j" gpu_check_from_shards); the side that limits: $(str "$j" split_limit)"
       done
       round=$((round + 1))
     done

@@ -292,11 +292,18 @@ static char *make_source(int argc, char **argv, const args *a, int *status) {
   return NULL;
 }
 
+#define MAX_EPOCHS_REPORTED 32
+
 /* A run over the loader: what was delivered, the digests and keys, and the GPU consumer. */
 typedef struct run {
   const args *a;
   double t0, last_print, first_ms;
   int64_t samples, batches, bytes, first_samples;
+  /* Each epoch's rate (a dataset's first epoch may differ: caches, gpu_check's reads): its samples
+   * and the time its batches took, the first epoch's from its first batch, as steady counts. */
+  int64_t epoch, epoch_samples[MAX_EPOCHS_REPORTED];
+  double epoch_t0, epoch_end[MAX_EPOCHS_REPORTED];
+  int nepochs; /* the epochs before the current one */
   XXH3_state_t *all, *one;
   text batch_digests, batch_keys;
   void *host_copy; /* a device field's bytes, for its digest */
@@ -324,6 +331,21 @@ static void digest_field(run *r, dl_batch *b, const DLTensor *t, size_t tb) {
   }
   XXH3_64bits_update(r->one, data, tb);
   XXH3_64bits_update(r->all, data, tb);
+}
+
+/* A batch of N samples from EPOCH, delivered now: the epoch before it ended with the batch before. */
+static void count_epoch(run *r, int64_t epoch, int n) {
+  double t = now();
+  if (r->batches == 0) { /* start-up: the first batch's time and samples left out, as steady does */
+    r->epoch = epoch, r->epoch_t0 = t;
+    return;
+  }
+  if (epoch != r->epoch)
+    r->epoch = epoch, r->nepochs++;
+  if (r->nepochs < MAX_EPOCHS_REPORTED) {
+    r->epoch_samples[r->nepochs] += n;
+    r->epoch_end[r->nepochs] = t;
+  }
 }
 
 /* Batch B counted, digested and its keys kept as asked, then released (after the GPU consumer's
@@ -366,6 +388,7 @@ static int consume(run *r, dl_batch *b) {
     }
   int64_t ep, ix;
   dl_batch_position(b, &ep, &ix);
+  count_epoch(r, ep, n);
   if (a->digest && a->json)
     text_add(&r->batch_digests, "%s\"%" PRId64 ":%" PRId64 " %016llx\"", r->batches ? "," : "", ep, ix,
              (unsigned long long)XXH3_64bits_digest(r->one));
@@ -418,6 +441,16 @@ typedef struct outcome {
 #endif
 } outcome;
 
+static int epochs_reported(const run *r) {
+  return r->batches > 1 ? (r->nepochs < MAX_EPOCHS_REPORTED ? r->nepochs + 1 : MAX_EPOCHS_REPORTED) : 0;
+}
+
+/* Epoch K's samples a second, from the batch that ended the epoch before (the first batch for K 0). */
+static double epoch_rate(const run *r, int k) {
+  double span = r->epoch_end[k] - (k ? r->epoch_end[k - 1] : r->epoch_t0);
+  return span > 0 ? (double)r->epoch_samples[k] / span : 0;
+}
+
 static void report_json(const run *r, const outcome *o) {
   const args *a = r->a;
   const char *stats = o->stats;
@@ -436,6 +469,10 @@ static void report_json(const run *r, const outcome *o) {
     printf("]");
   }
 #endif
+  printf(",\"epochs_samples_per_s\":[");
+  for (int k = 0; k < epochs_reported(r); k++)
+    printf("%s%.3f", k ? "," : "", epoch_rate(r, k));
+  printf("]");
   if (o->h2d >= 0)
     printf(",\"h2d_gb_s\":%.3f", o->h2d);
   if (o->mem_before >= 0)
@@ -455,6 +492,12 @@ static void report_text(const run *r, const outcome *o) {
   printf("%" PRId64 " samples in %" PRId64 " batches, %.2f s: %.1f samples/s (%.1f after the first batch), "
          "%.1f MB/s delivered\n",
          r->samples, r->batches, o->wall, r->samples / o->wall, o->steady, r->bytes / o->wall / 1e6);
+  if (epochs_reported(r) > 1) {
+    printf("samples/s by epoch (the first after its first batch):");
+    for (int k = 0; k < epochs_reported(r); k++)
+      printf(" %.0f", epoch_rate(r, k));
+    printf("\n");
+  }
   printf("first batch %.1f ms, consumer waited %.3f s, %lld errors, io %s, device %s, JPEG decode %s, "
          "peak RSS %.0f MB\n",
          r->first_ms, o->wait, o->errors, o->io, a->device, o->decode, o->rss_mb);

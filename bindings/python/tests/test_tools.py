@@ -66,6 +66,24 @@ def test_cpu_time_counts_the_workers_decoding(tmp_path):
 
 
 @needs_tools
+def test_each_epochs_rate_and_steady_agree(tmp_path):
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path))
+    out = subprocess.run([DLBENCH, "--synthetic", "96", "--workers", "2", "--batch", "16", "--size", "32",
+                          "--epochs", "3", "--json"], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    rates = got["epochs_samples_per_s"]
+    assert len(rates) == 3 and all(r > 0 for r in rates)
+    # The epochs' samples over their times, the first batch left out of both as steady leaves it out.
+    per_epoch = got["samples"] // 3
+    time = (per_epoch - 16) / rates[0] + per_epoch / rates[1] + per_epoch / rates[2]
+    assert abs((got["samples"] - 16) / time - got["steady_samples_per_s"]) <= 0.02 * got["steady_samples_per_s"]
+    text = subprocess.run([DLBENCH, "--synthetic", "96", "--workers", "2", "--batch", "16", "--size", "32",
+                           "--epochs", "2"], capture_output=True, text=True, timeout=120, env=env).stdout
+    assert "samples/s by epoch (the first after its first batch): " in text
+
+
+@needs_tools
 def test_version_and_help():
     for tool, name in ((DLBENCH, "dlbench"), (DLSHARD, "dlshard")):
         assert run(tool, "--version").stdout.strip() == f"{name} (ringfeed) {ringfeed.version()}"
