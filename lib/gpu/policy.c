@@ -289,8 +289,10 @@ void dl__gpu_share_update(dl_loader *l, int gpu_samples, double gpu_ms) {
         s->moves++;
       }
       dl__log(DL__LOG_DEBUG, "hybrid split: GPU share %.3f -> %.3f (balanced %.3f from %.3f ms an image on the GPU, "
-              "%.3f on a worker; the consumer %s, %.2f ms a batch; the copy stage waited for it %.0f%% of the time)",
-              was, l->share, s->balanced, s->gpu_ms, s->cpu_ms, starved ? "waited" : "kept up", s->period, 100 * ahead);
+              "%.3f on a worker and %.3f for each of the GPU's; the consumer %s, %.2f ms a batch; the copy stage "
+              "waited for it %.0f%% of the time)",
+              was, l->share, s->balanced, s->gpu_ms, s->cpu_ms, s->walk_ms, starved ? "waited" : "kept up", s->period,
+              100 * ahead);
     }
   }
   pthread_mutex_unlock(&l->mu);
