@@ -394,10 +394,11 @@ static void split(void) {
   free(mem);
 
   /* The split moves half the way toward the balance of the two sides' measured rates (in 32nds of
-   * a batch, one at least) after three batches that agree, and only then; a consumer that never waits moves it to the CPU while the
-   * copy stage waits for the consumer's GPU over a quarter of the time (AHEAD: that share of the
-   * time since the update before, PERIOD ms apart), by 1/8 while over half, else it holds; and
-   * only as far as both sides' parts of a batch at the new split stay within 0.8 of that period.
+   * a batch, one at least) after three batches that agree, and only then; a consumer that never
+   * waits moves it to the CPU while the copy stage waits for the consumer's GPU over a quarter of
+   * the time (AHEAD: that share of the time since the update before, PERIOD ms apart), by 1/8 while
+   * over half, else it holds; and only as far as both sides' parts of a batch at the new split stay
+   * within 0.8 of that period.
    * The GPU decodes 192 of 256 images in 10 ms a batch; four workers take WORKER_MS per image. */
   pthread_mutex_init(&l.mu, NULL);
   l.decode = DL__DECODE_HYBRID;
@@ -469,8 +470,8 @@ static void split(void) {
    * epoch of 6,000 images, where steps of 1/32 took 15, 33 and 48 (the walks' rate eases in). */
   double walks[] = {0.1, 0.25, 0}, rests[] = {0.65625, 1, 0.5};
   for (int w = 0; w < 3; w++) {
-    int k = 0, rested = -1;
-    for (; k < 60; k++) {
+    int rested = -1;
+    for (int k = 0; k < 60; k++) {
       l.st.starved++;
       l.st.cpu_decoded += 10;
       l.st.cpu_decode_ns += (int64_t)(10 * worker_ms * 1e6);

@@ -337,7 +337,7 @@ static void digest_field(run *r, dl_batch *b, const DLTensor *t, size_t tb) {
 static void count_epoch(run *r, int64_t epoch, int n) {
   double t = now();
   if (r->batches == 0) { /* start-up: the first batch's time and samples left out, as steady does */
-    r->epoch = epoch, r->epoch_t0 = t;
+    r->epoch = epoch, r->epoch_t0 = r->epoch_end[0] = t; /* an epoch of that batch alone ends there */
     return;
   }
   if (epoch != r->epoch)

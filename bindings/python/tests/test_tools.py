@@ -81,6 +81,14 @@ def test_each_epochs_rate_and_steady_agree(tmp_path):
     text = subprocess.run([DLBENCH, "--synthetic", "96", "--workers", "2", "--batch", "16", "--size", "32",
                            "--epochs", "2"], capture_output=True, text=True, timeout=120, env=env).stdout
     assert "samples/s by epoch (the first after its first batch): " in text
+    # Epochs of one batch: the first is all start-up (no rate), the next ones start where it ended.
+    one = json.loads(subprocess.run([DLBENCH, "--synthetic", "16", "--workers", "2", "--batch", "16", "--size", "32",
+                                     "--epochs", "4", "--json"], capture_output=True, text=True, timeout=120,
+                                    env=env).stdout)
+    rates = one["epochs_samples_per_s"]
+    assert len(rates) == 4 and rates[0] == 0 and all(r > 0 for r in rates[1:])
+    time = sum(16 / r for r in rates[1:])
+    assert abs(48 / time - one["steady_samples_per_s"]) <= 0.02 * one["steady_samples_per_s"]
 
 
 @needs_tools
