@@ -7,10 +7,13 @@
  * walk of the whole scan (dl__jpeg_rows_clean, which the GPU path asks) before their decodes, the
  * others by the decodes and then walked whole.
  * A scan that walk calls clean is one libjpeg reads to its end without finding the data short,
- * and the files whose data is short are not called clean.
+ * and the files whose data is short are not called clean. The device's read of a scan in spans
+ * (decode/jpeg_span.h) gives the whole walk's verdict on each of those files, and on damaged
+ * copies of them: bytes changed or the data cut short at places spread over the scan.
  */
 #include "entropy_damaged.h"
 #include "core.h"
+#include "decode/jpeg_span.h"
 #include "test.h"
 #include "test_data.h"
 
@@ -98,8 +101,47 @@ static int same(pair *d, const uint8_t *p, size_t n, const char *name, uint32_t 
   return 0;
 }
 
-/* The walk the GPU path asks for, against libjpeg reading the whole image. */
-static void walk_whole(const uint8_t *p, size_t n, const char *name, uint32_t sample) {
+static long span_walks, span_damaged, span_left; /* the device's reads in spans (gpu/walk.cu) */
+
+/* The device's read of P in spans against the whole walk, both from decode/jpeg_walk.h's steps. */
+static void span_check(const uint8_t *p, size_t n, const char *name, int variant) {
+  static scan s;
+  static span_cut c;
+  static span_end out[SPAN_MAX];
+  static span_at at[SPAN_MAX];
+  int whole = walk_whole(p, n, &s);
+  int spans = span_walk_whole(p, n, &s, &c, out, at);
+  if (spans < 0) { /* restart markers, or entries that did not settle: the CPU reads those */
+    span_left++;
+    return;
+  }
+  if (spans != whole)
+    FAIL_AT("%s (copy %d): read in spans %d, walked whole %d", name, variant, spans, whole);
+  span_walks++;
+  span_damaged += spans == 0;
+}
+
+/* Damaged copies of P: a byte changed, a few, or the file cut short, at places past its markers. */
+static void span_variants(const uint8_t *p, size_t n, const char *name) {
+  uint8_t *q = malloc(n);
+  ASSERT(q);
+  uint64_t seed = n;
+  for (int v = 1; v <= 8 && n > 64; v++) {
+    memcpy(q, p, n);
+    size_t at = n / 5 + draw(&seed) % (n - n / 5), len = n;
+    if (v % 3 == 0)
+      len = at;
+    else
+      for (int k = 0; k < (v % 3 == 1 ? 1 : 4); k++, at = n / 5 + draw(&seed) % (n - n / 5))
+        q[at] ^= (uint8_t)(1 + draw(&seed) % 255);
+    span_check(q, len, name, v);
+  }
+  free(q);
+}
+
+/* The walk the GPU path asks for, against libjpeg reading the whole image; and the device's read
+ * of the file in spans against that walk, on the file and on damaged copies of it. */
+static void whole_scan(const uint8_t *p, size_t n, const char *name, uint32_t sample) {
   int verdict = dl__jpeg_rows_clean(main_pair->store, sample, p, n, 1 << 26);
   crop whole = {0, 0, 1, 1};
   dl__decode_job j = {.src = p,
@@ -123,6 +165,13 @@ static void walk_whole(const uint8_t *p, size_t n, const char *name, uint32_t sa
   short_data += is_short;
   ASSERT_EQ(dl__jpeg_rows_clean(main_pair->store, sample, p, n, 1 << 26), verdict); /* kept */
   ASSERT_EQ(dl__jpeg_rows_clean(NULL, 0, p, n, 1 << 26), verdict); /* read again without a store */
+  static scan room;
+  int walked = walk_whole(p, n, &room);
+  if (walked >= 0) {
+    ASSERT_EQ(walked, verdict);
+    span_check(p, n, name, 0);
+    span_variants(p, n, name);
+  }
 }
 
 /* CROPS crops of one file, as a sample's epochs would draw them: its row starts are learnt by the
@@ -131,7 +180,7 @@ static void file_crops(const uint8_t *p, size_t n, const char *name, int crops, 
   static const int outs[] = {224, 64, 24, 8};
   uint32_t sample = next_sample++;
   if (sample % 2)
-    walk_whole(p, n, name, sample);
+    whole_scan(p, n, name, sample);
   for (int k = 0; k < crops; k++) {
     double w = 0.2 + 0.8 * (double)(draw(&seed) % 1000) / 1000,
            h = 0.2 + 0.8 * (double)(draw(&seed) % 1000) / 1000;
@@ -141,7 +190,7 @@ static void file_crops(const uint8_t *p, size_t n, const char *name, int crops, 
     failures += same(main_pair, p, n, name, sample, &c, outs[draw(&seed) % 4], draw(&seed) % 3 ? 3 : 1) != 0;
   }
   if (sample % 2 == 0)
-    walk_whole(p, n, name, sample);
+    whole_scan(p, n, name, sample);
 }
 
 static void synthetic(void) {
@@ -270,7 +319,11 @@ int main(void) {
   } else {
     printf("third-party test data not found: synthetic files only\n");
   }
-  printf("whole scans walked: %ld clean, %ld not (libjpeg found %ld short)\n", clean, damaged, short_data);
+  printf("whole scans walked: %ld clean, %ld not (libjpeg found %ld short); read in spans the same, with their "
+         "damaged copies: %ld (%ld damaged; %ld left to the CPU)\n",
+         clean, damaged, short_data, span_walks, span_damaged, span_left);
+  ASSERT_GT(span_walks, 100);
+  ASSERT_GT(span_damaged, 50);
   printf("row index: %" PRIu64 " bytes\n", dl__jpeg_rows_bytes(store));
   pair_free(main_pair);
   dl__jpeg_rows_free(store);

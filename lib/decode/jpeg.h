@@ -24,6 +24,9 @@ enum { DL__VERDICT_UNREAD, DL__VERDICT_CLEAN, DL__VERDICT_DAMAGED };
 uint32_t dl__jpeg_rows_verdicts(const dl__jpeg_rows *s, uint8_t *out);
 /* Takes the verdicts V[0, N) from an earlier run where it has none; how many it took. */
 uint32_t dl__jpeg_rows_take_verdicts(dl__jpeg_rows *s, const uint8_t *v, uint32_t n);
+/* SAMPLE's verdict so far (UNREAD without S); and one read elsewhere (the GPU), counted as WALKED. */
+uint8_t dl__jpeg_rows_verdict(const dl__jpeg_rows *s, uint32_t sample);
+void dl__jpeg_rows_note(dl__jpeg_rows *s, uint32_t sample, bool clean);
 struct jpeg_decompress_struct;
 /* For a decode of SRC (LEN bytes, its scan's data from ENTROPY_AT, D started) that needs no row
  * above iMCU row IMCU_ROW: stand-ins for the rows above in OUT (*PREFIX_LEN bytes) that SRC from

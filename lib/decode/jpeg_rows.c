@@ -16,12 +16,14 @@
  * anything odd (a code no table has, data that ends, a DC out of range) gives up, and the decode
  * goes the usual way, which reports what it always has.
  *
- * The GPU path asks the same walker to read a whole scan once a sample, from the file's own
- * markers, restart intervals included (dl__jpeg_rows_clean): nvJPEG's engine decodes a scan whose
- * data ends early without a word, where libjpeg finds it short. Images in several scans
- * (progressive, non-interleaved) are read by libjpeg itself, to their coefficients.
+ * The GPU path asks the same walker (decode/jpeg_walk.h) to read a whole scan once a sample, from
+ * the file's own markers, restart intervals included (dl__jpeg_rows_clean, or gpu/walk.cu on the
+ * device): nvJPEG's engine decodes a scan whose data ends early without a word, where libjpeg
+ * finds it short. Images in several scans (progressive, non-interleaved) are read by libjpeg
+ * itself, to their coefficients.
  */
 #include "decode/jpeg.h"
+#include "decode/jpeg_walk.h"
 
 #include <stdatomic.h>
 #include <stdio.h>
@@ -36,7 +38,7 @@
 #define MIN_DCT_V(d) ((d)->min_DCT_scaled_size)
 #endif
 
-enum { LOOK = 9, AC_LOOK = 11, MAX_DC = 2047, MAX_PAIRS = 4 };
+enum { MAX_PAIRS = 4 };
 
 typedef struct row_start {
   uint32_t bit;  /* from the first byte of entropy-coded data, stuffed bytes counted */
@@ -115,82 +117,27 @@ uint32_t dl__jpeg_rows_take_verdicts(dl__jpeg_rows *s, const uint8_t *v, uint32_
   return taken;
 }
 
-/* ---- Huffman tables, for reading and for writing ---- */
-
-typedef struct huff {
-  uint16_t fast[1 << LOOK]; /* length << 8 | symbol of the code the next LOOK bits begin; 0: longer */
-  int32_t maxcode[17];      /* the standard's decoding procedure (F.16) for the longer ones */
-  int32_t valoff[17];
-  uint8_t val[256];    /* the symbols in the order of their codes, */
-  uint16_t kcode[256]; /* those codes */
-  uint8_t klen[256];   /* and their lengths (a symbol may have several) */
-  uint16_t code[256];  /* each symbol's code, for writing */
-  uint8_t size[256];   /* its length; 0 where the table has none */
-  /* An AC code and its coefficient's bits in the next AC_LOOK bits: how many bits they take, and
-   * (above them) how far they move along the block, 0 at its end; 0 when they do not fit. */
-  uint16_t skip[1 << AC_LOOK];
-  int codes;
-} huff;
-
-/* A table's codes, as libjpeg assigns them (the standard's Annex C). */
-static int huff_codes(huff *h, const JHUFF_TBL *t) {
-  if (!t)
-    return -1;
-  memset(h->size, 0, sizeof h->size);
-  int k = 0;
-  int32_t code = 0;
-  for (int l = 1; l <= 16; l++) {
-    int count = t->bits[l];
-    if (k + count > 256 || code + count >= 1 << l) /* libjpeg refuses these tables too */
-      return -1;
-    h->valoff[l] = k - code;
-    for (int i = 0; i < count; i++, k++, code++) {
-      uint8_t sym = t->huffval[k];
-      h->val[k] = sym;
-      h->kcode[k] = (uint16_t)code;
-      h->klen[k] = (uint8_t)l;
-      h->code[sym] = (uint16_t)code;
-      h->size[sym] = (uint8_t)l;
-    }
-    h->maxcode[l] = count ? code - 1 : -1;
-    code <<= 1;
-  }
-  h->codes = k;
-  return 0;
+uint8_t dl__jpeg_rows_verdict(const dl__jpeg_rows *s, uint32_t sample) {
+  return s && sample < s->n ? atomic_load_explicit(&s->verdicts[sample], memory_order_relaxed) : DL__VERDICT_UNREAD;
 }
 
-/* The lookups a walk reads codes with (only a walk needs them). */
-static void huff_lookups(huff *h, bool ac) {
-  memset(h->fast, 0, sizeof h->fast);
-  memset(h->skip, 0, sizeof h->skip);
-  for (int k = 0; k < h->codes; k++) {
-    int sym = h->val[k], l = h->klen[k], code = h->kcode[k];
-    if (l <= LOOK)
-      for (int f = code << (LOOK - l); f < (code + 1) << (LOOK - l); f++)
-        h->fast[f] = (uint16_t)(l << 8 | sym);
-    int run = sym >> 4, size = sym & 15, bits = l + size;
-    if (!ac || bits > AC_LOOK)
-      continue;
-    int move = size ? run + 1 : run == 15 ? 16 : 0; /* as jdhuff.c reads a block */
-    int at = code << (AC_LOOK - l);
-    for (int f = at; f < at + (1 << (AC_LOOK - l)); f++)
-      h->skip[f] = (uint16_t)(move << 5 | bits);
-  }
+void dl__jpeg_rows_note(dl__jpeg_rows *s, uint32_t sample, bool clean) {
+  if (!s || sample >= s->n)
+    return;
+  atomic_store_explicit(&s->verdicts[sample], clean ? DL__VERDICT_CLEAN : DL__VERDICT_DAMAGED, memory_order_relaxed);
+  atomic_fetch_add_explicit(&s->walked, 1, memory_order_relaxed);
 }
 
-/* The scan as libjpeg has read it: which component each block of an MCU belongs to, and tables. */
-typedef struct scan {
-  int blocks, comps;
-  uint8_t comp[D_MAX_BLOCKS_IN_MCU];
-  uint32_t mcus_per_row, mcu_rows, rows_per_imcu;
-  unsigned restart; /* the restart interval in MCUs, 0 for none (only a whole walk takes them) */
-  huff dc[3], ac[3];
-} scan;
+/* ---- The scan as libjpeg has read it ---- */
 
 static bool scan_usable(j_decompress_ptr d) {
   return !d->progressive_mode && !d->arith_code && d->data_precision == 8 && d->restart_interval == 0 &&
          d->comps_in_scan == d->num_components && d->comps_in_scan <= 3 &&
-         d->blocks_in_MCU <= D_MAX_BLOCKS_IN_MCU && d->MCU_rows_in_scan > 1;
+         d->blocks_in_MCU <= WALK_MAX_BLOCKS && d->MCU_rows_in_scan > 1;
+}
+
+static int table(huff *h, const JHUFF_TBL *t) {
+  return t ? huff_codes(h, t->bits, t->huffval) : -1;
 }
 
 static int scan_read(j_decompress_ptr d, scan *s) {
@@ -206,255 +153,11 @@ static int scan_read(j_decompress_ptr d, scan *s) {
   for (int c = 0; c < s->comps; c++) {
     const jpeg_component_info *ci = d->cur_comp_info[c];
     if (ci->dc_tbl_no < 0 || ci->dc_tbl_no >= NUM_HUFF_TBLS || ci->ac_tbl_no < 0 ||
-        ci->ac_tbl_no >= NUM_HUFF_TBLS || huff_codes(&s->dc[c], d->dc_huff_tbl_ptrs[ci->dc_tbl_no]) ||
-        huff_codes(&s->ac[c], d->ac_huff_tbl_ptrs[ci->ac_tbl_no]))
+        ci->ac_tbl_no >= NUM_HUFF_TBLS || table(&s->dc[c], d->dc_huff_tbl_ptrs[ci->dc_tbl_no]) ||
+        table(&s->ac[c], d->ac_huff_tbl_ptrs[ci->ac_tbl_no]))
       return -1;
   }
   return 0;
-}
-
-static unsigned be16(const uint8_t *p) {
-  return (unsigned)p[0] << 8 | p[1];
-}
-
-/* The scan from a file's own markers, for a file libjpeg has not read: a baseline 8-bit frame of
- * up to three components, all in its one scan, with its tables, no restart interval. ENTROPY_AT:
- * where the scan's data begins. */
-static int scan_parse(const uint8_t *p, size_t n, scan *s, size_t *entropy_at) {
-  JHUFF_TBL tbl[2][4];
-  bool have[2][4] = {{false}};
-  unsigned width = 0, height = 0, nf = 0;
-  uint8_t id[3], hs[3], vs[3];
-  if (n < 4 || p[0] != 0xFF || p[1] != 0xD8)
-    return -1;
-  s->restart = 0;
-  for (size_t i = 2; i + 4 <= n;) {
-    uint8_t m = p[i + 1];
-    if (p[i] != 0xFF || m == 0x01 || m == 0xD8 || m == 0xD9 || (m >= 0xD0 && m <= 0xD7))
-      return -1;
-    if (m == 0xFF) {
-      i++;
-      continue;
-    }
-    size_t len = be16(p + i + 2), sl = len - 2;
-    if (len < 2 || i + 2 + len > n)
-      return -1;
-    const uint8_t *seg = p + i + 4;
-    if (m == 0xC0 || m == 0xC1) {
-      if (nf || sl < 6 || seg[0] != 8 || !(nf = seg[5]) || nf > 3 || sl != 6 + 3 * (size_t)nf)
-        return -1;
-      height = be16(seg + 1), width = be16(seg + 3);
-      for (unsigned c = 0; c < nf; c++) {
-        id[c] = seg[6 + 3 * c], hs[c] = seg[7 + 3 * c] >> 4, vs[c] = seg[7 + 3 * c] & 15;
-        if (hs[c] < 1 || hs[c] > 4 || vs[c] < 1 || vs[c] > 4)
-          return -1;
-      }
-      if (!width || !height)
-        return -1;
-    } else if (m >= 0xC2 && m <= 0xCF && m != 0xC4 && m != 0xC8 && m != 0xCC) {
-      return -1; /* progressive, lossless, arithmetic-coded: not walked */
-    } else if (m == 0xC4) {
-      for (size_t k = 0; k < sl;) {
-        if (k + 17 > sl || (seg[k] >> 4) > 1 || (seg[k] & 15) > 3)
-          return -1;
-        JHUFF_TBL *t = &tbl[seg[k] >> 4][seg[k] & 15];
-        size_t count = 0;
-        t->bits[0] = 0;
-        for (int b = 1; b <= 16; b++)
-          count += t->bits[b] = seg[k + (size_t)b];
-        if (count > 256 || k + 17 + count > sl)
-          return -1;
-        memcpy(t->huffval, seg + k + 17, count);
-        have[seg[k] >> 4][seg[k] & 15] = true;
-        k += 17 + count;
-      }
-    } else if (m == 0xDD) {
-      if (sl != 2)
-        return -1;
-      s->restart = be16(seg);
-    } else if (m == 0xDA) {
-      unsigned ns = sl ? seg[0] : 0;
-      if (!nf || ns != nf || sl != 4 + 2 * (size_t)ns || seg[1 + 2 * ns] != 0 || seg[2 + 2 * ns] != 63 ||
-          seg[3 + 2 * ns] != 0)
-        return -1;
-      unsigned hmax = 1, vmax = 1, used = 0;
-      for (unsigned c = 0; c < nf; c++)
-        hmax = hs[c] > hmax ? hs[c] : hmax, vmax = vs[c] > vmax ? vs[c] : vmax;
-      s->comps = (int)ns;
-      s->blocks = 0;
-      for (unsigned k = 0; k < ns; k++) {
-        unsigned c = 0, td = seg[2 + 2 * k] >> 4, ta = seg[2 + 2 * k] & 15;
-        while (c < nf && id[c] != seg[1 + 2 * k])
-          c++;
-        if (c == nf || used & 1u << c || td > 3 || ta > 3 || !have[0][td] || !have[1][ta] ||
-            huff_codes(&s->dc[k], &tbl[0][td]) || huff_codes(&s->ac[k], &tbl[1][ta]))
-          return -1;
-        used |= 1u << c;
-        unsigned b = ns == 1 ? 1 : hs[c] * vs[c]; /* a lone component's MCU is one block */
-        if (s->blocks + (int)b > D_MAX_BLOCKS_IN_MCU)
-          return -1;
-        while (b--)
-          s->comp[s->blocks++] = (uint8_t)k;
-      }
-      if (ns == 1) { /* libjpeg: the component's size in blocks */
-        s->mcus_per_row = (width * hs[0] + hmax - 1) / hmax;
-        s->mcus_per_row = (s->mcus_per_row + 7) / 8;
-        s->mcu_rows = ((height * vs[0] + vmax - 1) / vmax + 7) / 8;
-        s->rows_per_imcu = vs[0];
-      } else {
-        s->mcus_per_row = (width + 8 * hmax - 1) / (8 * hmax);
-        s->mcu_rows = (height + 8 * vmax - 1) / (8 * vmax);
-        s->rows_per_imcu = 1;
-      }
-      *entropy_at = i + 2 + len;
-      return 0;
-    }
-    i += 2 + len;
-  }
-  return -1;
-}
-
-/* ---- walking the entropy-coded data ---- */
-
-typedef struct reader {
-  const uint8_t *p; /* the entropy-coded data */
-  size_t i, n;      /* the next byte to load */
-  uint64_t buf;     /* bits, first one at the top */
-  int cnt, fake;    /* bits in buf; of them, zeros past a marker or the end (the last ones) */
-} reader;
-
-static inline void fill(reader *r) {
-  if (r->cnt > 56)
-    return;
-  /* Most of the time the next eight bytes hold no 0xFF: as many as fit, at once. */
-  if (!r->fake && r->i + 8 <= r->n) {
-    uint64_t w;
-    memcpy(&w, r->p + r->i, 8);
-    w = __builtin_bswap64(w);
-    uint64_t x = ~w;
-    if (!((x - 0x0101010101010101ull) & ~x & 0x8080808080808080ull)) {
-      int take = (64 - r->cnt) / 8;
-      r->buf |= (take == 8 ? w : w & ~(~0ull >> (8 * take))) >> r->cnt;
-      r->cnt += 8 * take;
-      r->i += (size_t)take;
-      return;
-    }
-  }
-  while (r->cnt <= 56) {
-    unsigned c = 0;
-    if (r->fake || r->i >= r->n)
-      r->fake += 8;
-    else if ((c = r->p[r->i]) != 0xFF)
-      r->i++;
-    else if (r->i + 1 < r->n && r->p[r->i + 1] == 0)
-      r->i += 2;
-    else
-      c = 0, r->fake += 8;
-    r->buf |= (uint64_t)c << (56 - r->cnt);
-    r->cnt += 8;
-  }
-}
-
-static inline unsigned peek(const reader *r, int k) {
-  return (unsigned)(r->buf >> (64 - k));
-}
-static inline void drop(reader *r, int k) {
-  r->buf <<= k;
-  r->cnt -= k;
-}
-
-static inline int symbol(reader *r, const huff *h) {
-  unsigned e = h->fast[peek(r, LOOK)];
-  if (e) {
-    drop(r, (int)(e >> 8));
-    return (int)(e & 0xFF);
-  }
-  for (int l = LOOK + 1; l <= 16; l++) {
-    int32_t c = (int32_t)peek(r, l);
-    if (c <= h->maxcode[l]) {
-      int32_t k = h->valoff[l] + c;
-      if (k < 0 || k >= h->codes) /* never, with every shorter code in FAST */
-        return -1;
-      drop(r, l);
-      return h->val[k];
-    }
-  }
-  return -1; /* libjpeg warns of a bad Huffman code */
-}
-
-static void reader_at(reader *r, const uint8_t *p, size_t n, uint32_t bit) {
-  *r = (reader){.p = p, .i = bit >> 3, .n = n};
-  fill(r);
-  drop(r, (int)(bit & 7));
-}
-
-/* The position of the next bit to read. */
-static uint32_t tell(const reader *r) {
-  int unread = r->cnt - r->fake, part = unread % 8;
-  size_t j = r->i;
-  for (int k = 0; k < unread / 8 + (part != 0); k++)
-    j -= j >= 2 && r->p[j - 1] == 0 && r->p[j - 2] == 0xFF ? 2 : 1;
-  return (uint32_t)(j * 8 + (part ? 8 - part : 0));
-}
-
-/* One MCU, its coefficients read past as libjpeg reads them (jdhuff.c), its DCs followed. */
-static int walk_mcu(reader *r, const scan *s, int32_t *dc) {
-  for (int b = 0; b < s->blocks; b++) {
-    int c = s->comp[b];
-    fill(r);
-    int t = symbol(r, &s->dc[c]);
-    if (t < 0 || t > 11)
-      return -1;
-    if (t) {
-      int v = (int)peek(r, t);
-      drop(r, t);
-      if (v < 1 << (t - 1))
-        v -= (1 << t) - 1;
-      dc[c] += v;
-      if (dc[c] > MAX_DC || dc[c] < -MAX_DC)
-        return -1;
-    }
-    const huff *ac = &s->ac[c];
-    for (int k = 1; k < 64;) {
-      fill(r);
-      /* After a fill at least 57 bits are there: five codes with their bits (AC_LOOK each at most)
-       * read from a copy of the buffer held in a register, the reader written back once. */
-      uint64_t buf = r->buf;
-      int used = 0, move = 1;
-      unsigned e = 0;
-      for (int j = 0; j < 5 && k < 64; j++) {
-        e = ac->skip[buf >> (64 - AC_LOOK)];
-        if (!e)
-          break;
-        buf <<= e & 31;
-        used += (int)(e & 31);
-        if (!(move = (int)(e >> 5)))
-          break;
-        k += move;
-      }
-      r->buf = buf;
-      r->cnt -= used;
-      if (!move)
-        break; /* the block's end */
-      if (e || k >= 64)
-        continue;
-      if (r->cnt < 32)
-        fill(r);
-      int a = symbol(r, ac);
-      if (a < 0)
-        return -1;
-      int run = a >> 4, size = a & 15;
-      if (size) {
-        k += run + 1;
-        drop(r, size);
-      } else if (run == 15) {
-        k += 16;
-      } else {
-        break;
-      }
-    }
-  }
-  return r->cnt < r->fake ? -1 : 0; /* read past the data */
 }
 
 static uint32_t stamp(const uint8_t *p, size_t len, size_t at) {
@@ -500,28 +203,6 @@ static record *record_of(dl__jpeg_rows *st, uint32_t sample, const uint8_t *p, s
   return r->len == len && r->entropy_at == at && r->stamp == h && r->rows == rows ? r : NULL;
 }
 
-/* At a restart (jdhuff.c process_restart), libjpeg drops the bits left and reads the next marker,
- * warning of bytes before it; one other than the restart marker it expects is an error here
- * (it resynchronises, skipping data). The DC predictors start again from 0. */
-static int restart(reader *r, int32_t *dc, unsigned count) {
-  size_t j = (tell(r) + 7) / 8;
-  for (;; j += 2) {
-    while (j < r->n && r->p[j] != 0xFF)
-      j++;
-    while (j + 1 < r->n && r->p[j + 1] == 0xFF)
-      j++;
-    if (j + 1 >= r->n)
-      return -1;
-    if (r->p[j + 1] != 0)
-      break;
-  }
-  if (r->p[j + 1] != 0xD0 + (count & 7))
-    return -1;
-  reader_at(r, r->p, r->n, (uint32_t)(j + 2) * 8);
-  dc[0] = dc[1] = dc[2] = 0;
-  return 0;
-}
-
 /* Walks MCU rows [FROM, TO) from *AT, where row FROM begins, leaving in *AT where row TO does.
  * With REC, a row the walk gives up in is noted, and with NOTE, the starts passed. */
 static int walk_rows(record *rec, bool note, const scan *s, const uint8_t *data, size_t n, uint32_t from,
@@ -531,13 +212,11 @@ static int walk_rows(record *rec, bool note, const scan *s, const uint8_t *data,
   reader_at(&r, data, n, at->bit);
   uint64_t mcu = (uint64_t)from * s->mcus_per_row; /* restarts: only whole walks, from row 0 */
   for (uint32_t y = from; y < to; y++) {
-    for (uint32_t m = 0; m < s->mcus_per_row; m++, mcu++)
-      if ((s->restart && mcu && mcu % s->restart == 0 && restart(&r, dc, (unsigned)(mcu / s->restart - 1))) ||
-          walk_mcu(&r, s, dc)) {
-        if (rec)
-          atomic_store_explicit(&rec->odd, y + 1, memory_order_relaxed);
-        return -1;
-      }
+    if (walk_row(&r, s, dc, &mcu)) {
+      if (rec)
+        atomic_store_explicit(&rec->odd, y + 1, memory_order_relaxed);
+      return -1;
+    }
     *at = (row_start){tell(&r), {(int16_t)dc[0], (int16_t)dc[1], (int16_t)dc[2]}};
     if (note && y + 1 < rec->rows) {
       rec->at[y + 1] = *at;
@@ -841,11 +520,8 @@ int dl__jpeg_rows_clean(dl__jpeg_rows *st, uint32_t sample, const uint8_t *p, si
 
 bool dl__jpeg_scan_vouched(const uint8_t *p, size_t len) {
   scan s;
-  size_t at;
-  /* Only the walker's files (scan_parse): a several-scan file is read by every loader itself. */
-  if (len > UINT32_MAX / 8 || scan_parse(p, len, &s, &at))
-    return false;
-  return dl__jpeg_rows_clean(NULL, 0, p, len, 0) == 1;
+  /* Only the walker's files: a several-scan file is read by every loader itself. */
+  return walk_whole(p, len, &s) == 1;
 }
 
 int dl__jpeg_rows_first(struct jpeg_decompress_struct *d, int y0) {

@@ -1,0 +1,225 @@
+/*
+ * gpu_check's read of a baseline scan by many threads at once (gpu/walk.cu), here so that the
+ * CPU's tests run the very steps the device does (span_walk_whole, against walk_whole). The scan's
+ * data is cut into spans, one a thread; each is read from a guess at where its first code begins
+ * until the span before it says where that is: Huffman codes fall back in step with the data
+ * after a few symbols, so most spans' reads from the guess end where the true reading does, and
+ * the reads go round again only for the spans whose entry changed. Once no entry changes, every
+ * span was read from where the walk of the whole scan reaches it (the first from the scan's start),
+ * and their findings joined give walk_whole's verdict: the bad codes and reads past the data up to
+ * the scan's last block, and the DC predictors' range, from their change over each span.
+ */
+#ifndef RINGFEED_DECODE_JPEG_SPAN_H
+#define RINGFEED_DECODE_JPEG_SPAN_H
+
+#include "decode/jpeg_walk.h"
+
+/* Spans of at least SPAN_BYTES, at most SPAN_MAX of them (a thread block's); SPAN_ROUNDS: reads
+ * of a span before its image goes to the CPU's walker instead (a scan whose components share
+ * their tables gives no sign of which block a code is in, and falls in step only span by span). */
+enum { SPAN_BYTES = 256, SPAN_MAX = 256, SPAN_ROUNDS = 16 };
+
+/* Where a code begins: the bit, counted over the data without its stuffed zero bytes, the block
+ * of the MCU and the coefficient read next (0: its DC). */
+typedef struct span_at {
+  uint32_t bit;
+  uint8_t b, k;
+} span_at;
+
+/* What a span's read from an entry found. */
+typedef struct span_end {
+  span_at next;                /* where the codes after the span begin */
+  uint32_t blocks;             /* blocks ended in it */
+  uint8_t failed;              /* a bad code or a read past the data, in block BLOCKS */
+  int32_t dc[3], hi[3], lo[3]; /* the DC predictors' change, their highest and lowest on the way */
+} span_end;
+
+/* The scan's data: D, N bytes up to its first marker (or the file's end), cut into COUNT spans;
+ * span I begins at byte FROM[I], bit BIT[I] (stuffed zero bytes left out); BIT[COUNT] ends it. */
+typedef struct span_cut {
+  const uint8_t *d;
+  uint32_t n;
+  int count;
+  uint32_t from[SPAN_MAX + 1], bit[SPAN_MAX + 1];
+} span_cut;
+
+WALK_FN bool span_same(span_at a, span_at b) {
+  return a.bit == b.bit && a.b == b.b && a.k == b.k;
+}
+
+/* Whether D[J] (of REST bytes) ends the data: a 0xFF not followed by a stuffed zero. */
+WALK_FN bool span_marker(const uint8_t *d, size_t rest, size_t j) {
+  return d[j] == 0xFF && (j + 1 >= rest || d[j + 1] != 0);
+}
+
+WALK_FN int span_count(uint32_t n) {
+  uint32_t c = (n + SPAN_BYTES - 1) / SPAN_BYTES;
+  return c < 1 ? 1 : c > SPAN_MAX ? SPAN_MAX : (int)c;
+}
+
+/* Where span I of COUNT begins in D (N bytes): never on a stuffed zero byte. */
+WALK_FN uint32_t span_from(const uint8_t *d, uint32_t n, int count, int i) {
+  if (i >= count)
+    return n;
+  uint32_t f = (uint32_t)((uint64_t)i * n / (uint32_t)count);
+  return f > 0 && d[f - 1] == 0xFF ? f + 1 : f;
+}
+
+/* Stuffed zero bytes in D[FROM, TO). */
+WALK_FN uint32_t span_stuffed(const uint8_t *d, uint32_t from, uint32_t to) {
+  uint32_t z = 0;
+  for (uint32_t j = from; j < to; j++)
+    z += j > 0 && d[j] == 0 && d[j - 1] == 0xFF;
+  return z;
+}
+
+WALK_FN int span_symbol(reader *r, const huff *h, uint32_t *bit) {
+  int before = r->cnt;
+  int v = symbol(r, h);
+  *bit += (uint32_t)(before - r->cnt);
+  return v;
+}
+
+/* Reads span I of C from AT to the first code at or past its end, or to CAP blocks; as walk_mcu
+ * reads a block, one code at a time. */
+WALK_FN span_end span_read(const scan *s, const span_cut *c, int i, span_at at, uint32_t cap) {
+  span_end e = {{0, 0, 0}, 0, 0, {0, 0, 0}, {0, 0, 0}, {0, 0, 0}};
+  reader r;
+  reader_at(&r, c->d, c->n, c->from[i] * 8);
+  for (uint32_t skip = at.bit - c->bit[i]; skip;) {
+    int k = skip > 32 ? 32 : (int)skip;
+    fill(&r);
+    drop(&r, k);
+    skip -= (uint32_t)k;
+  }
+  uint32_t bit = at.bit, to = c->bit[i + 1];
+  int b = at.b, k = at.k;
+  while (bit < to && e.blocks < cap) {
+    fill(&r);
+    int comp = s->comp[b];
+    if (k == 0) {
+      int t = span_symbol(&r, &s->dc[comp], &bit);
+      if (t < 0 || t > 11) {
+        e.failed = 1;
+        break;
+      }
+      if (t) {
+        int v = (int)peek(&r, t);
+        drop(&r, t);
+        bit += (uint32_t)t;
+        if (v < 1 << (t - 1))
+          v -= (1 << t) - 1;
+        e.dc[comp] += v;
+        e.hi[comp] = e.dc[comp] > e.hi[comp] ? e.dc[comp] : e.hi[comp];
+        e.lo[comp] = e.dc[comp] < e.lo[comp] ? e.dc[comp] : e.lo[comp];
+      }
+      k = 1;
+    } else {
+      int a = span_symbol(&r, &s->ac[comp], &bit);
+      if (a < 0) {
+        e.failed = 1;
+        break;
+      }
+      int run = a >> 4, size = a & 15;
+      if (size) {
+        k += run + 1;
+        drop(&r, size);
+        bit += (uint32_t)size;
+      } else {
+        k = run == 15 ? k + 16 : 64;
+      }
+    }
+    if (r.cnt < r.fake) { /* read past the data */
+      e.failed = 1;
+      break;
+    }
+    if (k >= 64) {
+      k = 0;
+      b = b + 1 == s->blocks ? 0 : b + 1;
+      e.blocks++;
+    }
+  }
+  e.next = (span_at){bit, (uint8_t)b, (uint8_t)k};
+  return e;
+}
+
+/* Span I's entry: the scan's start, where the read of span I - 1 ended, or (that read failed: its
+ * entry was a guess) the guess, the span's own start read as a block's beginning. */
+WALK_FN span_at span_entry(const span_cut *c, const span_end *out, int i) {
+  if (i > 0 && !out[i - 1].failed)
+    return out[i - 1].next;
+  return (span_at){c->bit[i], 0, 0};
+}
+
+/* The verdict from the spans' reads OUT from their entries AT, once none changes: 1 clean, 0 not
+ * (walk_whole's). The span the scan's last block ends in is read again up to that block. */
+WALK_FN int span_join(const scan *s, const span_cut *c, const span_end *out, const span_at *at) {
+  uint64_t total = (uint64_t)s->mcu_rows * s->mcus_per_row * (uint64_t)s->blocks, done = 0;
+  int32_t dc[3] = {0, 0, 0};
+  for (int i = 0; i < c->count; i++) {
+    span_end o = out[i];
+    if (o.failed && done + o.blocks < total)
+      return 0;
+    if (o.failed || done + o.blocks >= total) {
+      o = span_read(s, c, i, at[i], (uint32_t)(total - done));
+      if (o.failed || done + o.blocks < total)
+        return 0;
+    }
+    for (int k = 0; k < 3; k++) {
+      if (dc[k] + o.hi[k] > MAX_DC || dc[k] + o.lo[k] < -MAX_DC)
+        return 0;
+      dc[k] += o.dc[k];
+    }
+    if ((done += o.blocks) >= total)
+      return 1;
+  }
+  return 0; /* the data ends before the last block: walk_whole reads past it */
+}
+
+/* Walks P (LEN bytes) span by span, each round one after the other where a device's threads read
+ * them at once: walk_whole's verdict, or -1 where it is not a file the spans read (restart
+ * markers) or their entries did not settle within SPAN_ROUNDS. S: the tables, C and the spans'
+ * room (SPAN_MAX each). */
+WALK_FN int span_walk_whole(const uint8_t *p, size_t len, scan *s, span_cut *c, span_end *out, span_at *at) {
+  size_t entropy_at;
+  if (len > UINT32_MAX / 8 || scan_parse(p, len, s, &entropy_at) || s->restart)
+    return -1;
+  for (int k = 0; k < s->comps; k++) {
+    huff_lookups(&s->dc[k], false);
+    huff_lookups(&s->ac[k], true);
+  }
+  size_t rest = len - entropy_at, n = 0;
+  c->d = p + entropy_at;
+  while (n < rest && !span_marker(c->d, rest, n))
+    n++;
+  c->n = (uint32_t)n;
+  c->count = span_count(c->n);
+  uint32_t stuffed = 0;
+  for (int i = 0; i <= c->count; i++) {
+    c->from[i] = span_from(c->d, c->n, c->count, i);
+    stuffed += i ? span_stuffed(c->d, c->from[i - 1], c->from[i]) : 0;
+    c->bit[i] = (c->from[i] - stuffed) * 8;
+  }
+  for (int i = 0; i < c->count; i++) {
+    at[i] = (span_at){c->bit[i], 0, 0};
+    out[i] = span_read(s, c, i, at[i], UINT32_MAX);
+  }
+  for (int round = 1;; round++) {
+    bool changed = false;
+    for (int i = c->count - 1; i > 0; i--) { /* from the last: each reads the round before's */
+      span_at e = span_entry(c, out, i);
+      if (!span_same(e, at[i])) {
+        at[i] = e;
+        out[i] = span_read(s, c, i, e, UINT32_MAX);
+        changed = true;
+      }
+    }
+    if (!changed)
+      break;
+    if (round == SPAN_ROUNDS)
+      return -1;
+  }
+  return span_join(s, c, out, at);
+}
+
+#endif
