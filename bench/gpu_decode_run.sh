@@ -98,7 +98,7 @@ if has tests; then
   logs=""
   for t in ${TESTS:-test_gpu_decode test_cuda}; do logs="$logs $out/$t.log"; done
   # -H: every line starts with its file's name, which sed takes off, whether one test ran or several.
-  grep -HE "third-party|scans cut|synthetic|on_error|workers|relative|leaks|slow consumer|compared|resumed" \
+  grep -HE "third-party|scans cut|scans read|synthetic|on_error|workers|relative|leaks|slow consumer|compared|resumed" \
     $logs | grep -v "handed out and released" | sed 's/^[^:]*: *//' > "$out/test_lines.txt"
   while read -r line; do row "&nbsp;" "$line"; done < "$out/test_lines.txt"
   if python3 -c "import torch; assert torch.cuda.is_available()" 2> /dev/null; then
@@ -400,7 +400,7 @@ if has firstrun; then
         j="$out/$set-first-$run-$round.json"
         guarded 120 "$j" "$out/$set-first-$run-$round.err" "$bin/dlbench" $args --option gpu_check=$check
         keep "$j" "$out/$set-first-$run-$round.err"
-        row "$set hybrid 5 epochs, first run, $run, round $round" "$(num "$j" steady_samples_per_s) images/s steady ($(num "$j" samples_per_s) with start-up; by epoch $(nums "$j" epochs_samples_per_s)), share $(num "$j" gpu_share) (balanced $(num "$j" gpu_share_balanced)), $(num "$j" split_cpu_ms_per_image) ms an image on a worker and $(num "$j" split_walk_ms_per_image) for each of the GPU's, $(num "$j" split_gpu_ms_per_image) on the GPU; scans read $(num "$j" gpu_check_read), verdicts from the shards $(num "$j" gpu_check_from_shards); the side that limits: $(str "$j" split_limit)"
+        row "$set hybrid 5 epochs, first run, $run, round $round" "$(num "$j" steady_samples_per_s) images/s steady ($(num "$j" samples_per_s) with start-up; by epoch $(nums "$j" epochs_samples_per_s)), share $(num "$j" gpu_share) (balanced $(num "$j" gpu_share_balanced)), $(num "$j" split_cpu_ms_per_image) ms an image on a worker and $(num "$j" split_walk_ms_per_image) for each of the GPU's, $(num "$j" split_gpu_ms_per_image) on the GPU; scans read $(num "$j" gpu_check_read) ($(num "$j" gpu_walks) on the GPU, the copy thread waiting $(num "$j" gpu_walk_wait_ms) ms a batch for them), verdicts from the shards $(num "$j" gpu_check_from_shards); the side that limits: $(str "$j" split_limit)"
       done
       round=$((round + 1))
     done

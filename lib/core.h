@@ -34,8 +34,8 @@ typedef struct dl__gpu_job {
   int64_t index;         /* in the dataset, to name it */
   uint8_t flip;
   uint8_t engine;        /* DL__GPU_ENGINE_* */
+  uint8_t walk;          /* 1: gpu_check's read of its scan is left to the device (gpu/walk.cu) */
 } dl__gpu_job;
-
 
 struct dl_batch {
   dl_loader *l;
@@ -248,7 +248,7 @@ struct dl_loader {
   /* JPEG decoding on the GPU, chosen at open (gpu/policy.c). */
   int decode;          /* DL__DECODE_CPU, _GPU or _HYBRID: what runs */
   char decode_reason[256];
-  bool gpu_hw;         /* the devices' JPEG engines decode (else nvJPEG's CUDA decoder) */
+  bool gpu_hw, gpu_walk; /* engines decode (else nvJPEG's CUDA decoder); the GPU reads unread scans */
   size_t gpu_pool;     /* device bytes for one batch's decoded JPEGs: a larger image goes to the CPU */
   size_t arena_bytes;  /* per host slot, for the compressed JPEGs */
   bool decode_starting; /* decode=auto: nvJPEG starts while the workers decode every JPEG (under mu) */

@@ -374,7 +374,7 @@ static const option options[] = {
     {"direct", BOOL, FIELD(direct), .help = "O_DIRECT reads of ringfeed shards, 0 or 1 (0)"},
     {"pad", BOOL, FIELD(pad), .help = "tensor fields padded to the dataset's largest, with NAME_len, 0 or 1 (0)"},
     {"gpu_check", BOOL, FIELD(gpu_check),
-     .help = "read a JPEG's data through on the CPU before its first GPU decode, 0 or 1 (1)"},
+     .help = "read a JPEG's data through before its first GPU decode is delivered, 0 or 1 (1)"},
     {"keep_gpu_decoders", BOOL, FIELD(keep_gpu_decoders),
      .help = "after close, nvJPEG's decoders (their gpu_decode_mb and nvJPEG's buffers) stay in the process for "
              "its next loader of the same batch size, which then decodes on the GPU from its first batch, 0 or 1 "

@@ -5,8 +5,8 @@
 // - Bad files: every sample the CPU path skips is skipped by decode=gpu with the same code, and
 //   with on_error=fail the same messages name them; no file the CPU decodes fails on the GPU. That
 //   includes damage inside entropy-coded data with sound markers (entropy_damaged.h), which the
-//   hardware engine decodes without a word: the workers read such scans through before the GPU
-//   may take them. So are scans cut short in progressive and non-interleaved files, which nvJPEG's
+//   hardware engine decodes without a word: their scans are read through (by the workers, or on
+//   the device beside the engines' decode) before the GPU's pixels are taken. So are scans cut short in progressive and non-interleaved files, which nvJPEG's
 //   CUDA decoder takes.
 // - Determinism: the same bytes with 1 or 6 workers (decode=gpu, and hybrid with a fixed split).
 // - The other crops, sizes, one channel, NCHW and a rank's share agree with the CPU's too; a resume
@@ -167,6 +167,14 @@ static void third_party(const char *shards) {
          d.errors_equal, d.entropy_damaged, stat_of(&gpu, "gpu_decoded"), stat_of(&gpu, "gpu_fallbacks"),
          d.compared, d.sum / d.compared, d.worst, w ? w->path : d.worst_key);
   print_top(&d);
+  // A first run on a card with JPEG engines: their files' scans are read on the device (walk.cu),
+  // the damaged ones among them found there and decoded again on the CPU, which fails them.
+  printf("scans read on the device: %.0f, %.0f of them damaged\n", stat_of(&gpu, "gpu_walks"),
+         stat_of(&gpu, "gpu_walks_damaged"));
+  if (strstr(gpu.stats, "hardware engine")) {
+    ASSERT_GT(stat_of(&gpu, "gpu_walks"), 50);
+    ASSERT_GE(stat_of(&gpu, "gpu_walks_damaged"), 1);
+  }
   ASSERT_GT(stat_of(&gpu, "gpu_decoded"), 50);
   ASSERT_GE(d.entropy_damaged, (int)(sizeof entropy_damaged / sizeof *entropy_damaged));
   within_limit(&d, "third-party JPEGs");

@@ -4,7 +4,9 @@
  *   CPU without complaint (so a file libjpeg rejects is never a GPU sample: it stays on the CPU,
  *   which names it as it always has), and the usual suspects go where they should (progressive
  *   to the CUDA decoder, arithmetic, 12-bit, CMYK, truncated files and sound markers around
- *   damaged entropy-coded data to the CPU, those of several scans even with gpu_check=0);
+ *   damaged entropy-coded data to the CPU, those of several scans even with gpu_check=0); with
+ *   the devices reading scans (gpu/walk.cu), the engine's files go unread, and the device's
+ *   walker finds damaged every one of them the CPU fails;
  * - the region the engine decodes holds the crop and its filter's reach, on the 16-pixel grid;
  * - decode=gpu and decode=hybrid without a GPU fail at open with DL_ENODEVICE and the reason;
  *   decode=auto decodes on the CPU and says so in the stats; a missing nvJPEG is named;
@@ -15,6 +17,7 @@
 #include "gpu/gpu.h"
 #include "gpu/nvjpeg.h"
 #include "core.h"
+#include "decode/jpeg_span.h"
 #include "ringfeed.h"
 #include "entropy_damaged.h"
 #include "test.h"
@@ -30,7 +33,7 @@ static dl_batch slot;
 static dl__gpu_job jobs[1];
 static uint8_t *arena;
 static dl__image_decoder cpu;
-static int seen, to_engine, to_cuda, to_cpu, cpu_ok_only, entropy_faults;
+static int seen, to_engine, to_cuda, to_cpu, cpu_ok_only, entropy_faults, read_on_device, damaged_on_device;
 
 static uint8_t *read_file(const char *path, size_t *n) {
   FILE *f = fopen(path, "rb");
@@ -50,13 +53,49 @@ static uint8_t *read_file(const char *path, size_t *n) {
 }
 
 /* Where the workers would send this file, the dataset's sample INDEX, with and without JPEG
- * engines. */
+ * engines (and without the device's reads of scans, unless a test sets l.gpu_walk). */
 static int route(const uint8_t *p, size_t n, bool engines, uint64_t key, int64_t index) {
   l.gpu_hw = engines;
   memcpy(arena, p, n);
   if (!dl__gpu_plan(&l, &slot, 0, index, arena, arena, n, key))
     return 0;
   return jobs[0].engine;
+}
+
+/* With the devices reading scans (gpu/walk.cu), as a first run on a card with JPEG engines: the
+ * engines' single-scan files go to the GPU unread, and the device's read in spans (the steps of
+ * decode/jpeg_span.h, compiled for it; a file it leaves is read on the CPU after) must then find
+ * damaged every one the CPU fails, which is then decoded on the CPU. Any other file goes where it
+ * went (WITH). */
+static void device_read(const char *path, const uint8_t *p, size_t n, uint64_t key, int with) {
+  static int64_t index = 1 << 24; /* samples no verdict is kept for */
+  l.gpu_walk = true;
+  int unread = route(p, n, true, key, index++);
+  l.gpu_walk = false;
+  if (!unread || !jobs[0].walk) {
+    ASSERT_EQ(unread, with);
+    return;
+  }
+  ASSERT_EQ(unread, DL__GPU_ENGINE_HW);
+  static scan room;
+  static span_cut cut;
+  static span_end found[SPAN_MAX];
+  static span_at entries[SPAN_MAX];
+  int verdict = span_walk_whole(p, n, &room, &cut, found, entries);
+  if (verdict < 0)
+    verdict = dl__jpeg_rows_clean(NULL, 0, p, n, 1 << 26); /* walks_end: the CPU reads it */
+  ASSERT_EQ(verdict, dl__jpeg_rows_clean(NULL, 0, p, n, 1 << 26)); /* what a worker would have found */
+  dl__err e = {0};
+  uint8_t *out = malloc(l.sample_bytes);
+  bool cpu_fails =
+      dl__image_decode(&cpu, &l.image_spec, p, n, DL__CODEC_JPEG, key, dl__sample_flip(&l, key), 0, out, &e) != 0;
+  free(out);
+  if (cpu_fails && verdict == 1)
+    FAIL_AT("%s: the CPU says \"%s\", yet the device's walk finds its scan clean", path, e.msg);
+  if (is_entropy_damaged(path))
+    ASSERT_EQ(verdict, 0);
+  read_on_device++;
+  damaged_on_device += verdict != 1;
 }
 
 static int visit(const char *path, const struct stat *st, int type, struct FTW *ftw) {
@@ -95,6 +134,7 @@ static int visit(const char *path, const struct stat *st, int type, struct FTW *
   to_cpu += !with;
   if (with == DL__GPU_ENGINE_HW)
     ASSERT_EQ(without, DL__GPU_ENGINE_CUDA); /* without engines the CUDA decoder takes the same */
+  device_read(path, p, n, key, with);
   free(p);
   return 0;
 }
@@ -148,8 +188,12 @@ static void routes(const char *testdata) {
   printf("%d JPEG-looking files: %d to the engine, %d to the CUDA decoder, %d stay on the CPU (%d of those "
          "decode there; %d with damaged entropy-coded data)\n",
          seen, to_engine, to_cuda, to_cpu, cpu_ok_only, entropy_faults);
+  printf("with scans read on the device: %d of the engine's files taken unread, %d of them found damaged there "
+         "(and decoded on the CPU)\n", read_on_device, damaged_on_device);
   ASSERT_GT(seen, 300);
   ASSERT_EQ(entropy_faults, (int)(sizeof entropy_damaged / sizeof *entropy_damaged));
+  ASSERT_GT(read_on_device, 20);
+  ASSERT_GE(damaged_on_device, entropy_faults);
   for (size_t i = 0; i < sizeof entropy_damaged / sizeof *entropy_damaged; i++) {
     ASSERT_EQ(route_file(testdata, entropy_damaged[i], true), 0);
     ASSERT_EQ(route_file(testdata, entropy_damaged[i], false), 0);

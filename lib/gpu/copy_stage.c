@@ -287,6 +287,7 @@ static void decoders_commit(dl_loader *l, decoder_start *d, char *why, size_t ca
     engines &= dl__gpu_decoder_has_engine(d[i].dec);
   }
   l->gpu_hw = engines;
+  l->gpu_walk = true; /* every decoder reads scans (walk.cu) */
   l->gpu_pool = (size_t)l->o.gpu_decode_mb << 20;
   /* First: a long nvJPEG path may not leave room after it. */
   snprintf(why, cap, "%s%s", d[0].kept ? "kept from a loader closed earlier in this process: " : "",
@@ -824,9 +825,9 @@ bool dl__cuda_consumer_busy_locked(dl_loader *l, int stream) {
 
 int dl__cuda_stats(dl_loader *l, char *buf, size_t cap) {
   cuda_state *c = l->cuda;
-  double ms = 0, decode_ms = 0, decode_host_ms = 0, pool_wait_ms = 0, wait_consumer_ms = 0;
+  double ms = 0, decode_ms = 0, decode_host_ms = 0, pool_wait_ms = 0, walk_wait_ms = 0, wait_consumer_ms = 0;
   double wait_workers_ms = (double)atomic_load_explicit(&l->st.copy_wait_workers_ns, memory_order_relaxed) * 1e-6;
-  int64_t bytes = 0, decode_batches = 0, batches = 0;
+  int64_t bytes = 0, decode_batches = 0, batches = 0, walks = 0, walks_damaged = 0;
   for (int i = 0; i < c->n; i++) {
     ms += c->g[i].copy_ms;
     bytes += c->g[i].copy_bytes;
@@ -834,6 +835,7 @@ int dl__cuda_stats(dl_loader *l, char *buf, size_t cap) {
     decode_host_ms += c->g[i].decode_host_ms;
     decode_batches += c->g[i].decode_batches;
     pool_wait_ms += c->g[i].dec ? dl__gpu_decoder_pool_wait_ms(c->g[i].dec) : 0;
+    walk_wait_ms += c->g[i].dec ? dl__gpu_decoder_walks(c->g[i].dec, &walks, &walks_damaged) : 0;
     wait_consumer_ms += c->g[i].wait_consumer_ms;
     batches += c->g[i].batches;
   }
@@ -851,11 +853,13 @@ int dl__cuda_stats(dl_loader *l, char *buf, size_t cap) {
   return snprintf(buf, cap,
                   ",\"cuda_queues\":%d,\"cuda_queues_reason\":\"%s\",\"gpu_stage_busy_frac\":%.4f,\"pin_ms\":%.3f,\"gpu_decoders_start_ms\":%.3f,\"h2d_bytes\":%lld,\"h2d_gpu_ms\":%.3f,\"h2d_gb_s\":%.3f,\"device_slots\":%d"
                   ",\"gpu_decode_ms\":%.3f,\"gpu_decode_host_ms\":%.3f,\"gpu_decode_pool_wait_ms\":%.3f,\"gpu_decode_batches\":%lld"
+                  ",\"gpu_walks\":%lld,\"gpu_walks_damaged\":%lld,\"gpu_walk_wait_ms\":%.3f"
                   ",\"gpu_stage_wait_workers_ms\":%.3f,\"gpu_stage_wait_consumer_ms\":%.3f,\"pinned_mb\":%.1f,\"device_mb\":%.1f",
                   queues, queues_why, busy, pin_ms, decoders_ms, (long long)bytes, ms, ms > 0 ? bytes / ms / 1e6 : 0.0, l->o.device_slots,
                   decode_batches ? decode_ms / (double)decode_batches : 0.0,
                   decode_batches ? decode_host_ms / (double)decode_batches : 0.0,
                   decode_batches ? pool_wait_ms / (double)decode_batches : 0.0, (long long)decode_batches,
+                  (long long)walks, (long long)walks_damaged, decode_batches ? walk_wait_ms / (double)decode_batches : 0.0,
                   batches ? wait_workers_ms / (double)batches : 0.0, batches ? wait_consumer_ms / (double)batches : 0.0,
                   (double)pinned / 1048576.0, (double)device_bytes / 1048576.0);
 }

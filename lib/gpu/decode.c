@@ -4,7 +4,8 @@
  * images the engine does not take (progressive, 4:1:1 ...), into a pool of device memory fixed at
  * open; then one kernel per pool's worth crops, resizes, flips and converts them into the device
  * batch. A JPEG nvJPEG refuses is decoded on the CPU into the host slot instead, and fails there
- * exactly as it would have on a worker. Nothing is allocated per batch.
+ * exactly as it would have on a worker; so is one whose scan the device read (walk.cu, gpu_check
+ * in a first run) and found damaged. Nothing is allocated per batch.
  *
  * Lock order: l->mu only, briefly, to record a failed sample.
  */
@@ -55,6 +56,17 @@ struct dl__gpu_decoder {
   nvjpegDecodeParams_t *params;
   int nparams;
   int *hw_list, *cuda_list;
+  /* gpu_check's reads of the scans no worker read (walk.cu), on a stream of their own so that
+   * nvJPEG's work on the copy stream does not queue behind them: the host slot's arena copied
+   * (walk_bytes, sized at the first walk for the loader's arenas), a batch's jobs, their tables. */
+  cudaStream_t walk_stream;
+  cudaEvent_t walked;
+  uint8_t *walk_bytes;
+  size_t walk_cap;
+  dl__walk_job *walk_dev, *walk_host;
+  void *walk_room;
+  double walk_wait_ms; /* the copy thread's time waiting for them after its decodes */
+  int64_t walks, walks_damaged;
   dl__image_decoder cpu; /* the JPEGs nvJPEG refuses */
   int prefetch;          /* the host slots jobs_host was sized for */
   size_t device_bytes;   /* the device memory it took */
@@ -63,6 +75,12 @@ struct dl__gpu_decoder {
 bool dl__gpu_decoder_has_engine(const dl__gpu_decoder *d) { return d->hw.h != NULL; }
 
 double dl__gpu_decoder_pool_wait_ms(const dl__gpu_decoder *d) { return d->pool_wait_ms; }
+
+double dl__gpu_decoder_walks(const dl__gpu_decoder *d, int64_t *walks, int64_t *damaged) {
+  *walks += d->walks;
+  *damaged += d->walks_damaged;
+  return d->walk_wait_ms;
+}
 
 const char *dl__gpu_decoder_describe(const dl__gpu_decoder *d, char *buf, size_t cap) {
   const char *chroma = d->interpolates ? "chroma interpolated" : "chroma replicated (no interpolation flag)";
@@ -91,6 +109,14 @@ void dl__gpu_decoder_destroy(dl__gpu_decoder *d) {
   for (int h = 0; h < 2; h++)
     if (d->pool_read[h])
       cudaEventDestroy(d->pool_read[h]);
+  if (d->walked)
+    cudaEventDestroy(d->walked);
+  if (d->walk_stream)
+    cudaStreamDestroy(d->walk_stream);
+  cudaFree(d->walk_bytes);
+  cudaFree(d->walk_dev);
+  cudaFree(d->walk_room);
+  cudaFreeHost(d->walk_host);
   cudaFree(d->pool);
   cudaFree(d->jobs_dev);
   cudaFreeHost(d->jobs_host);
@@ -128,7 +154,8 @@ dl__gpu_decoder *dl__gpu_decoder_take(const dl_loader *l, int device, size_t *de
       d = kept[i], kept[i] = NULL;
   pthread_mutex_unlock(&kept_mu);
   if (d) {
-    d->pool_wait_ms = 0; /* the stats are the new loader's */
+    d->pool_wait_ms = d->walk_wait_ms = 0; /* the stats are the new loader's */
+    d->walks = d->walks_damaged = 0;
     *device_bytes += d->device_bytes;
   }
   return d;
@@ -239,7 +266,12 @@ int dl__gpu_decoder_create(dl_loader *l, int device, dl__gpu_decoder **out, size
              (ce = cudaEventCreateWithFlags(&d->pool_read[0], cudaEventDisableTiming | cudaEventBlockingSync)) ||
              (ce = cudaEventCreateWithFlags(&d->pool_read[1], cudaEventDisableTiming | cudaEventBlockingSync)) ||
              (ce = cudaHostAlloc((void **)&d->jobs_host, (size_t)l->o.prefetch * B * sizeof *d->jobs_host,
-                                 cudaHostAllocPortable))))
+                                 cudaHostAllocPortable)) ||
+             (ce = cudaStreamCreateWithFlags(&d->walk_stream, cudaStreamNonBlocking)) ||
+             (ce = cudaEventCreateWithFlags(&d->walked, cudaEventDisableTiming | cudaEventBlockingSync)) ||
+             (ce = cudaMalloc((void **)&d->walk_dev, B * sizeof *d->walk_dev)) ||
+             (ce = cudaMalloc(&d->walk_room, B * dl__walk_room_bytes())) ||
+             (ce = cudaHostAlloc((void **)&d->walk_host, B * sizeof *d->walk_host, cudaHostAllocPortable))))
     ok = false;
   if (!ok) {
     snprintf(why, cap, "no memory for JPEG decoding on cuda:%d (gpu_decode_mb=%d): %s", device, l->o.gpu_decode_mb,
@@ -248,7 +280,7 @@ int dl__gpu_decoder_create(dl_loader *l, int device, dl__gpu_decoder **out, size
     return -1;
   }
   d->prefetch = l->o.prefetch;
-  d->device_bytes = d->pool_cap + B * sizeof *d->jobs_dev;
+  d->device_bytes = d->pool_cap + B * (sizeof *d->jobs_dev + sizeof *d->walk_dev + dl__walk_room_bytes());
   *device_bytes += d->device_bytes;
   t[3] = dl__now();
   /* The engine's own buffers, sized once for a batch of images as large as the pool allows. */
@@ -494,11 +526,90 @@ static int flush(dl__gpu_decoder *d, dl_loader *l, dl_batch *host, dl__resize_jo
   return n;
 }
 
+/* Queues the device's reads of HOST's scans that no worker read (gpu_check, jobs marked walk), to
+ * run beside the decodes; how many, each verdict -1 (read on the CPU after) where there is no
+ * device memory for them. -1 with WHY when CUDA itself fails. */
+static int walks_start(dl__gpu_decoder *d, dl_loader *l, dl_batch *host, char *why, size_t cap) {
+  int n = 0;
+  for (int i = 0; i < host->len; i++)
+    if (host->jobs[i].len && host->jobs[i].walk)
+      d->walk_host[n++] = (dl__walk_job){.at = host->jobs[i].at, .len = host->jobs[i].len, .out = i, .verdict = -1};
+  if (!n)
+    return 0;
+  if (d->walk_cap < l->arena_bytes) { /* a decoder's first walk, or a kept one's for larger arenas */
+    cudaFree(d->walk_bytes);
+    d->walk_bytes = NULL;
+    d->walk_cap = cudaMalloc((void **)&d->walk_bytes, l->arena_bytes) == cudaSuccess ? l->arena_bytes : 0;
+    if (!d->walk_cap) {
+      cudaGetLastError();
+      dl__log(DL__LOG_DEBUG, "no device memory on cuda:%d to read scans (%zu bytes): the CPU reads them", d->device,
+              l->arena_bytes);
+      return n;
+    }
+  }
+  cudaError_t e = cudaMemcpyAsync(d->walk_bytes, host->arena, host->arena_used, cudaMemcpyHostToDevice,
+                                  d->walk_stream);
+  if (!e)
+    e = cudaMemcpyAsync(d->walk_dev, d->walk_host, (size_t)n * sizeof *d->walk_dev, cudaMemcpyHostToDevice,
+                        d->walk_stream);
+  if (!e)
+    e = (cudaError_t)dl__walk_launch(d->walk_bytes, d->walk_dev, n, d->walk_room, d->walk_stream);
+  if (!e)
+    e = cudaMemcpyAsync(d->walk_host, d->walk_dev, (size_t)n * sizeof *d->walk_dev, cudaMemcpyDeviceToHost,
+                        d->walk_stream);
+  if (!e)
+    e = cudaEventRecord(d->walked, d->walk_stream);
+  if (e) {
+    snprintf(why, cap, "reading JPEG scans on cuda:%d failed: %s", d->device, cudaGetErrorString(e));
+    return -1;
+  }
+  return n;
+}
+
+/* The verdicts of HOST's N walks, kept for the next epochs; an image that does not read clean is
+ * decoded again on the CPU (its GPU decode is overwritten by the CPU samples' copy that follows).
+ * How many went to the CPU, or -1 with WHY. */
+static int walks_end(dl__gpu_decoder *d, dl_loader *l, dl_batch *host, int n, char *why, size_t cap) {
+  if (d->walk_cap) {
+    double t0 = dl__now();
+    cudaError_t e = cudaEventSynchronize(d->walked);
+    d->walk_wait_ms += (dl__now() - t0) * 1e3;
+    if (e) {
+      snprintf(why, cap, "reading JPEG scans on cuda:%d failed: %s", d->device, cudaGetErrorString(e));
+      return -1;
+    }
+  }
+  int moved = 0;
+  for (int k = 0; k < n; k++) {
+    const dl__walk_job *w = &d->walk_host[k];
+    dl__gpu_job *g = &host->jobs[w->out];
+    int v = w->verdict;
+    if (v < 0) /* not read on the device: read here, and kept */
+      v = dl__jpeg_rows_clean(l->jpeg_rows, (uint32_t)g->index, host->arena + g->at, w->len, l->o.max_pixels);
+    else
+      dl__jpeg_rows_note(l->jpeg_rows, (uint32_t)g->index, v == 1);
+    d->walks++;
+    if (v)
+      continue;
+    d->walks_damaged++;
+    if (!g->len)
+      continue; /* nvJPEG refused it: the CPU decoded it already */
+    const dl__sample *s = &l->ds.samples[g->index];
+    dl__log(DL__LOG_DEBUG, "shard %s member %s: its scan does not read through; decoding it on the CPU",
+            l->ds.files[s->file], dl__sample_name(&l->ds, s));
+    decode_on_cpu(d, l, host, w->out, NVJPEG_STATUS_SUCCESS);
+    moved++;
+  }
+  return moved;
+}
+
 int dl__gpu_decode(dl__gpu_decoder *d, dl_loader *l, dl_batch *host, int slot, void *out, cudaStream_t s, char *why,
                    size_t cap) {
   dl__resize_job *kj = d->jobs_host + (size_t)slot * (size_t)d->batch;
   chunk c = {0};
-  int decoded = 0;
+  int decoded = 0, walks = walks_start(d, l, host, why, cap);
+  if (walks < 0)
+    return -1;
   bool any_scaled = false;
   for (int i = 0; i < host->len; i++) {
     const dl__gpu_job *g = &host->jobs[i];
@@ -526,7 +637,10 @@ int dl__gpu_decode(dl__gpu_decoder *d, dl_loader *l, dl_batch *host, int slot, v
   int n = flush(d, l, host, kj, &c, any_scaled, out, s, why, cap);
   if (n < 0)
     return -1;
-  decoded += n;
+  int moved = walks ? walks_end(d, l, host, walks, why, cap) : 0;
+  if (moved < 0)
+    return -1;
+  decoded += n - moved;
   atomic_fetch_add_explicit(&l->st.gpu_decoded, decoded, memory_order_relaxed);
   return decoded;
 }

@@ -29,6 +29,9 @@ bool dl__gpu_decoder_has_engine(const dl__gpu_decoder *d);
 /* The copy thread's time so far waiting, before a hardware decode, for the kernels still reading
  * the pool (nvJPEG's engine writes it when called, not in the stream's order). */
 double dl__gpu_decoder_pool_wait_ms(const dl__gpu_decoder *d);
+/* The scans D read for gpu_check (walk.cu) and of them the damaged, added to *WALKS and *DAMAGED;
+ * returns the copy thread's time waiting for them after its decodes. */
+double dl__gpu_decoder_walks(const dl__gpu_decoder *d, int64_t *walks, int64_t *damaged);
 
 /* Queues on S the decode of HOST's GPU samples into OUT, the device batch (its final dtype and
  * layout); SLOT is HOST's index among its stream's host slots. A JPEG nvJPEG refuses is decoded on

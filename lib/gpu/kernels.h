@@ -34,6 +34,19 @@ int dl__box_launch(const dl__resize_job *jobs, int n, int c, cudaStream_t s);
 int dl__resize_launch(const dl__resize_job *jobs, int n, void *out, int oh, int ow, int c, int nchw, int dtype,
                       const float *mean, const float *std, cudaStream_t s);
 
+/* A JPEG whose scan the device reads (walk.cu): its bytes at AT (LEN) of the arena's copy, its
+ * place OUT in the host batch, and what the read found: 1 clean, 0 not, -1 left to the CPU (not a
+ * file the spans read, or spans that did not settle: decode/jpeg_span.h). */
+typedef struct dl__walk_job {
+  uint32_t at, len;
+  int32_t out, verdict;
+} dl__walk_job;
+
+/* The device bytes one image's read needs for its spans' findings (ROOM holds N of them). */
+size_t dl__walk_room_bytes(void);
+/* Reads the scans of N JOBS (device memory) in ARENA (device memory), their verdicts into JOBS. */
+int dl__walk_launch(const uint8_t *arena, dl__walk_job *jobs, int n, void *room, cudaStream_t s);
+
 #ifdef __cplusplus
 }
 #endif

@@ -112,10 +112,6 @@ bool dl__gpu_plan(const dl_loader *l, dl_batch *b, int i, int64_t index, uint8_t
    * test_gpu_decode, both on closing the one loader that gave it such files unread). */
   /* A ringfeed shard's writer vouches only for single-scan files (the verdicts taken at open): one
    * that says so of another file is not believed, and the file is read at every GPU decode. */
-  bool vouched = (size_t)index < l->ds.n && l->ds.samples[index].flags & DL__SAMPLE_SCAN_CLEAN;
-  if ((l->o.gpu_check || !single) &&
-      !dl__jpeg_rows_clean(vouched && !single ? NULL : l->jpeg_rows, (uint32_t)index, image, len, l->o.max_pixels))
-    return false;
   /* A sequential scan codes every block with at least a DC and an end-of-block code, two bits:
    * less data than that is damage a hardware decoder would fill in silently. */
   if (j.sof != 0xC2 && (int64_t)j.entropy_bytes * 4 < j.blocks)
@@ -127,6 +123,16 @@ bool dl__gpu_plan(const dl_loader *l, dl_batch *b, int i, int64_t index, uint8_t
   else if ((j.sof == 0xC0 || j.sof == 0xC1 || j.sof == 0xC2) && j.subsampling != DL__CSS_OTHER)
     engine = DL__GPU_ENGINE_CUDA;
   else
+    return false;
+  bool vouched = (size_t)index < l->ds.n && l->ds.samples[index].flags & DL__SAMPLE_SCAN_CLEAN;
+  /* A scan no run has read yet, of a file for the engines, is read on the device beside its decode
+   * (gpu/walk.cu): in a first epoch that read took the workers about half a decode an image. Only
+   * the engines' files: a damaged single-scan file is one they decode without harm (gpu_check=0),
+   * the CUDA decoder is not trusted with damage beyond that. */
+  uint8_t verdict = dl__jpeg_rows_verdict(l->jpeg_rows, (uint32_t)index);
+  bool walk = l->o.gpu_check && single && l->gpu_walk && engine == DL__GPU_ENGINE_HW && verdict == DL__VERDICT_UNREAD;
+  if ((l->o.gpu_check || !single) && !walk &&
+      !dl__jpeg_rows_clean(vouched && !single ? NULL : l->jpeg_rows, (uint32_t)index, image, len, l->o.max_pixels))
     return false;
   dl__rect r;
   dl__err e = {0};
@@ -155,5 +161,6 @@ bool dl__gpu_plan(const dl_loader *l, dl_batch *b, int i, int64_t index, uint8_t
   g->scale = (uint8_t)scale;
   g->flip = dl__sample_flip(l, key);
   g->engine = (uint8_t)engine;
+  g->walk = walk;
   return true;
 }
