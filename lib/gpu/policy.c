@@ -162,8 +162,8 @@ const char *dl__split_limit(double x, int b, double gpu_ms, double cpu_ms, doubl
 
 /* The GPU's share at which both sides finish a batch together: (1 - x) CPU_MS + x WALK_MS = x GPU_MS
  * WORKERS, the workers' time on a batch against the GPU's. The walk is the workers' cost of an
- * image the GPU takes: its markers read, and in a run's first epoch its scan (gpu_check, about 0.55
- * of a decode). Left out, the first epoch's balance put on the workers more than they could do
+ * image the GPU takes: its markers read, and in a run's first epoch the scan of one the device does
+ * not read (gpu_check, about 0.55 of a decode; gpu/walk.cu reads the engines' files). Left out, the first epoch's balance put on the workers more than they could do
  * beside their walks; with it, a walk as slow as the GPU side's whole cost per worker gives the
  * GPU every image (an H100 host, a first run over 20,000 q90 images: 5 epochs at 0.77 and 0.89 of
  * gpu_check=0's rate, against 0.75 and 0.75 with the walks left out). */
