@@ -77,11 +77,9 @@ static void device_read(const char *path, const uint8_t *p, size_t n, uint64_t k
     return;
   }
   ASSERT_EQ(unread, DL__GPU_ENGINE_HW);
-  static scan room;
-  static span_cut cut;
-  static span_end found[SPAN_MAX];
-  static span_at entries[SPAN_MAX];
-  int verdict = span_walk_whole(p, n, &room, &cut, found, entries);
+  static scan tables;
+  static span_room room;
+  int verdict = span_walk_whole(p, n, &tables, &room, NULL);
   if (verdict < 0)
     verdict = dl__jpeg_rows_clean(NULL, 0, p, n, 1 << 26); /* walks_end: the CPU reads it */
   ASSERT_EQ(verdict, dl__jpeg_rows_clean(NULL, 0, p, n, 1 << 26)); /* what a worker would have found */

@@ -9,7 +9,8 @@
  * A scan that walk calls clean is one libjpeg reads to its end without finding the data short,
  * and the files whose data is short are not called clean. The device's read of a scan in spans
  * (decode/jpeg_span.h) gives the whole walk's verdict on each of those files, and on damaged
- * copies of them: bytes changed or the data cut short at places spread over the scan.
+ * copies of them: bytes changed or the data cut short at places spread over the scan; of a clean
+ * one, the row starts a walk notes, and a quarter of the files' crops are decoded from those.
  */
 #include "entropy_damaged.h"
 #include "core.h"
@@ -101,16 +102,38 @@ static int same(pair *d, const uint8_t *p, size_t n, const char *name, uint32_t 
   return 0;
 }
 
-static long span_walks, span_damaged, span_left; /* the device's reads in spans (gpu/walk.cu) */
+static long span_walks, span_damaged, span_left, span_rows_same, span_learnt; /* gpu/walk.cu's reads */
 
-/* The device's read of P in spans against the whole walk, both from decode/jpeg_walk.h's steps. */
+/* The row starts of P's scan as a worker's walk notes them (jpeg_rows.c's walk_rows); how many. */
+static uint32_t walked_rows(const uint8_t *p, size_t n, scan *s, row_start *at) {
+  size_t e;
+  if (scan_parse(p, n, s, &e) || s->restart || s->mcu_rows > SPAN_ROWS)
+    return 0;
+  for (int k = 0; k < s->comps; k++) {
+    huff_lookups(&s->dc[k], false);
+    huff_lookups(&s->ac[k], true);
+  }
+  reader r;
+  reader_at(&r, p + e, n - e, 0);
+  int32_t dc[3] = {0, 0, 0};
+  uint64_t mcu = 0;
+  at[0] = (row_start){0, {0, 0, 0}};
+  for (uint32_t y = 0; y + 1 < s->mcu_rows; y++) {
+    if (walk_row(&r, s, dc, &mcu))
+      return 0;
+    at[y + 1] = (row_start){tell(&r), {(int16_t)dc[0], (int16_t)dc[1], (int16_t)dc[2]}};
+  }
+  return s->mcu_rows;
+}
+
+/* The device's read of P in spans against the whole walk, both from decode/jpeg_walk.h's steps:
+ * the verdict, and a clean scan's row starts. */
 static void span_check(const uint8_t *p, size_t n, const char *name, int variant) {
   static scan s;
-  static span_cut c;
-  static span_end out[SPAN_MAX];
-  static span_at at[SPAN_MAX];
+  static span_room room;
+  static row_start rows[SPAN_ROWS], walked[SPAN_ROWS];
   int whole = walk_whole(p, n, &s);
-  int spans = span_walk_whole(p, n, &s, &c, out, at);
+  int spans = span_walk_whole(p, n, &s, &room, rows);
   if (spans < 0) { /* restart markers, or entries that did not settle: the CPU reads those */
     span_left++;
     return;
@@ -119,6 +142,25 @@ static void span_check(const uint8_t *p, size_t n, const char *name, int variant
     FAIL_AT("%s (copy %d): read in spans %d, walked whole %d", name, variant, spans, whole);
   span_walks++;
   span_damaged += spans == 0;
+  uint32_t count = spans == 1 ? walked_rows(p, n, &s, walked) : 0;
+  for (uint32_t y = 0; y < count; y++)
+    if (rows[y].bit != walked[y].bit || memcmp(rows[y].dc, walked[y].dc, sizeof rows[y].dc))
+      FAIL_AT("%s (copy %d): row %u starts at bit %u (DC %d %d %d) read in spans, %u (%d %d %d) walked", name,
+              variant, y, rows[y].bit, rows[y].dc[0], rows[y].dc[1], rows[y].dc[2], walked[y].bit, walked[y].dc[0],
+              walked[y].dc[1], walked[y].dc[2]);
+  span_rows_same += count > 0;
+}
+
+/* SAMPLE's row starts as the GPU path keeps them from the device's read (walks_end), for the
+ * decodes of its crops that follow. */
+static void span_learn(const uint8_t *p, size_t n, uint32_t sample) {
+  static scan s;
+  static span_room room;
+  static row_start rows[SPAN_ROWS];
+  if (span_walk_whole(p, n, &s, &room, rows) == 1 && s.mcu_rows <= SPAN_ROWS) {
+    dl__jpeg_rows_learn(main_pair->store, sample, p, n, (uint32_t)(room.cut.d - p), rows, s.mcu_rows);
+    span_learnt++;
+  }
 }
 
 /* Damaged copies of P: a byte changed, a few, or the file cut short, at places past its markers. */
@@ -181,6 +223,8 @@ static void file_crops(const uint8_t *p, size_t n, const char *name, int crops, 
   uint32_t sample = next_sample++;
   if (sample % 2)
     whole_scan(p, n, name, sample);
+  else if (sample % 4 == 0)
+    span_learn(p, n, sample);
   for (int k = 0; k < crops; k++) {
     double w = 0.2 + 0.8 * (double)(draw(&seed) % 1000) / 1000,
            h = 0.2 + 0.8 * (double)(draw(&seed) % 1000) / 1000;
@@ -320,10 +364,13 @@ int main(void) {
     printf("third-party test data not found: synthetic files only\n");
   }
   printf("whole scans walked: %ld clean, %ld not (libjpeg found %ld short); read in spans the same, with their "
-         "damaged copies: %ld (%ld damaged; %ld left to the CPU)\n",
-         clean, damaged, short_data, span_walks, span_damaged, span_left);
+         "damaged copies: %ld (%ld damaged; %ld left to the CPU), the row starts of %ld the same; %ld files' "
+         "crops decoded from the spans' row starts\n",
+         clean, damaged, short_data, span_walks, span_damaged, span_left, span_rows_same, span_learnt);
   ASSERT_GT(span_walks, 100);
   ASSERT_GT(span_damaged, 50);
+  ASSERT_GT(span_rows_same, 30);
+  ASSERT_GT(span_learnt, 15);
   printf("row index: %" PRIu64 " bytes\n", dl__jpeg_rows_bytes(store));
   pair_free(main_pair);
   dl__jpeg_rows_free(store);

@@ -27,6 +27,11 @@ uint32_t dl__jpeg_rows_take_verdicts(dl__jpeg_rows *s, const uint8_t *v, uint32_
 /* SAMPLE's verdict so far (UNREAD without S); and one read elsewhere (the GPU), counted as WALKED. */
 uint8_t dl__jpeg_rows_verdict(const dl__jpeg_rows *s, uint32_t sample);
 void dl__jpeg_rows_note(dl__jpeg_rows *s, uint32_t sample, bool clean);
+/* The starts AT of the ROWS rows of MCUs of SAMPLE's clean scan, read elsewhere (the GPU's read in
+ * spans, decode/jpeg_span.h: an array of its row_start), from P (LEN bytes, its scan's data from
+ * ENTROPY_AT): kept where the decodes have not learnt them yet and the budget allows. */
+void dl__jpeg_rows_learn(dl__jpeg_rows *s, uint32_t sample, const uint8_t *p, size_t len, uint32_t entropy_at,
+                         const void *at, uint32_t rows);
 struct jpeg_decompress_struct;
 /* For a decode of SRC (LEN bytes, its scan's data from ENTROPY_AT, D started) that needs no row
  * above iMCU row IMCU_ROW: stand-ins for the rows above in OUT (*PREFIX_LEN bytes) that SRC from

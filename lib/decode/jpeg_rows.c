@@ -40,11 +40,6 @@
 
 enum { MAX_PAIRS = 4 };
 
-typedef struct row_start {
-  uint32_t bit;  /* from the first byte of entropy-coded data, stuffed bytes counted */
-  int16_t dc[3]; /* each component's DC predictor there */
-} row_start;
-
 typedef struct record {
   uint32_t len, entropy_at, stamp, rows; /* the file it was learnt from, and its MCU rows */
   _Atomic uint32_t known;                /* the starts of rows [0, known) are in at[] */
@@ -201,6 +196,20 @@ static record *record_of(dl__jpeg_rows *st, uint32_t sample, const uint8_t *p, s
     }
   }
   return r->len == len && r->entropy_at == at && r->stamp == h && r->rows == rows ? r : NULL;
+}
+
+void dl__jpeg_rows_learn(dl__jpeg_rows *st, uint32_t sample, const uint8_t *p, size_t len, uint32_t entropy_at,
+                         const void *at, uint32_t rows) {
+  record *rec = st && rows ? record_of(st, sample, p, len, entropy_at, rows) : NULL;
+  if (!rec || atomic_flag_test_and_set_explicit(&rec->busy, memory_order_acquire))
+    return; /* a decode is extending it: it learns them itself */
+  const row_start *from = at;
+  uint32_t known = atomic_load_explicit(&rec->known, memory_order_acquire);
+  if (!atomic_load_explicit(&rec->odd, memory_order_relaxed) && known < rows) {
+    memcpy(&rec->at[known], &from[known], (size_t)(rows - known) * sizeof *from);
+    atomic_store_explicit(&rec->known, rows, memory_order_release);
+  }
+  atomic_flag_clear_explicit(&rec->busy, memory_order_release);
 }
 
 /* Walks MCU rows [FROM, TO) from *AT, where row FROM begins, leaving in *AT where row TO does.

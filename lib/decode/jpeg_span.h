@@ -7,7 +7,9 @@
  * the reads go round again only for the spans whose entry changed. Once no entry changes, every
  * span was read from where the walk of the whole scan reaches it (the first from the scan's start),
  * and their findings joined give walk_whole's verdict: the bad codes and reads past the data up to
- * the scan's last block, and the DC predictors' range, from their change over each span.
+ * the scan's last block, and the DC predictors' range, from their change over each span. A clean
+ * scan's spans are read once more from what the join found before each (its first block and DC
+ * predictors) to note where each MCU row begins, as a CPU walk notes them for the decodes after.
  */
 #ifndef RINGFEED_DECODE_JPEG_SPAN_H
 #define RINGFEED_DECODE_JPEG_SPAN_H
@@ -18,6 +20,8 @@
  * of a span before its image goes to the CPU's walker instead (a scan whose components share
  * their tables gives no sign of which block a code is in, and falls in step only span by span). */
 enum { SPAN_BYTES = 256, SPAN_MAX = 256, SPAN_ROUNDS = 16 };
+/* The most MCU rows whose starts a read notes (4,096 pixels of 4:2:0). */
+enum { SPAN_ROWS = 256 };
 
 /* Where a code begins: the bit, counted over the data without its stuffed zero bytes, the block
  * of the MCU and the coefficient read next (0: its DC). */
@@ -33,6 +37,19 @@ typedef struct span_end {
   uint8_t failed;              /* a bad code or a read past the data, in block BLOCKS */
   int32_t dc[3], hi[3], lo[3]; /* the DC predictors' change, their highest and lowest on the way */
 } span_end;
+
+/* What comes before a span: the blocks ended and the DC predictors; and where to note the starts
+ * of the MCU rows (PER_ROW blocks each, ROWS of them) it passes. */
+typedef struct span_base {
+  uint64_t block;
+  int32_t dc[3];
+} span_base;
+
+typedef struct span_note {
+  span_base base;
+  row_start *at;
+  uint32_t per_row, rows;
+} span_note;
 
 /* The scan's data: D, N bytes up to its first marker (or the file's end), cut into COUNT spans;
  * span I begins at byte FROM[I], bit BIT[I] (stuffed zero bytes left out); BIT[COUNT] ends it. */
@@ -81,8 +98,9 @@ WALK_FN int span_symbol(reader *r, const huff *h, uint32_t *bit) {
 }
 
 /* Reads span I of C from AT to the first code at or past its end, or to CAP blocks; as walk_mcu
- * reads a block, one code at a time. */
-WALK_FN span_end span_read(const scan *s, const span_cut *c, int i, span_at at, uint32_t cap) {
+ * reads a block, one code at a time. With NOTE, the row starts it passes go into NOTE->at. */
+WALK_FN span_end span_read(const scan *s, const span_cut *c, int i, span_at at, uint32_t cap,
+                           const span_note *note) {
   span_end e = {{0, 0, 0}, 0, 0, {0, 0, 0}, {0, 0, 0}, {0, 0, 0}};
   reader r;
   reader_at(&r, c->d, c->n, c->from[i] * 8);
@@ -137,6 +155,13 @@ WALK_FN span_end span_read(const scan *s, const span_cut *c, int i, span_at at, 
       k = 0;
       b = b + 1 == s->blocks ? 0 : b + 1;
       e.blocks++;
+      uint64_t block = note ? note->base.block + e.blocks : 0;
+      if (note && block % note->per_row == 0 && block / note->per_row < note->rows) {
+        row_start *y = &note->at[block / note->per_row];
+        y->bit = tell(&r);
+        for (int q = 0; q < 3; q++)
+          y->dc[q] = (int16_t)(note->base.dc[q] + e.dc[q]);
+      }
     }
   }
   e.next = (span_at){bit, (uint8_t)b, (uint8_t)k};
@@ -152,16 +177,19 @@ WALK_FN span_at span_entry(const span_cut *c, const span_end *out, int i) {
 }
 
 /* The verdict from the spans' reads OUT from their entries AT, once none changes: 1 clean, 0 not
- * (walk_whole's). The span the scan's last block ends in is read again up to that block. */
-WALK_FN int span_join(const scan *s, const span_cut *c, const span_end *out, const span_at *at) {
+ * (walk_whole's). The span the scan's last block ends in is read again up to that block. BASE
+ * (may be NULL): what comes before each span of a clean scan. */
+WALK_FN int span_join(const scan *s, const span_cut *c, const span_end *out, const span_at *at, span_base *base) {
   uint64_t total = (uint64_t)s->mcu_rows * s->mcus_per_row * (uint64_t)s->blocks, done = 0;
   int32_t dc[3] = {0, 0, 0};
   for (int i = 0; i < c->count; i++) {
     span_end o = out[i];
+    if (base)
+      base[i] = (span_base){done, {dc[0], dc[1], dc[2]}};
     if (o.failed && done + o.blocks < total)
       return 0;
     if (o.failed || done + o.blocks >= total) {
-      o = span_read(s, c, i, at[i], (uint32_t)(total - done));
+      o = span_read(s, c, i, at[i], (uint32_t)(total - done), NULL);
       if (o.failed || done + o.blocks < total)
         return 0;
     }
@@ -170,17 +198,41 @@ WALK_FN int span_join(const scan *s, const span_cut *c, const span_end *out, con
         return 0;
       dc[k] += o.dc[k];
     }
-    if ((done += o.blocks) >= total)
+    if ((done += o.blocks) >= total) {
+      for (int k = i + 1; base && k < c->count; k++)
+        base[k] = (span_base){total, {0, 0, 0}}; /* past the last block: nothing to note */
       return 1;
+    }
   }
   return 0; /* the data ends before the last block: walk_whole reads past it */
 }
 
+/* Notes the row starts span I passes, BASE[I] before it, into AT (ROWS of them, at most SPAN_ROWS). */
+WALK_FN void span_rows(const scan *s, const span_cut *c, int i, const span_at *at, const span_base *base,
+                       row_start *rows_at, uint32_t rows) {
+  uint64_t total = (uint64_t)rows * s->mcus_per_row * (uint64_t)s->blocks;
+  if (base[i].block >= total)
+    return;
+  span_note note = {base[i], rows_at, s->mcus_per_row * (uint32_t)s->blocks, rows};
+  span_read(s, c, i, at[i], (uint32_t)(total - base[i].block), &note);
+}
+
+/* The CPU's room for span_walk_whole. */
+typedef struct span_room {
+  span_cut cut;
+  span_end out[SPAN_MAX];
+  span_at at[SPAN_MAX];
+  span_base base[SPAN_MAX];
+} span_room;
+
 /* Walks P (LEN bytes) span by span, each round one after the other where a device's threads read
  * them at once: walk_whole's verdict, or -1 where it is not a file the spans read (restart
- * markers) or their entries did not settle within SPAN_ROUNDS. S: the tables, C and the spans'
- * room (SPAN_MAX each). */
-WALK_FN int span_walk_whole(const uint8_t *p, size_t len, scan *s, span_cut *c, span_end *out, span_at *at) {
+ * markers) or their entries did not settle within SPAN_ROUNDS. S: the tables. With ROWS (room for
+ * SPAN_ROWS), a clean scan's row starts, where it has SPAN_ROWS MCU rows or fewer. */
+WALK_FN int span_walk_whole(const uint8_t *p, size_t len, scan *s, span_room *room, row_start *rows) {
+  span_cut *c = &room->cut;
+  span_end *out = room->out;
+  span_at *at = room->at;
   size_t entropy_at;
   if (len > UINT32_MAX / 8 || scan_parse(p, len, s, &entropy_at) || s->restart)
     return -1;
@@ -202,7 +254,7 @@ WALK_FN int span_walk_whole(const uint8_t *p, size_t len, scan *s, span_cut *c, 
   }
   for (int i = 0; i < c->count; i++) {
     at[i] = (span_at){c->bit[i], 0, 0};
-    out[i] = span_read(s, c, i, at[i], UINT32_MAX);
+    out[i] = span_read(s, c, i, at[i], UINT32_MAX, NULL);
   }
   for (int round = 1;; round++) {
     bool changed = false;
@@ -210,7 +262,7 @@ WALK_FN int span_walk_whole(const uint8_t *p, size_t len, scan *s, span_cut *c, 
       span_at e = span_entry(c, out, i);
       if (!span_same(e, at[i])) {
         at[i] = e;
-        out[i] = span_read(s, c, i, e, UINT32_MAX);
+        out[i] = span_read(s, c, i, e, UINT32_MAX, NULL);
         changed = true;
       }
     }
@@ -219,7 +271,13 @@ WALK_FN int span_walk_whole(const uint8_t *p, size_t len, scan *s, span_cut *c, 
     if (round == SPAN_ROUNDS)
       return -1;
   }
-  return span_join(s, c, out, at);
+  int v = span_join(s, c, out, at, room->base);
+  if (v == 1 && rows && s->mcu_rows <= SPAN_ROWS) {
+    rows[0] = (row_start){0, {0, 0, 0}};
+    for (int i = 0; i < c->count; i++)
+      span_rows(s, c, i, at, room->base, rows, s->mcu_rows);
+  }
+  return v;
 }
 
 #endif

@@ -31,6 +31,12 @@ WALK_FN uint64_t load_be64(const uint8_t *p) {
 #endif
 }
 
+/* Where an MCU row's codes begin. */
+typedef struct row_start {
+  uint32_t bit;  /* from the first byte of entropy-coded data, stuffed bytes counted */
+  int16_t dc[3]; /* each component's DC predictor there */
+} row_start;
+
 /* The scan as libjpeg has read it: which component each block of an MCU belongs to, and tables. */
 typedef struct scan {
   int blocks, comps;

@@ -64,7 +64,7 @@ struct dl__gpu_decoder {
   uint8_t *walk_bytes;
   size_t walk_cap;
   dl__walk_job *walk_dev, *walk_host;
-  void *walk_room;
+  void *walk_room, *walk_rows, *walk_rows_host; /* the reads' scratch; the clean scans' row starts */
   double walk_wait_ms; /* the copy thread's time waiting for them after its decodes */
   int64_t walks, walks_damaged;
   dl__image_decoder cpu; /* the JPEGs nvJPEG refuses */
@@ -116,7 +116,9 @@ void dl__gpu_decoder_destroy(dl__gpu_decoder *d) {
   cudaFree(d->walk_bytes);
   cudaFree(d->walk_dev);
   cudaFree(d->walk_room);
+  cudaFree(d->walk_rows);
   cudaFreeHost(d->walk_host);
+  cudaFreeHost(d->walk_rows_host);
   cudaFree(d->pool);
   cudaFree(d->jobs_dev);
   cudaFreeHost(d->jobs_host);
@@ -271,7 +273,9 @@ int dl__gpu_decoder_create(dl_loader *l, int device, dl__gpu_decoder **out, size
              (ce = cudaEventCreateWithFlags(&d->walked, cudaEventDisableTiming | cudaEventBlockingSync)) ||
              (ce = cudaMalloc((void **)&d->walk_dev, B * sizeof *d->walk_dev)) ||
              (ce = cudaMalloc(&d->walk_room, B * dl__walk_room_bytes())) ||
-             (ce = cudaHostAlloc((void **)&d->walk_host, B * sizeof *d->walk_host, cudaHostAllocPortable))))
+             (ce = cudaMalloc(&d->walk_rows, B * dl__walk_rows_bytes())) ||
+             (ce = cudaHostAlloc((void **)&d->walk_host, B * sizeof *d->walk_host, cudaHostAllocPortable)) ||
+             (ce = cudaHostAlloc(&d->walk_rows_host, B * dl__walk_rows_bytes(), cudaHostAllocPortable))))
     ok = false;
   if (!ok) {
     snprintf(why, cap, "no memory for JPEG decoding on cuda:%d (gpu_decode_mb=%d): %s", device, l->o.gpu_decode_mb,
@@ -280,7 +284,8 @@ int dl__gpu_decoder_create(dl_loader *l, int device, dl__gpu_decoder **out, size
     return -1;
   }
   d->prefetch = l->o.prefetch;
-  d->device_bytes = d->pool_cap + B * (sizeof *d->jobs_dev + sizeof *d->walk_dev + dl__walk_room_bytes());
+  d->device_bytes =
+      d->pool_cap + B * (sizeof *d->jobs_dev + sizeof *d->walk_dev + dl__walk_room_bytes() + dl__walk_rows_bytes());
   *device_bytes += d->device_bytes;
   t[3] = dl__now();
   /* The engine's own buffers, sized once for a batch of images as large as the pool allows. */
@@ -553,9 +558,12 @@ static int walks_start(dl__gpu_decoder *d, dl_loader *l, dl_batch *host, char *w
     e = cudaMemcpyAsync(d->walk_dev, d->walk_host, (size_t)n * sizeof *d->walk_dev, cudaMemcpyHostToDevice,
                         d->walk_stream);
   if (!e)
-    e = (cudaError_t)dl__walk_launch(d->walk_bytes, d->walk_dev, n, d->walk_room, d->walk_stream);
+    e = (cudaError_t)dl__walk_launch(d->walk_bytes, d->walk_dev, n, d->walk_room, d->walk_rows, d->walk_stream);
   if (!e)
     e = cudaMemcpyAsync(d->walk_host, d->walk_dev, (size_t)n * sizeof *d->walk_dev, cudaMemcpyDeviceToHost,
+                        d->walk_stream);
+  if (!e)
+    e = cudaMemcpyAsync(d->walk_rows_host, d->walk_rows, (size_t)n * dl__walk_rows_bytes(), cudaMemcpyDeviceToHost,
                         d->walk_stream);
   if (!e)
     e = cudaEventRecord(d->walked, d->walk_stream);
@@ -566,9 +574,10 @@ static int walks_start(dl__gpu_decoder *d, dl_loader *l, dl_batch *host, char *w
   return n;
 }
 
-/* The verdicts of HOST's N walks, kept for the next epochs; an image that does not read clean is
- * decoded again on the CPU (its GPU decode is overwritten by the CPU samples' copy that follows).
- * How many went to the CPU, or -1 with WHY. */
+/* The verdicts of HOST's N walks, kept for the next epochs with the clean ones' row starts (the
+ * later epochs' CPU decodes of them skip the rows above their crops, as after a worker's walk); an
+ * image that does not read clean is decoded again on the CPU (its GPU decode is overwritten by the
+ * CPU samples' copy that follows). How many went to the CPU, or -1 with WHY. */
 static int walks_end(dl__gpu_decoder *d, dl_loader *l, dl_batch *host, int n, char *why, size_t cap) {
   if (d->walk_cap) {
     double t0 = dl__now();
@@ -588,6 +597,9 @@ static int walks_end(dl__gpu_decoder *d, dl_loader *l, dl_batch *host, int n, ch
       v = dl__jpeg_rows_clean(l->jpeg_rows, (uint32_t)g->index, host->arena + g->at, w->len, l->o.max_pixels);
     else
       dl__jpeg_rows_note(l->jpeg_rows, (uint32_t)g->index, v == 1);
+    if (v == 1 && w->rows)
+      dl__jpeg_rows_learn(l->jpeg_rows, (uint32_t)g->index, host->arena + g->at, w->len, w->entropy_at,
+                          (const uint8_t *)d->walk_rows_host + (size_t)k * dl__walk_rows_bytes(), w->rows);
     d->walks++;
     if (v)
       continue;

@@ -36,16 +36,21 @@ int dl__resize_launch(const dl__resize_job *jobs, int n, void *out, int oh, int 
 
 /* A JPEG whose scan the device reads (walk.cu): its bytes at AT (LEN) of the arena's copy, its
  * place OUT in the host batch, and what the read found: 1 clean, 0 not, -1 left to the CPU (not a
- * file the spans read, or spans that did not settle: decode/jpeg_span.h). */
+ * file the spans read, or spans that did not settle: decode/jpeg_span.h); of a clean one, where
+ * its scan's data begins and how many MCU rows' starts it noted (0: none). */
 typedef struct dl__walk_job {
   uint32_t at, len;
   int32_t out, verdict;
+  uint32_t entropy_at, rows;
 } dl__walk_job;
 
-/* The device bytes one image's read needs for its spans' findings (ROOM holds N of them). */
+/* The device bytes one image's read needs for its spans' findings (ROOM holds N of them), and for
+ * the row starts it notes (ROWS holds N of them: decode/jpeg_span.h's row_start, SPAN_ROWS). */
 size_t dl__walk_room_bytes(void);
-/* Reads the scans of N JOBS (device memory) in ARENA (device memory), their verdicts into JOBS. */
-int dl__walk_launch(const uint8_t *arena, dl__walk_job *jobs, int n, void *room, cudaStream_t s);
+size_t dl__walk_rows_bytes(void);
+/* Reads the scans of N JOBS (device memory) in ARENA (device memory), their verdicts into JOBS and
+ * their row starts into ROWS. */
+int dl__walk_launch(const uint8_t *arena, dl__walk_job *jobs, int n, void *room, void *rows, cudaStream_t s);
 
 #ifdef __cplusplus
 }

@@ -4,7 +4,8 @@
 // thread takes the verdicts after, and an image that does not read clean is decoded again on the
 // CPU, which reports it as a worker would. A worker so spends nothing on the scans of the GPU's
 // images: reading them took a first epoch's workers about 0.55 of a decode each. One thread a
-// whole scan, tried first, took about 26 ms for a q90 image: far behind the engines.
+// whole scan, tried first, took about 26 ms for a q90 image: far behind the engines. A clean
+// scan's row starts come back too, as a worker's walk left them for the later epochs' decodes.
 #include "decode/jpeg_span.h"
 #include "gpu/kernels.h"
 
@@ -12,21 +13,29 @@
 
 namespace {
 
-__global__ void __launch_bounds__(SPAN_MAX) read_scans(const uint8_t *arena, dl__walk_job *jobs, span_end *room) {
+// An image's room in device memory: its spans' findings, and what comes before each.
+struct room_of_one {
+  span_end out[SPAN_MAX];
+  span_base base[SPAN_MAX];
+};
+
+__global__ void __launch_bounds__(SPAN_MAX) read_scans(const uint8_t *arena, dl__walk_job *jobs, room_of_one *room,
+                                                       row_start *rows) {
   __shared__ scan s; // 42 KB of tables: with the spans' entries, within a block's 48 KB
   __shared__ span_cut c;
   __shared__ span_at at[SPAN_MAX];
   __shared__ size_t entropy_at;
   __shared__ uint32_t end;
-  __shared__ int ok, changed[2];
+  __shared__ int ok, changed[2], verdict;
   dl__walk_job *job = &jobs[blockIdx.x];
   const uint8_t *p = arena + job->at;
   size_t len = job->len;
-  span_end *out = room + (size_t)blockIdx.x * SPAN_MAX;
+  span_end *out = room[blockIdx.x].out;
   int t = (int)threadIdx.x;
   if (t == 0) {
     ok = !(len > UINT32_MAX / 8 || scan_parse(p, len, &s, &entropy_at) || s.restart);
     end = UINT32_MAX;
+    job->rows = 0;
     if (!ok)
       job->verdict = -1; // several scans, restart markers: the CPU reads it
   }
@@ -71,7 +80,7 @@ __global__ void __launch_bounds__(SPAN_MAX) read_scans(const uint8_t *arena, dl_
   __syncthreads();
   if (i < c.count) {
     at[i] = span_at{c.bit[i], 0, 0};
-    out[i] = span_read(&s, &c, i, at[i], UINT32_MAX);
+    out[i] = span_read(&s, &c, i, at[i], UINT32_MAX, NULL);
   }
   for (int round = 1;; round++) {
     __syncthreads(); // the round before's reads written
@@ -82,7 +91,7 @@ __global__ void __launch_bounds__(SPAN_MAX) read_scans(const uint8_t *arena, dl_
     __syncthreads(); // every entry taken before a read is written
     if (again) {
       at[i] = e;
-      out[i] = span_read(&s, &c, i, e, UINT32_MAX);
+      out[i] = span_read(&s, &c, i, e, UINT32_MAX, NULL);
       changed[round & 1] = 1;
     }
     __syncthreads();
@@ -94,17 +103,33 @@ __global__ void __launch_bounds__(SPAN_MAX) read_scans(const uint8_t *arena, dl_
       return;
     }
   }
-  if (t == 0)
-    job->verdict = span_join(&s, &c, out, at);
+  span_base *base = room[blockIdx.x].base;
+  if (t == 0) {
+    verdict = job->verdict = span_join(&s, &c, out, at, base);
+    job->entropy_at = (uint32_t)entropy_at;
+  }
+  __syncthreads();
+  if (verdict != 1 || s.mcu_rows > SPAN_ROWS)
+    return;
+  row_start *mine = rows + (size_t)blockIdx.x * SPAN_ROWS;
+  if (t == 0) {
+    mine[0] = row_start{0, {0, 0, 0}};
+    job->rows = s.mcu_rows;
+  }
+  if (i < c.count)
+    span_rows(&s, &c, i, at, base, mine, s.mcu_rows);
 }
 
 } // namespace
 
-extern "C" size_t dl__walk_room_bytes(void) { return SPAN_MAX * sizeof(span_end); }
+extern "C" size_t dl__walk_room_bytes(void) { return sizeof(room_of_one); }
 
-extern "C" int dl__walk_launch(const uint8_t *arena, dl__walk_job *jobs, int n, void *room, cudaStream_t s) {
+extern "C" size_t dl__walk_rows_bytes(void) { return SPAN_ROWS * sizeof(row_start); }
+
+extern "C" int dl__walk_launch(const uint8_t *arena, dl__walk_job *jobs, int n, void *room, void *rows,
+                               cudaStream_t s) {
   if (n <= 0)
     return 0;
-  read_scans<<<n, SPAN_MAX, 0, s>>>(arena, jobs, (span_end *)room);
+  read_scans<<<n, SPAN_MAX, 0, s>>>(arena, jobs, (room_of_one *)room, (row_start *)rows);
   return (int)cudaGetLastError();
 }
