@@ -167,12 +167,13 @@ static void third_party(const char *shards) {
          d.errors_equal, d.entropy_damaged, stat_of(&gpu, "gpu_decoded"), stat_of(&gpu, "gpu_fallbacks"),
          d.compared, d.sum / d.compared, d.worst, w ? w->path : d.worst_key);
   print_top(&d);
-  // A first run on a card with JPEG engines: their files' scans are read on the device (walk.cu),
-  // the damaged ones among them found there and decoded again on the CPU, which fails them.
+  // A first run on a card with JPEG engines: their files' scans are read on the device (walk.cu,
+  // in spans), the damaged ones among them found there and decoded again on the CPU, which fails
+  // them.
   printf("scans read on the device: %.0f, %.0f of them damaged\n", stat_of(&gpu, "gpu_walks"),
          stat_of(&gpu, "gpu_walks_damaged"));
   if (strstr(gpu.stats, "hardware engine")) {
-    ASSERT_GT(stat_of(&gpu, "gpu_walks"), 50);
+    ASSERT_GT(stat_of(&gpu, "gpu_walks"), 40); // the engines' files without restart markers (test_gpu_host: 52)
     ASSERT_GE(stat_of(&gpu, "gpu_walks_damaged"), 1);
   }
   ASSERT_GT(stat_of(&gpu, "gpu_decoded"), 50);

@@ -134,7 +134,7 @@ static void span_check(const uint8_t *p, size_t n, const char *name, int variant
   static row_start rows[SPAN_ROWS], walked[SPAN_ROWS];
   int whole = walk_whole(p, n, &s);
   int spans = span_walk_whole(p, n, &s, &room, rows);
-  if (spans < 0) { /* restart markers, or entries that did not settle: the CPU reads those */
+  if (spans < 0) { /* restart markers: the CPU reads those */
     span_left++;
     return;
   }

@@ -36,7 +36,7 @@ int dl__resize_launch(const dl__resize_job *jobs, int n, void *out, int oh, int 
 
 /* A JPEG whose scan the device reads (walk.cu): its bytes at AT (LEN) of the arena's copy, its
  * place OUT in the host batch, and what the read found: 1 clean, 0 not, -1 left to the CPU (not a
- * file the spans read, or spans that did not settle: decode/jpeg_span.h); of a clean one, where
+ * file the spans read: decode/jpeg_span.h); of a clean one, where
  * its scan's data begins and how many MCU rows' starts it noted (0: none). */
 typedef struct dl__walk_job {
   uint32_t at, len;
