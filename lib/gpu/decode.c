@@ -58,13 +58,14 @@ struct dl__gpu_decoder {
   int *hw_list, *cuda_list;
   /* gpu_check's reads of the scans no worker read (walk.cu), on a stream of their own so that
    * nvJPEG's work on the copy stream does not queue behind them: the host slot's arena copied
-   * (walk_bytes, sized at the first walk for the loader's arenas), a batch's jobs, their tables. */
+   * (walk_bytes, sized at the first walk for the loader's arenas), a batch's jobs, the spans'
+   * findings and the clean scans' row starts. */
   cudaStream_t walk_stream;
   cudaEvent_t walked;
   uint8_t *walk_bytes;
   size_t walk_cap;
   dl__walk_job *walk_dev, *walk_host;
-  void *walk_room, *walk_rows, *walk_rows_host; /* the reads' scratch; the clean scans' row starts */
+  void *walk_room, *walk_rows, *walk_rows_host;
   double walk_wait_ms; /* the copy thread's time waiting for them after its decodes */
   int64_t walks, walks_damaged;
   dl__image_decoder cpu; /* the JPEGs nvJPEG refuses */
