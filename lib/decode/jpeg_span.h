@@ -10,6 +10,8 @@
  * the scan's last block, and the DC predictors' range, from their change over each span. A clean
  * scan's spans are read once more from what the join found before each (its first block and DC
  * predictors) to note where each MCU row begins, as a CPU walk notes them for the decodes after.
+ * A scan with restart markers needs no guess: each interval between them is read whole from its
+ * start, by the thread that finds the marker before it.
  */
 #ifndef RINGFEED_DECODE_JPEG_SPAN_H
 #define RINGFEED_DECODE_JPEG_SPAN_H
@@ -219,6 +221,45 @@ WALK_FN void span_rows(const scan *s, const span_cut *c, int i, const span_at *a
   span_read(s, c, i, at[i], (uint32_t)(total - base[i].block), &note);
 }
 
+/* Restart intervals: whether D[J] (of REST bytes) is a marker's code, as walk_whole's restart
+ * finds one: after a run of 0xFF, neither a stuffed zero nor another 0xFF. */
+WALK_FN bool span_restart_code(const uint8_t *d, size_t rest, size_t j) {
+  return j > 0 && j < rest && d[j - 1] == 0xFF && d[j] != 0 && d[j] != 0xFF;
+}
+
+/* Whether interval I of the scan's TOTAL MCUs, from byte FROM of D (REST bytes), reads clean as
+ * walk_whole reads it, its DC predictors from 0. */
+WALK_FN bool span_interval(const scan *s, const uint8_t *d, size_t rest, size_t from, uint64_t i, uint64_t total) {
+  uint64_t first = i * s->restart, mcus = total - first < s->restart ? total - first : s->restart;
+  reader r;
+  reader_at(&r, d, rest, (uint32_t)from * 8);
+  int32_t dc[3] = {0, 0, 0};
+  for (uint64_t k = 0; k < mcus; k++)
+    if (walk_mcu(&r, s, dc))
+      return false;
+  return true;
+}
+
+/* Whether marker M of the data (its code at D[CODE]) is the restart marker walk_whole expects. */
+WALK_FN bool span_restart_expected(const uint8_t *d, size_t code, uint64_t m) {
+  return d[code] == 0xD0 + (m & 7);
+}
+
+/* The intervals of a scan with restart markers (D, REST bytes), one after the other where a
+ * device's threads read those after the markers each finds: walk_whole's verdict. */
+WALK_FN int span_intervals_whole(const scan *s, const uint8_t *d, size_t rest) {
+  uint64_t total = (uint64_t)s->mcu_rows * s->mcus_per_row, intervals = (total + s->restart - 1) / s->restart, m = 0;
+  if (!span_interval(s, d, rest, 0, 0, total))
+    return 0;
+  for (size_t j = 0; j < rest && m + 1 < intervals; j++)
+    if (span_restart_code(d, rest, j)) {
+      if (!span_restart_expected(d, j, m) || !span_interval(s, d, rest, j + 1, m + 1, total))
+        return 0;
+      m++;
+    }
+  return m + 1 >= intervals;
+}
+
 /* The CPU's room for span_walk_whole. */
 typedef struct span_room {
   span_cut cut;
@@ -228,15 +269,15 @@ typedef struct span_room {
 } span_room;
 
 /* Walks P (LEN bytes) span by span, each round one after the other where a device's threads read
- * them at once: walk_whole's verdict, or -1 where it is not a file the spans read (restart
- * markers). S: the tables. With ROWS (room for
- * SPAN_ROWS), a clean scan's row starts, where it has SPAN_ROWS MCU rows or fewer. */
+ * them at once (or interval by interval, with restart markers): walk_whole's verdict, or -1 where
+ * it is not a file the walker reads. S: the tables. With ROWS (room for SPAN_ROWS), a clean scan's
+ * row starts, where it has no restart markers and SPAN_ROWS MCU rows or fewer. */
 WALK_FN int span_walk_whole(const uint8_t *p, size_t len, scan *s, span_room *room, row_start *rows) {
   span_cut *c = &room->cut;
   span_end *out = room->out;
   span_at *at = room->at;
   size_t entropy_at;
-  if (len > UINT32_MAX / 8 || scan_parse(p, len, s, &entropy_at) || s->restart)
+  if (len > UINT32_MAX / 8 || scan_parse(p, len, s, &entropy_at))
     return -1;
   for (int k = 0; k < s->comps; k++) {
     huff_lookups(&s->dc[k], false);
@@ -244,6 +285,8 @@ WALK_FN int span_walk_whole(const uint8_t *p, size_t len, scan *s, span_room *ro
   }
   size_t rest = len - entropy_at, n = 0;
   c->d = p + entropy_at;
+  if (s->restart)
+    return span_intervals_whole(s, c->d, rest);
   while (n < rest && !span_marker(c->d, rest, n))
     n++;
   c->n = (uint32_t)n;

@@ -19,6 +19,40 @@ struct room_of_one {
   span_base base[SPAN_MAX];
 };
 
+// A scan with restart markers (decode/jpeg_span.h's span_intervals_whole): each thread counts the
+// markers in its piece of the data, then reads the interval after each one it found, knowing its
+// number from the counts before; thread 0 also reads the first. FOUND: room for SPAN_MAX counts.
+__device__ void read_intervals(const scan *s, const uint8_t *d, size_t rest, size_t piece, dl__walk_job *job,
+                               uint32_t *found, int *bad) {
+  int t = (int)threadIdx.x;
+  size_t from = (size_t)t * piece, to = from + piece < rest ? from + piece : rest;
+  uint32_t mine = 0;
+  for (size_t j = from; j < to; j++)
+    mine += span_restart_code(d, rest, j);
+  found[t] = mine;
+  uint64_t total = (uint64_t)s->mcu_rows * s->mcus_per_row, intervals = (total + s->restart - 1) / s->restart;
+  __syncthreads();
+  if (t == 0) {
+    uint64_t before = 0;
+    for (int k = 0; k < SPAN_MAX; k++) {
+      uint32_t here = found[k];
+      found[k] = (uint32_t)before;
+      before += here;
+    }
+    *bad = before + 1 < intervals || !span_interval(s, d, rest, 0, 0, total); // markers missing, or the first
+  }
+  __syncthreads();
+  for (uint64_t m = found[t], j = from; j < to && m + 1 < intervals; j++)
+    if (span_restart_code(d, rest, j)) {
+      if (!span_restart_expected(d, j, m) || !span_interval(s, d, rest, j + 1, m + 1, total))
+        *bad = 1;
+      m++;
+    }
+  __syncthreads();
+  if (t == 0)
+    job->verdict = !*bad;
+}
+
 __global__ void __launch_bounds__(SPAN_MAX) read_scans(const uint8_t *arena, dl__walk_job *jobs, room_of_one *room,
                                                        row_start *rows) {
   __shared__ scan s; // 42 KB of tables: with the spans' entries, within a block's 48 KB
@@ -33,11 +67,11 @@ __global__ void __launch_bounds__(SPAN_MAX) read_scans(const uint8_t *arena, dl_
   span_end *out = room[blockIdx.x].out;
   int t = (int)threadIdx.x;
   if (t == 0) {
-    ok = !(len > UINT32_MAX / 8 || scan_parse(p, len, &s, &entropy_at) || s.restart);
+    ok = !(len > UINT32_MAX / 8 || scan_parse(p, len, &s, &entropy_at));
     end = UINT32_MAX;
     job->rows = 0;
     if (!ok)
-      job->verdict = -1; // several scans, restart markers: the CPU reads it
+      job->verdict = -1; // not a file for the walker: the CPU reads it
   }
   __syncthreads();
   if (!ok)
@@ -46,9 +80,13 @@ __global__ void __launch_bounds__(SPAN_MAX) read_scans(const uint8_t *arena, dl_
     huff_lookups(&s.dc[t], false);
   else if (t >= 32 && t < 32 + s.comps)
     huff_lookups(&s.ac[t - 32], true);
-  // The data ends at its first marker: each thread looks in a piece of it.
   const uint8_t *d = p + entropy_at;
   size_t rest = len - entropy_at, piece = (rest + SPAN_MAX - 1) / SPAN_MAX;
+  if (s.restart) {
+    read_intervals(&s, d, rest, piece, job, c.from, &verdict);
+    return;
+  }
+  // The data ends at its first marker: each thread looks in a piece of it.
   for (size_t j = (size_t)t * piece; j < rest && j < (size_t)(t + 1) * piece; j++)
     if (span_marker(d, rest, j)) {
       atomicMin(&end, (uint32_t)j);
