@@ -296,7 +296,7 @@ static void synthetic_sets(const char *dir) {
       for (int i = 0; i < 32; i++) {
         char key[32];
         snprintf(key, sizeof key, "%05d", s * 32 + i);
-        test_tar_synthetic(f, key, 1000 + s * 32 + i, i, synthetic_coding{codings[c][0], codings[c][1], 0, 0});
+        test_tar_synthetic(f, key, 1000 + s * 32 + i, i, synthetic_coding{codings[c][0], codings[c][1], 0, 0, 0});
       }
       tar_write_end(f);
       fclose(f);
@@ -443,7 +443,7 @@ static void pool_halves(const char *dir) {
   for (int i = 0; i < 24; i++) {
     char key[16];
     snprintf(key, sizeof key, "%05d", i);
-    test_tar_synthetic(f, key, 2000 + i, i, synthetic_coding{90, 420, sizes[i % 6][0], sizes[i % 6][1]});
+    test_tar_synthetic(f, key, 2000 + i, i, synthetic_coding{90, 420, sizes[i % 6][0], sizes[i % 6][1], 0});
   }
   tar_write_end(f);
   fclose(f);

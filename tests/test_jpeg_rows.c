@@ -1,7 +1,7 @@
 /*
  * A JPEG decode that starts at its crop's rows, the rows above stood in for (jpeg_rows.c), gives
  * what a decode that reads every row gives: the same pixels to the bit, or the same error. Over
- * synthetic ImageNet-like files (q90 4:2:0, q96 4:4:4, odd sizes) and every JPEG of the
+ * synthetic ImageNet-like files (q90 4:2:0, q96 4:4:4, odd sizes, restart markers) and every JPEG of the
  * third-party test data (DL_TESTDATA), corrupt ones included, at many crops, scales and both channel
  * counts; and the stand-ins are really used. Half the files have their row starts learnt by a
  * walk of the whole scan (dl__jpeg_rows_clean, which the GPU path asks) before their decodes, the
@@ -236,8 +236,9 @@ static void file_crops(const uint8_t *p, size_t n, const char *name, int crops, 
 }
 
 static void synthetic(void) {
-  static const synthetic_coding codings[] = {{90, 420, 0, 0},     {96, 444, 0, 0},     {90, 420, 333, 251},
-                                             {75, 444, 97, 1200}, {90, 420, 1200, 90}, {95, 420, 40, 33}};
+  static const synthetic_coding codings[] = {{90, 420, 0, 0, 0},     {96, 444, 0, 0, 0},     {90, 420, 333, 251, 0},
+                                             {75, 444, 97, 1200, 0}, {90, 420, 1200, 90, 0}, {95, 420, 40, 33, 0},
+                                             {90, 420, 0, 0, 7},     {96, 444, 333, 251, 64}};
   for (size_t k = 0; k < DL__ARRAY_LEN(codings); k++)
     for (long i = 0; i < 12; i++) {
       unsigned char *jpg;
@@ -368,8 +369,7 @@ int main(void) {
   ASSERT_GT(span_walks, 100);
   ASSERT_GT(span_damaged, 50);
   ASSERT_GT(span_rows_same, 30);
-  if (getenv("DL_TESTDATA"))
-    ASSERT_GT(span_intervals, 50); /* the third-party files with restart markers, and their copies */
+  ASSERT_GT(span_intervals, 50); /* files with restart markers (synthetic and third-party), and copies */
   ASSERT_GT(span_learnt, 15);
   printf("row index: %" PRIu64 " bytes\n", dl__jpeg_rows_bytes(store));
   pair_free(main_pair);

@@ -143,6 +143,7 @@ int synthetic_jpeg(long i, synthetic_coding coding, unsigned char **out, unsigne
   jpeg_set_quality(&cj, coding.quality, TRUE);
   if (coding.subsampling == 444)
     cj.comp_info[0].h_samp_factor = cj.comp_info[0].v_samp_factor = 1;
+  cj.restart_interval = (unsigned)coding.restart;
   jpeg_start_compress(&cj, TRUE);
   while (cj.next_scanline < cj.image_height) {
     JSAMPROW row = px + (size_t)cj.next_scanline * w * 3;

@@ -9,10 +9,12 @@ extern "C" {
 #endif
 
 /* How the synthetic JPEGs are encoded: quality 1..100, chroma subsampling 420 or 444; a size in
- * pixels, or 0 x 0 for the one drawn from the image's number. */
+ * pixels, or 0 x 0 for the one drawn from the image's number; MCUs between restart markers (0:
+ * none, as in every set dlbench makes). */
 typedef struct synthetic_coding {
   int quality, subsampling;
   int width, height;
+  int restart;
 } synthetic_coding;
 /* The default set: ImageNet-like files (quality 90, 4:2:0). */
 #define SYNTHETIC_DEFAULT ((synthetic_coding){.quality = 90, .subsampling = 420})
