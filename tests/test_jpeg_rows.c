@@ -108,12 +108,8 @@ static long span_walks, span_damaged, span_intervals, span_rows_same, span_learn
 /* The row starts of P's scan as a worker's walk notes them (jpeg_rows.c's walk_rows); how many. */
 static uint32_t walked_rows(const uint8_t *p, size_t n, scan *s, row_start *at) {
   size_t e;
-  if (scan_parse(p, n, s, &e) || s->restart || s->mcu_rows > SPAN_ROWS)
+  if (scan_open(p, n, s, &e) || s->restart || s->mcu_rows > SPAN_ROWS)
     return 0;
-  for (int k = 0; k < s->comps; k++) {
-    huff_lookups(&s->dc[k], false);
-    huff_lookups(&s->ac[k], true);
-  }
   reader r;
   reader_at(&r, p + e, n - e, 0);
   int32_t dc[3] = {0, 0, 0};

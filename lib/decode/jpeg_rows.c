@@ -235,13 +235,6 @@ static int walk_rows(record *rec, bool note, const scan *s, const uint8_t *data,
   return 0;
 }
 
-static void scan_lookups(scan *s) {
-  for (int c = 0; c < s->comps; c++) {
-    huff_lookups(&s->dc[c], false);
-    huff_lookups(&s->ac[c], true);
-  }
-}
-
 /* Where MCU row ROW begins: from the record, after walking to it from the last row known (and
  * noting the starts passed when no other decode is extending the record); *WALKED rows walked. */
 static int find_row(record *rec, scan *s, const uint8_t *data, size_t n, uint32_t row, row_start *out,
@@ -503,12 +496,11 @@ int dl__jpeg_rows_clean(dl__jpeg_rows *st, uint32_t sample, const uint8_t *p, si
   if (v == DL__VERDICT_UNREAD) {
     scan s;
     size_t at;
-    if (len > UINT32_MAX / 8 || scan_parse(p, len, &s, &at)) {
+    if (scan_open(p, len, &s, &at)) {
       /* Several scans (progressive, one component at a time) or none the walker reads: libjpeg
        * reads every code, and any complaint keeps the image on the CPU. */
       v = dl__jpeg_sound(p, len, max_pixels) ? DL__VERDICT_CLEAN : DL__VERDICT_DAMAGED;
     } else {
-      scan_lookups(&s);
       record *rec = s.restart || !kept ? NULL : record_of(st, sample, p, len, at, s.mcu_rows);
       bool note = rec && !atomic_flag_test_and_set_explicit(&rec->busy, memory_order_acquire);
       uint32_t from = note ? atomic_load_explicit(&rec->known, memory_order_acquire) - 1 : 0;

@@ -277,12 +277,8 @@ WALK_FN int span_walk_whole(const uint8_t *p, size_t len, scan *s, span_room *ro
   span_end *out = room->out;
   span_at *at = room->at;
   size_t entropy_at;
-  if (len > UINT32_MAX / 8 || scan_parse(p, len, s, &entropy_at))
+  if (scan_open(p, len, s, &entropy_at))
     return -1;
-  for (int k = 0; k < s->comps; k++) {
-    huff_lookups(&s->dc[k], false);
-    huff_lookups(&s->ac[k], true);
-  }
   size_t rest = len - entropy_at, n = 0;
   c->d = p + entropy_at;
   if (s->restart)

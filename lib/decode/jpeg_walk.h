@@ -317,16 +317,29 @@ WALK_FN int walk_row(reader *r, const scan *s, int32_t *dc, uint64_t *mcu) {
   return 0;
 }
 
-/* Whether the JPEG P (LEN bytes) is of one baseline scan the walker reads (scan_parse) whose codes
- * read through every MCU: 1 clean, 0 not, -1 not a file for the walker. S: room for its tables. */
-WALK_FN int walk_whole(const uint8_t *p, size_t len, scan *s) {
-  size_t at;
-  if (len > UINT32_MAX / 8 || scan_parse(p, len, s, &at))
-    return -1;
+/* The lookups of S's tables, which a walk reads codes with. */
+WALK_FN void scan_lookups(scan *s) {
   for (int c = 0; c < s->comps; c++) {
     huff_lookups(&s->dc[c], false);
     huff_lookups(&s->ac[c], true);
   }
+}
+
+/* The scan of the JPEG P (LEN bytes) from its markers, ready to walk (scan_parse, then its
+ * lookups); -1 when it is not a file for the walker. */
+WALK_FN int scan_open(const uint8_t *p, size_t len, scan *s, size_t *entropy_at) {
+  if (len > UINT32_MAX / 8 || scan_parse(p, len, s, entropy_at))
+    return -1;
+  scan_lookups(s);
+  return 0;
+}
+
+/* Whether the JPEG P (LEN bytes) is of one baseline scan the walker reads (scan_parse) whose codes
+ * read through every MCU: 1 clean, 0 not, -1 not a file for the walker. S: room for its tables. */
+WALK_FN int walk_whole(const uint8_t *p, size_t len, scan *s) {
+  size_t at;
+  if (scan_open(p, len, s, &at))
+    return -1;
   int32_t dc[3] = {0, 0, 0};
   uint64_t mcu = 0;
   reader r;
