@@ -5,17 +5,18 @@
 # time limit and adds its output to $OUT/run.log and its row to $OUT/table.md as it finishes (so a
 # run cut short still tells where it was); the table is printed last.
 # Usage: bench/gpu_decode_run.sh [BUILD_DIR] [SHARDS_DIR] [PARTS]
-#   PARTS: any of abi tests start cpu ceiling bench idle trace check firstrun train sanitize (default: all but idle,
-#   trace, check and firstrun; check needs BASE=DIR, a dlbench built from the version before, which
-#   firstrun also runs where given); N=images
-#   per synthetic set; SKIP=torch leaves out the PyTorch contenders; RF_WORKERS=N ringfeed's workers
+#   PARTS: any of abi tests start cpu ceiling bench idle trace check firstrun autostart train sanitize
+#   (default: all but idle, trace, check, firstrun and autostart; check needs BASE=DIR, a dlbench built
+#   from the version before, which firstrun and autostart also run where given); N=images per
+#   synthetic set; SKIP=torch leaves out the PyTorch contenders; RF_WORKERS=N ringfeed's workers
 #   (default: workers=auto); IDLE_VARIANTS: what the idle part runs side by side, each an environment
 #   assignment, bin=DIR (a dlbench built otherwise) or opt=K=V (a loader option: --option K=V)
 #   (e.g. "DL_LOG_LEVEL=1 DL_LOG_LEVEL=4"; default:
 #   one run as is); IDLE_SHARES: its splits (default: auto 0.75 0.875); IDLE_STEP_MS_q90 and
 #   IDLE_STEP_MS_q96: its steps (default: 1.2x the first variant's batch time); CEILING_ARGS: the ceiling
 #   part's nvjpeg_ceiling runs, separated by '|' (default: the list below); TESTS: the tests part's
-#   tests; TEST_RUNS=N runs each N times (the first one's lines in the table, the others' exits)
+#   tests; TEST_RUNS=N runs each N times (the first one's lines in the table, the others' exits);
+#   NVJPEG_START_ARGS: the start part's nvjpeg_start runs, separated by '|'
 set -u
 build=${1:-build-device}
 shards=${2:-$build/tests/shards}
@@ -110,7 +111,7 @@ if has tests; then
 fi
 
 # The synthetic sets, made once.
-if has ceiling || has bench || has start || has idle || has trace || has check || has firstrun; then
+if has ceiling || has bench || has start || has idle || has trace || has check || has firstrun || has autostart; then
   q90=$("$build/dlbench" --synthetic "$n" --make-synthetic 2> "$out/make-q90.log")
   case " ${FIRST_SETS:-q96} " in *" q96 "*)
     q96=$("$build/dlbench" --synthetic "$n" --quality 96 --subsampling 444 --make-synthetic 2> "$out/make-q96.log") ;;
@@ -129,6 +130,29 @@ if has start; then
         --flip --device cuda:0 --decode $mode --stop-after 3 --json
       keep "$j" "$out/start-$mode-$i.err"
       row "first batch, decode=$mode, run $i" "$(num "$j" first_batch_ms) ms; dl_open $(num "$j" open_ms) ms: index $(num "$j" open_index_ms), devices $(num "$j" open_cuda_ms), GPU JPEG decoders $(num "$j" open_gpu_decode_ms), slots $(num "$j" open_slots_ms), workers $(num "$j" open_workers_ms) ($(grep -o 'workers started in.*' "$out/start-$mode-$i.err" | head -1)); in the background: $(num "$j" pinned_mb) MB pinned in $(num "$j" pin_ms) ms, nvJPEG started in $(num "$j" gpu_decoders_start_ms) ms; after 3 batches JPEGs decoded by $(str "$j" decode_backend)"
+    done
+  done
+  # nvJPEG's start alone, piece by piece, each variant in a fresh process (bench/nvjpeg_start.c):
+  # the engines counted between their handle and their state or after the state, and beside what
+  # decode=auto's start has beside it. Not run by default: --register (pinning beside the
+  # start took it from 0.65 s to 31-36 s on an H100).
+  default="--info before|--info after|--info after --busy|--info after --spin 15|--info after --copies"
+  default="$default|--info after --delay 1000|--info after --twice|--info after --beside cuda"
+  old_ifs=$IFS
+  IFS='|'
+  set -f
+  # shellcheck disable=SC2086
+  set -- ${NVJPEG_START_ARGS:-$default}
+  IFS=$old_ifs
+  set +f
+  for args in "$@"; do
+    name=$(echo "$args" | tr -d '-' | tr ' ' '_')
+    for i in 1 2; do
+      j="$out/nvjpeg-start-$name-$i.json"
+      # shellcheck disable=SC2086
+      guarded 60 "$j" "$out/nvjpeg-start-$name-$i.err" "$build/bench/nvjpeg_start" $args
+      keep "$j" "$out/nvjpeg-start-$name-$i.err"
+      row "nvJPEG's start, $args, run $i" "CUDA $(num "$j" cuda_ms) ms, then the engines' handle $(num "$j" hw_handle_ms) ms, their state $(num "$j" hw_state_ms), counting them $(num "$j" hw_info_ms) ($(num "$j" engines)): $(num "$j" hw_ms) ms in all$(grep -q again_ "$j" && echo "; again: handle $(num "$j" again_handle_ms), state $(num "$j" again_state_ms)")$(grep -q beside_ "$j" && echo "; the CUDA decoder beside: handle $(num "$j" beside_handle_ms), state $(num "$j" beside_state_ms)")"
     done
   done
 fi
@@ -401,6 +425,36 @@ if has firstrun; then
         guarded 120 "$j" "$out/$set-first-$run-$round.err" "$bin/dlbench" $args --option gpu_check=$check
         keep "$j" "$out/$set-first-$run-$round.err"
         row "$set hybrid 5 epochs, first run, $run, round $round" "$(num "$j" steady_samples_per_s) images/s steady ($(num "$j" samples_per_s) with start-up; by epoch $(nums "$j" epochs_samples_per_s)), share $(num "$j" gpu_share) (balanced $(num "$j" gpu_share_balanced)), $(num "$j" split_cpu_ms_per_image) ms an image on a worker and $(num "$j" split_walk_ms_per_image) for each of the GPU's, $(num "$j" split_gpu_ms_per_image) on the GPU; scans read $(num "$j" gpu_check_read) ($(num "$j" gpu_walks) on the GPU, the copy thread waiting $(num "$j" gpu_walk_wait_ms) ms a batch for them), verdicts from the shards $(num "$j" gpu_check_from_shards); the side that limits: $(str "$j" split_limit)"
+      done
+      round=$((round + 1))
+    done
+  done
+fi
+
+# 4e. decode=auto (the default) against hybrid over 5 epochs, each in a fresh process as a training
+#    script starts one: steady (from the first batch) and with start-up (from dl_open, which for
+#    hybrid waits for nvJPEG's start while auto decodes on the CPU meanwhile); with BASE=DIR, the
+#    version before in turn. AUTO_SETS (default "q90 q96"), AUTO_ROUNDS (default 2).
+if has autostart; then
+  runs="new"
+  [ -x "${BASE:-}/dlbench" ] && runs="base new"
+  for set in ${AUTO_SETS:-q90 q96}; do
+    eval src=\${$set:-} # q96 is made only where FIRST_SETS names it (or is unset)
+    [ -n "$src" ] || continue
+    args="$src ${RF_WORKERS:+--workers $RF_WORKERS} --batch 256 --size 224 --flip --device cuda:0 --json --epochs 5"
+    "$build/dlbench" $args --decode hybrid > /dev/null 2>&1 # the index cached, the scans' verdicts kept
+    round=1
+    while [ $round -le "${AUTO_ROUNDS:-2}" ]; do
+      for run in $runs; do
+        bin=$build
+        [ $run = base ] && bin=$BASE
+        for mode in hybrid auto; do
+          j="$out/$set-start-$mode-$run-$round.json"
+          guarded 120 "$j" "$out/$set-start-$mode-$run-$round.err" env DL_LOG_LEVEL=4 "$bin/dlbench" $args --decode $mode
+          keep "$j"
+        done
+        h="$out/$set-start-hybrid-$run-$round.json" a="$out/$set-start-auto-$run-$round.json"
+        row "$set auto / hybrid, 5 epochs, $run, round $round" "steady $(ratio "$(num "$a" steady_samples_per_s)" "$(num "$h" steady_samples_per_s)") ($(num "$a" steady_samples_per_s) / $(num "$h" steady_samples_per_s)), with start-up $(ratio "$(num "$a" samples_per_s)" "$(num "$h" samples_per_s)") ($(num "$a" samples_per_s) / $(num "$h" samples_per_s)); hybrid's dl_open $(num "$h" open_ms) ms ($(grep -o 'nvJPEG on cuda:0 started in [0-9]* ms' "$out/$set-start-hybrid-$run-$round.err" | head -1)); auto's first batch $(num "$a" first_batch_ms) ms, nvJPEG ready $(num "$a" gpu_decoders_start_ms) ms after the starter began, $(num "$a" gpu_decoded) of $(num "$a" samples) images on the GPU"
       done
       round=$((round + 1))
     done
