@@ -230,7 +230,7 @@ static bool pinned_locked(const dl_loader *l, int stream, int slot) {
 
 bool dl__gpu_decoders_available(char *why, size_t cap) { return dl__nvjpeg_load(why, cap) != NULL; }
 
-/* One device's decoder, made on a thread of its own: nvJPEG takes about a second to start on each. */
+/* One device's decoder, made on a thread of its own: nvJPEG takes over half a second to start on each. */
 typedef struct decoder_start {
   dl_loader *l;
   int device;

@@ -135,7 +135,7 @@ void dl__gpu_decoder_destroy(dl__gpu_decoder *d) {
 
 /*
  * Decoders a closed loader left to the next one in the process (keep_gpu_decoders=1). nvJPEG takes
- * about a second to start on a device, which a loader opened again (Python's set_epoch and
+ * over half a second to start on a device, which a loader opened again (Python's set_epoch and
  * load_state_dict reopen it, a validation loader is often opened each epoch) would otherwise pay
  * every time, decoding on the CPU alone meanwhile. A kept decoder is idle: its loader synchronised
  * the copy stream before closing.
@@ -212,6 +212,24 @@ static nvjpegStatus_t cuda_decoder_start(dl__gpu_decoder *d, bool *interpolates)
   return st;
 }
 
+/* The JPEG engines' handle and state, or neither where the card has no engines. The engines are
+ * counted once the state is made: counted before it, the count took 259 ms of nvJPEG's 890 ms
+ * start on an H100, after it 7 ms (bench/nvjpeg_start --info before|after). */
+static bool engines_start(dl__gpu_decoder *d, bool *interpolates) {
+  const dl__nvjpeg *nv = d->nv;
+  if (create(nv, NVJPEG_BACKEND_HARDWARE, &d->hw.h, interpolates) != NVJPEG_STATUS_SUCCESS)
+    return false;
+  if (nv->JpegStateCreate(d->hw.h, &d->hw.state) == NVJPEG_STATUS_SUCCESS &&
+      nv->GetHardwareDecoderInfo(d->hw.h, &d->engines, &d->cores) == NVJPEG_STATUS_SUCCESS && d->engines > 0)
+    return true;
+  if (d->hw.state) /* a handle without engines to drive */
+    nv->JpegStateDestroy(d->hw.state);
+  nv->Destroy(d->hw.h);
+  d->hw.state = NULL;
+  d->hw.h = NULL;
+  return false;
+}
+
 int dl__gpu_decoder_create(dl_loader *l, int device, dl__gpu_decoder **out, size_t *device_bytes, char *why,
                            size_t cap) {
   *out = NULL;
@@ -228,25 +246,19 @@ int dl__gpu_decoder_create(dl_loader *l, int device, dl__gpu_decoder **out, size
   d->channels = l->o.channels;
   d->batch = l->o.batch_size;
   d->format = l->o.channels == 1 ? NVJPEG_OUTPUT_Y : NVJPEG_OUTPUT_RGBI;
-  /* Where nvJPEG's start-up goes (about a second on an H200), for the debug log. */
+  /* Where nvJPEG's start-up goes (0.65 s on an H100 when nothing runs beside it), for the debug log. */
   double t[5];
   t[0] = dl__now();
   cudaError_t ce = cudaSetDevice(device);
   nvjpegStatus_t st = NVJPEG_STATUS_SUCCESS;
   bool hw_interp = false, cuda_interp = false;
-  if (ce == cudaSuccess && create(nv, NVJPEG_BACKEND_HARDWARE, &d->hw.h, &hw_interp) == NVJPEG_STATUS_SUCCESS &&
-      (nv->GetHardwareDecoderInfo(d->hw.h, &d->engines, &d->cores) != NVJPEG_STATUS_SUCCESS || d->engines == 0)) {
-    nv->Destroy(d->hw.h); /* a handle without engines to drive */
-    d->hw.h = NULL;
-  }
+  bool engines = ce == cudaSuccess && engines_start(d, &hw_interp);
   t[1] = dl__now();
-  /* The CUDA decoder takes 0.7 s to start on an H200, the engine 0.55 s; with engines it only
-   * decodes what they refuse (progressive, 4:1:1 ...), so it starts when the first such JPEG comes. */
-  if (ce == cudaSuccess && !d->hw.h)
+  /* The CUDA decoder takes 0.7 s to start on an H200; with engines it only decodes what they
+   * refuse (progressive, 4:1:1 ...), so it starts when the first such JPEG comes. */
+  if (ce == cudaSuccess && !engines)
     st = cuda_decoder_start(d, &cuda_interp);
-  d->interpolates = d->hw.h ? hw_interp : cuda_interp;
-  if (ce == cudaSuccess && st == NVJPEG_STATUS_SUCCESS && d->hw.h)
-    st = nv->JpegStateCreate(d->hw.h, &d->hw.state);
+  d->interpolates = engines ? hw_interp : cuda_interp;
   if (ce != cudaSuccess || st != NVJPEG_STATUS_SUCCESS) {
     snprintf(why, cap, "nvJPEG %s (%s) cannot start on cuda:%d: %s", nv->version, nv->path, device,
              ce != cudaSuccess ? cudaGetErrorString(ce) : dl__nvjpeg_status_name(st));
@@ -298,9 +310,9 @@ int dl__gpu_decoder_create(dl_loader *l, int device, dl__gpu_decoder **out, size
     d->room_most = 4 * (int64_t)hint * hint;
   }
   t[4] = dl__now();
-  dl__log(DL__LOG_DEBUG, "nvJPEG on cuda:%d started in %.0f ms: hardware backend %.0f, CUDA backend (without engines) "
-          "and states %.0f, parameters and buffers %.0f, the engine's batch buffers %.0f", device, (t[4] - t[0]) * 1e3,
-          (t[1] - t[0]) * 1e3, (t[2] - t[1]) * 1e3, (t[3] - t[2]) * 1e3, (t[4] - t[3]) * 1e3);
+  dl__log(DL__LOG_DEBUG, "nvJPEG on cuda:%d started in %.0f ms: the engines' handle and state %.0f, CUDA backend "
+          "(without engines) %.0f, parameters and buffers %.0f, the engine's batch buffers %.0f", device,
+          (t[4] - t[0]) * 1e3, (t[1] - t[0]) * 1e3, (t[2] - t[1]) * 1e3, (t[3] - t[2]) * 1e3, (t[4] - t[3]) * 1e3);
   *out = d;
   return 0;
 }

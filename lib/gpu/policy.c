@@ -47,9 +47,9 @@ int dl__decode_choose(dl_loader *l) {
     l->decode = DL__DECODE_HYBRID; /* an earlier loader's decoders: no start to wait for */
     snprintf(l->decode_reason, sizeof l->decode_reason, "%s", why);
   } else if (want == DL__DECODE_AUTO && dl__gpu_decoders_available(why, sizeof why)) {
-    /* nvJPEG takes about a second to start (0.9 s on an H200, more than the first batches take on
-     * the CPU): the GPU stage starts it in the background and the workers decode every JPEG until
-     * it is ready. Only auto: decode=gpu|hybrid fail at open when it cannot start. */
+    /* nvJPEG takes 0.45-0.65 s to start (an H100, more than the first batches take on the CPU):
+     * the GPU stage starts it in the background and the workers decode every JPEG until it is
+     * ready. Only auto: decode=gpu|hybrid fail at open when it cannot start. */
     l->decode_starting = true;
     snprintf(l->decode_reason, sizeof l->decode_reason,
              "decode=auto: nvJPEG is starting; the workers decode every JPEG until it is ready");
