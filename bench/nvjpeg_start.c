@@ -19,6 +19,8 @@
  *   --register              beside a thread pinning and unpinning 16 MB over and over, as the GPU
  *                           stage's starter pins the slots
  *   --queries               beside a thread asking CUDA whether a stream is idle over and over
+ *   --blocking              beside a thread waiting for a small copy over and over on an event made
+ *                           with cudaEventBlockingSync, as the copy thread waits for its batches
  *   --delay MS              MS milliseconds between CUDA's start and nvJPEG's, as in a training
  *                           script that built its model before opening the loader
  * Prints one JSON object of milliseconds.
@@ -77,23 +79,30 @@ static void *spin_run(void *arg) {
 }
 
 /* A thread beside the start that keeps CUDA's driver at work without the SMs. */
-typedef enum { CHORE_NONE, CHORE_COPIES, CHORE_REGISTER, CHORE_QUERIES } chore_kind;
+typedef enum { CHORE_NONE, CHORE_COPIES, CHORE_REGISTER, CHORE_QUERIES, CHORE_BLOCKING } chore_kind;
 
 static void *chore_run(void *arg) {
   chore_kind k = (chore_kind)(intptr_t)arg;
   cudaSetDevice(0);
-  size_t n = 16 << 20;
+  bool copies = k == CHORE_COPIES || k == CHORE_BLOCKING;
+  size_t n = k == CHORE_BLOCKING ? 64 << 10 : 16 << 20;
   void *host = NULL, *dev = NULL;
   cudaStream_t s;
+  cudaEvent_t done;
   cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
-  if (k == CHORE_COPIES && (cudaHostAlloc(&host, n, cudaHostAllocPortable) || cudaMalloc(&dev, n)))
+  cudaEventCreateWithFlags(&done, cudaEventDisableTiming | cudaEventBlockingSync);
+  if (copies && (cudaHostAlloc(&host, n, cudaHostAllocPortable) || cudaMalloc(&dev, n)))
     return NULL;
   if (k == CHORE_REGISTER && !(host = malloc(n)))
     return NULL;
   while (__atomic_load_n(&spinning, __ATOMIC_RELAXED)) {
-    if (k == CHORE_COPIES) {
+    if (copies)
       cudaMemcpyAsync(dev, host, n, cudaMemcpyHostToDevice, s);
+    if (k == CHORE_COPIES) {
       cudaStreamSynchronize(s);
+    } else if (k == CHORE_BLOCKING) {
+      cudaEventRecord(done, s);
+      cudaEventSynchronize(done);
     } else if (k == CHORE_REGISTER) {
       cudaHostRegister(host, n, cudaHostRegisterPortable);
       cudaHostUnregister(host);
@@ -101,10 +110,11 @@ static void *chore_run(void *arg) {
       cudaStreamQuery(s);
     }
   }
-  if (k == CHORE_COPIES)
+  if (copies)
     cudaFreeHost(host), cudaFree(dev);
   else
     free(host);
+  cudaEventDestroy(done);
   cudaStreamDestroy(s);
   return NULL;
 }
@@ -192,6 +202,8 @@ int main(int argc, char **argv) {
       chore = CHORE_REGISTER;
     else if (!strcmp(argv[i], "--queries"))
       chore = CHORE_QUERIES;
+    else if (!strcmp(argv[i], "--blocking"))
+      chore = CHORE_BLOCKING;
     else if (!strcmp(argv[i], "--info") && i + 1 < argc && !strcmp(argv[i + 1], "before"))
       info = INFO_BEFORE, i++;
     else if (!strcmp(argv[i], "--info") && i + 1 < argc && !strcmp(argv[i + 1], "after"))
@@ -201,7 +213,7 @@ int main(int argc, char **argv) {
     else {
       fprintf(stderr,
               "usage: nvjpeg_start [--beside cuda|hw] [--twice] [--plain] [--info before|after|beside] "
-              "[--busy] [--spin N] [--copies|--register|--queries] [--delay MS]\n");
+              "[--busy] [--spin N] [--copies|--register|--queries|--blocking] [--delay MS]\n");
       return 2;
     }
   }
