@@ -104,6 +104,9 @@ static int same(pair *d, const uint8_t *p, size_t n, const char *name, uint32_t 
 }
 
 static long span_walks, span_damaged, span_intervals, span_rows_same, span_learnt; /* gpu/walk.cu's reads */
+/* Whole files whose blocks share their tables, and the rounds their reads in spans took (before
+ * span_blocks, such a scan settled span by span: 254 rounds on average over the synthetic ones). */
+static long shared_walks, shared_rounds, shared_worst;
 
 /* The row starts of P's scan as a worker's walk notes them (jpeg_rows.c's walk_rows); how many. */
 static uint32_t walked_rows(const uint8_t *p, size_t n, scan *s, row_start *at) {
@@ -136,12 +139,17 @@ static void span_check(const uint8_t *p, size_t n, const char *name, int variant
   span_walks++;
   span_damaged += spans == 0;
   span_intervals += s.restart != 0;
+  if (variant == 0 && s.shared && s.blocks > 1 && !s.restart) {
+    shared_walks++;
+    shared_rounds += room.rounds;
+    shared_worst = room.rounds > shared_worst ? room.rounds : shared_worst;
+  }
   uint32_t count = spans == 1 ? walked_rows(p, n, &s, walked) : 0;
   for (uint32_t y = 0; y < count; y++)
     if (rows[y].bit != walked[y].bit || memcmp(rows[y].dc, walked[y].dc, sizeof rows[y].dc))
       FAIL_AT("%s (copy %d): row %u starts at bit %u (DC %d %d %d) read in spans, %u (%d %d %d) walked", name,
-              variant, y, rows[y].bit, rows[y].dc[0], rows[y].dc[1], rows[y].dc[2], walked[y].bit, walked[y].dc[0],
-              walked[y].dc[1], walked[y].dc[2]);
+              variant, y, rows[y].bit, rows[y].dc[0], rows[y].dc[1], rows[y].dc[2], walked[y].bit,
+              walked[y].dc[0], walked[y].dc[1], walked[y].dc[2]);
   span_rows_same += count > 0;
 }
 
@@ -232,9 +240,11 @@ static void file_crops(const uint8_t *p, size_t n, const char *name, int crops, 
 }
 
 static void synthetic(void) {
-  static const synthetic_coding codings[] = {{90, 420, 0, 0, 0},     {96, 444, 0, 0, 0},     {90, 420, 333, 251, 0},
-                                             {75, 444, 97, 1200, 0}, {90, 420, 1200, 90, 0}, {95, 420, 40, 33, 0},
-                                             {90, 420, 0, 0, 7},     {96, 444, 333, 251, 64}};
+  static const synthetic_coding codings[] = {
+      {90, 420, 0, 0, 0, 0},     {96, 444, 0, 0, 0, 0},      {90, 420, 333, 251, 0, 0},
+      {75, 444, 97, 1200, 0, 0}, {90, 420, 1200, 90, 0, 0},  {95, 420, 40, 33, 0, 0},
+      {90, 420, 0, 0, 7, 0},     {96, 444, 333, 251, 64, 0}, {90, 420, 0, 0, 0, 1},
+      {96, 444, 0, 0, 0, 1},     {90, 420, 1200, 90, 0, 1},  {90, 420, 0, 0, 7, 1}};
   for (size_t k = 0; k < DL__ARRAY_LEN(codings); k++)
     for (long i = 0; i < 12; i++) {
       unsigned char *jpg;
@@ -358,15 +368,21 @@ int main(void) {
   } else {
     printf("third-party test data not found: synthetic files only\n");
   }
-  printf("whole scans walked: %ld clean, %ld not (libjpeg found %ld short); read in spans the same, with their "
-         "damaged copies: %ld (%ld damaged; %ld of them with restart markers, read interval by interval), the row "
-         "starts of %ld the same; %ld files' crops decoded from the spans' row starts\n",
-         clean, damaged, short_data, span_walks, span_damaged, span_intervals, span_rows_same, span_learnt);
+  printf(
+      "whole scans walked: %ld clean, %ld not (libjpeg found %ld short); read in spans the same, with their "
+      "damaged copies: %ld (%ld damaged; %ld of them with restart markers, read interval by interval), the "
+      "row "
+      "starts of %ld the same; %ld files' crops decoded from the spans' row starts\n",
+      clean, damaged, short_data, span_walks, span_damaged, span_intervals, span_rows_same, span_learnt);
   ASSERT_GT(span_walks, 100);
   ASSERT_GT(span_damaged, 50);
   ASSERT_GT(span_rows_same, 30);
   ASSERT_GT(span_intervals, 50); /* files with restart markers (synthetic and third-party), and copies */
   ASSERT_GT(span_learnt, 15);
+  printf("scans whose blocks share their tables: %ld read in spans, in %.1f rounds on average, %ld at most\n",
+         shared_walks, shared_walks ? (double)shared_rounds / (double)shared_walks : 0.0, shared_worst);
+  ASSERT_GT(shared_walks, 15);
+  ASSERT(shared_rounds <= 8 * shared_walks);
   printf("row index: %" PRIu64 " bytes\n", dl__jpeg_rows_bytes(store));
   pair_free(main_pair);
   dl__jpeg_rows_free(store);

@@ -144,6 +144,8 @@ int synthetic_jpeg(long i, synthetic_coding coding, unsigned char **out, unsigne
   if (coding.subsampling == 444)
     cj.comp_info[0].h_samp_factor = cj.comp_info[0].v_samp_factor = 1;
   cj.restart_interval = (unsigned)coding.restart;
+  for (int c = 1; coding.shared_tables && c < cj.num_components; c++)
+    cj.comp_info[c].dc_tbl_no = cj.comp_info[c].ac_tbl_no = 0;
   jpeg_start_compress(&cj, TRUE);
   while (cj.next_scanline < cj.image_height) {
     JSAMPROW row = px + (size_t)cj.next_scanline * w * 3;
@@ -257,10 +259,12 @@ int synthetic_dataset(long n, synthetic_coding coding, int threads, char *source
   else
     snprintf(base, sizeof base, "%s/.cache/ringfeed", home ? home : "/tmp");
   /* The default coding keeps the folder name it always had. */
+  const char *shared = coding.shared_tables ? "-shared" : "";
   if (coding.quality == 90 && coding.subsampling == 420)
-    snprintf(dir, sizeof dir, "%s/synthetic-%s-%ld", base, VERSION, n);
+    snprintf(dir, sizeof dir, "%s/synthetic-%s-%ld%s", base, VERSION, n, shared);
   else
-    snprintf(dir, sizeof dir, "%s/synthetic-%s-%ld-q%d-%d", base, VERSION, n, coding.quality, coding.subsampling);
+    snprintf(dir, sizeof dir, "%s/synthetic-%s-%ld-q%d-%d%s", base, VERSION, n, coding.quality, coding.subsampling,
+             shared);
   long nshards = (n + PER_SHARD - 1) / PER_SHARD;
   int w = snprintf(source, cap, nshards == 1 ? "%s/synth-%06ld.tar" : "%s/synth-{000000..%06ld}.tar",
                    dir, nshards - 1);

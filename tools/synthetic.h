@@ -10,11 +10,13 @@ extern "C" {
 
 /* How the synthetic JPEGs are encoded: quality 1..100, chroma subsampling 420 or 444; a size in
  * pixels, or 0 x 0 for the one drawn from the image's number; MCUs between restart markers (0:
- * none, as in every set dlbench makes). */
+ * none, as in every set dlbench makes); with SHARED_TABLES, every component coded with the luma's
+ * Huffman tables (some encoders write one set for all). */
 typedef struct synthetic_coding {
   int quality, subsampling;
   int width, height;
   int restart;
+  int shared_tables;
 } synthetic_coding;
 /* The default set: ImageNet-like files (quality 90, 4:2:0). */
 #define SYNTHETIC_DEFAULT ((synthetic_coding){.quality = 90, .subsampling = 420})

@@ -143,6 +143,7 @@ static int scan_read(j_decompress_ptr d, scan *s) {
   s->mcus_per_row = d->MCUs_per_row;
   s->mcu_rows = d->MCU_rows_in_scan;
   s->restart = d->restart_interval;
+  s->shared = false; /* asked only by the reads in spans (jpeg_span.h), which parse the file */
   /* A lone component's MCU is one block: its iMCU row holds v_samp_factor rows of them. */
   s->rows_per_imcu = d->comps_in_scan == 1 ? (uint32_t)d->cur_comp_info[0]->v_samp_factor : 1;
   for (int c = 0; c < s->comps; c++) {

@@ -4,7 +4,10 @@
  * data is cut into spans, one a thread; each is read from a guess at where its first code begins
  * until the span before it says where that is: Huffman codes fall back in step with the data
  * after a few symbols, so most spans' reads from the guess end where the true reading does, and
- * the reads go round again only for the spans whose entry changed. Once no entry changes, every
+ * the reads go round again only for the spans whose entry changed. (Where every block is read
+ * with the same tables, nothing in the codes tells which block of the MCU a read is in: the rounds
+ * settle the entries' bits alone, and the blocks ended before each entry then give its block.)
+ * Once no entry changes, every
  * span was read from where the walk of the whole scan reaches it (the first from the scan's start),
  * and their findings joined give walk_whole's verdict: the bad codes and reads past the data up to
  * the scan's last block, and the DC predictors' range, from their change over each span. A clean
@@ -20,9 +23,8 @@
 
 /* Spans of at least SPAN_BYTES, at most SPAN_MAX of them (a thread block's). The rounds end by the
  * SPAN_MAX-th at the latest, as each round settles the entry of one more span at least: that of
- * span R is final once span R - 1's is. Most scans settle in a few (the q90 synthetic set: 8 on
- * average); a scan whose components share every table gives no sign of which block a code is in,
- * and may settle only span by span, as slowly as one thread reading it all. */
+ * span R is final once span R - 1's is. Most scans settle in a few (the q90 synthetic set: 5 on
+ * average, 9 at most). */
 enum { SPAN_BYTES = 256, SPAN_MAX = 256 };
 /* The most MCU rows whose starts a read notes (4,096 pixels of 4:2:0). */
 enum { SPAN_ROWS = 256 };
@@ -64,8 +66,10 @@ typedef struct span_cut {
   uint32_t from[SPAN_MAX + 1], bit[SPAN_MAX + 1];
 } span_cut;
 
-WALK_FN bool span_same(span_at a, span_at b) {
-  return a.bit == b.bit && a.b == b.b && a.k == b.k;
+/* Whether a span read from entry B needs no read from entry A: the same bit and coefficient, and
+ * the same block where that changes the codes read (S->shared: it does not; span_blocks). */
+WALK_FN bool span_same(const scan *s, span_at a, span_at b) {
+  return a.bit == b.bit && a.k == b.k && (a.b == b.b || s->shared);
 }
 
 /* Whether D[J] (of REST bytes) ends the data: a 0xFF not followed by a stuffed zero. */
@@ -180,6 +184,17 @@ WALK_FN span_at span_entry(const span_cut *c, const span_end *out, int i) {
   return (span_at){c->bit[i], 0, 0};
 }
 
+/* Where every block is read with the same tables (S->shared), the block each settled entry AT[I]
+ * is in: the blocks ended before it, modulo the MCU's. Up to the first read that failed (the
+ * spans after it are not joined). A span whose read began in another block is read again. */
+WALK_FN void span_blocks(const scan *s, const span_cut *c, const span_end *out, span_at *at) {
+  uint64_t done = 0;
+  for (int i = 0; i < c->count && (i == 0 || !out[i - 1].failed); i++) {
+    at[i].b = (uint8_t)(done % (uint64_t)s->blocks);
+    done += out[i].blocks;
+  }
+}
+
 /* The verdict from the spans' reads OUT from their entries AT, once none changes: 1 clean, 0 not
  * (walk_whole's). The span the scan's last block ends in is read again up to that block. BASE
  * (may be NULL): what comes before each span of a clean scan. */
@@ -266,6 +281,7 @@ typedef struct span_room {
   span_end out[SPAN_MAX];
   span_at at[SPAN_MAX];
   span_base base[SPAN_MAX];
+  int rounds; /* the last walk's rounds of reads after the first */
 } span_room;
 
 /* Walks P (LEN bytes) span by span, each round one after the other where a device's threads read
@@ -297,11 +313,11 @@ WALK_FN int span_walk_whole(const uint8_t *p, size_t len, scan *s, span_room *ro
     at[i] = (span_at){c->bit[i], 0, 0};
     out[i] = span_read(s, c, i, at[i], UINT32_MAX, NULL);
   }
-  for (;;) {
+  for (room->rounds = 0;; room->rounds++) {
     bool changed = false;
     for (int i = c->count - 1; i > 0; i--) { /* from the last: each reads the round before's */
       span_at e = span_entry(c, out, i);
-      if (!span_same(e, at[i])) {
+      if (!span_same(s, e, at[i])) {
         at[i] = e;
         out[i] = span_read(s, c, i, e, UINT32_MAX, NULL);
         changed = true;
@@ -309,6 +325,15 @@ WALK_FN int span_walk_whole(const uint8_t *p, size_t len, scan *s, span_room *ro
     }
     if (!changed)
       break;
+  }
+  if (s->shared) {
+    uint8_t was[SPAN_MAX];
+    for (int i = 0; i < c->count; i++)
+      was[i] = at[i].b;
+    span_blocks(s, c, out, at);
+    for (int i = 0; i < c->count; i++)
+      if (at[i].b != was[i])
+        out[i] = span_read(s, c, i, at[i], UINT32_MAX, NULL);
   }
   int v = span_join(s, c, out, at, room->base);
   if (v == 1 && rows && s->mcu_rows <= SPAN_ROWS) {

@@ -43,11 +43,26 @@ typedef struct scan {
   uint8_t comp[WALK_MAX_BLOCKS];
   uint32_t mcus_per_row, mcu_rows, rows_per_imcu;
   unsigned restart; /* the restart interval in MCUs, 0 for none (only a whole walk takes them) */
+  bool shared;      /* every block read with the same tables: which block a code is in changes no code */
   huff dc[3], ac[3];
 } scan;
 
 WALK_FN unsigned be16(const uint8_t *p) {
   return (unsigned)p[0] << 8 | p[1];
+}
+
+/* Whether DHT tables A and B (code counts by length at [1..16], the symbols after) are the same. */
+WALK_FN bool table_same(const uint8_t *a, const uint8_t *b) {
+  unsigned n = 0;
+  for (int l = 1; l <= 16; l++) {
+    if (a[l] != b[l])
+      return false;
+    n += a[l];
+  }
+  for (unsigned j = 0; a != b && j < n; j++)
+    if (a[17 + j] != b[17 + j])
+      return false;
+  return true;
 }
 
 /* The scan from a file's own markers, for a file libjpeg has not read: a baseline 8-bit frame of
@@ -113,6 +128,7 @@ WALK_FN int scan_parse(const uint8_t *p, size_t n, scan *s, size_t *entropy_at) 
         hmax = hs[c] > hmax ? hs[c] : hmax, vmax = vs[c] > vmax ? vs[c] : vmax;
       s->comps = (int)ns;
       s->blocks = 0;
+      s->shared = true;
       for (unsigned k = 0; k < ns; k++) {
         unsigned c = 0, td = seg[2 + 2 * k] >> 4, ta = seg[2 + 2 * k] & 15;
         while (c < nf && id[c] != seg[1 + 2 * k])
@@ -120,6 +136,8 @@ WALK_FN int scan_parse(const uint8_t *p, size_t n, scan *s, size_t *entropy_at) 
         if (c == nf || used & 1u << c || td > 3 || ta > 3 || !tbl[0][td] || !tbl[1][ta] ||
             huff_codes(&s->dc[k], tbl[0][td], tbl[0][td] + 17) || huff_codes(&s->ac[k], tbl[1][ta], tbl[1][ta] + 17))
           return -1;
+        unsigned td0 = seg[2] >> 4, ta0 = seg[2] & 15; /* the first component's */
+        s->shared = s->shared && table_same(tbl[0][td], tbl[0][td0]) && table_same(tbl[1][ta], tbl[1][ta0]);
         used |= 1u << c;
         unsigned b = ns == 1 ? 1 : hs[c] * vs[c]; /* a lone component's MCU is one block */
         if (s->blocks + (int)b > WALK_MAX_BLOCKS)

@@ -123,7 +123,7 @@ __global__ void __launch_bounds__(SPAN_MAX) read_scans(const uint8_t *arena, dl_
   for (int round = 1;; round++) {
     __syncthreads(); // the round before's reads written
     span_at e = i > 0 && i < c.count ? span_entry(&c, out, i) : span_at{0, 0, 0};
-    bool again = i > 0 && i < c.count && !span_same(e, at[i]);
+    bool again = i > 0 && i < c.count && !span_same(&s, e, at[i]);
     if (t == 0)
       changed[round & 1] = 0;
     __syncthreads(); // every entry taken before a read is written
@@ -135,6 +135,16 @@ __global__ void __launch_bounds__(SPAN_MAX) read_scans(const uint8_t *arena, dl_
     __syncthreads();
     if (!changed[round & 1])
       break; // by round SPAN_MAX at the latest (decode/jpeg_span.h)
+  }
+  if (s.shared) { // the entries' bits settled: their blocks from the blocks ended before each
+    uint8_t was = i < c.count ? at[i].b : 0;
+    __syncthreads(); // every thread has its entry's block before thread 0 puts them right
+    if (t == 0)
+      span_blocks(&s, &c, out, at);
+    __syncthreads();
+    if (i < c.count && at[i].b != was)
+      out[i] = span_read(&s, &c, i, at[i], UINT32_MAX, NULL);
+    __syncthreads();
   }
   span_base *base = room[blockIdx.x].base;
   if (t == 0) {
