@@ -116,6 +116,11 @@ if has ceiling || has bench || has start || has idle || has trace || has check |
   case " ${FIRST_SETS:-q96} " in *" q96 "*)
     q96=$("$build/dlbench" --synthetic "$n" --quality 96 --subsampling 444 --make-synthetic 2> "$out/make-q96.log") ;;
   esac
+  # q90s: the q90 set with every component coded with one set of Huffman tables, where FIRST_SETS
+  # names it (the device reads such scans in spans that settle their bits alone)
+  case " ${FIRST_SETS:-} " in *" q90s "*)
+    q90s=$("$build/dlbench" --synthetic "$n" --shared-tables --make-synthetic 2> "$out/make-q90s.log") ;;
+  esac
 fi
 
 # The first batch on cuda:0 (CUDA already started, as in a training script), and where dl_open's
@@ -399,8 +404,9 @@ fi
 # 4d. A dataset's first run, when gpu_check reads every scan the GPU takes (no verdicts kept from an
 #    earlier run): hybrid 5 epochs against gpu_check=0, and with BASE=DIR against the version before,
 #    in turn, FIRST_ROUNDS rounds (default 2), over FIRST_SETS (default "q90 q96"; "q90" alone makes
-#    no q96 set, for the other parts either); FIRST_RFS=1 converts each set to ringfeed shards first
-#    (dlshard create), whose writer gave the verdicts. What the check costs is 1 - first / unchecked.
+#    no q96 set, for the other parts either; "q90s" adds the q90 set coded with one set of tables);
+#    FIRST_RFS=1 converts each set to ringfeed shards first (dlshard create), whose writer gave the
+#    verdicts. What the check costs is 1 - first / unchecked.
 if has firstrun; then
   forget() { rm -f "$XDG_CACHE_HOME"/ringfeed/*.rfcheck; }
   runs="first unchecked"

@@ -132,6 +132,8 @@ static void usage(FILE *f) {
           "  --synthetic N     samples in the synthetic set (10000)\n"
           "  --quality Q --subsampling 420|444   how the synthetic set is encoded (90, 420;\n"
           "                    ImageNet-quality files: --quality 96 --subsampling 444)\n"
+          "  --shared-tables   ... every component coded with one set of Huffman tables, as some\n"
+          "                    encoders write them\n"
           "  --make-synthetic  only make (once) the synthetic set and print its source pattern\n"
           "  --json            print one JSON object\n"
           "  --digest          print a hash of every batch's bytes, then of the whole stream\n"
@@ -154,7 +156,7 @@ typedef struct args {
 static int parse_args(int argc, char **argv, args *a) {
   enum { O_BATCH = 256, O_SIZE, O_CROP, O_PREFETCH, O_EPOCHS, O_SEED, O_IO, O_ONERR, O_RANK, O_WORLD,
          O_DEVICE, O_DTYPE, O_STEP, O_RESUME, O_STOP, O_OPTION, O_SYNTH, O_JSON, O_DIGEST, O_KEYS,
-         O_FLIP, O_WORKERS, O_HELP, O_MAKE, O_DECODE, O_QUALITY, O_SUBSAMPLING, O_VERSION, O_STEP_KERNEL,
+         O_FLIP, O_WORKERS, O_HELP, O_MAKE, O_DECODE, O_QUALITY, O_SUBSAMPLING, O_SHARED_TABLES, O_VERSION, O_STEP_KERNEL,
          O_LIST_OPTIONS };
   static const struct option longopts[] = {
       {"workers", 1, 0, O_WORKERS}, {"batch", 1, 0, O_BATCH},      {"size", 1, 0, O_SIZE},
@@ -167,6 +169,7 @@ static int parse_args(int argc, char **argv, args *a) {
       {"flip", 0, 0, O_FLIP},       {"help", 0, 0, O_HELP},        {"make-synthetic", 0, 0, O_MAKE},
       {"decode", 1, 0, O_DECODE},   {"quality", 1, 0, O_QUALITY},  {"subsampling", 1, 0, O_SUBSAMPLING},
       {"step-kernel-ms", 1, 0, O_STEP_KERNEL}, {"list-options", 2, 0, O_LIST_OPTIONS},
+      {"shared-tables", 0, 0, O_SHARED_TABLES},
       {"version", 0, 0, O_VERSION}, {0, 0, 0, 0}};
   *a = (args){.device = "cpu", .synthetic = 10000, .stop_after = -1, .coding = SYNTHETIC_DEFAULT, .step_kernel_ms = 1};
   size_t olen = 0;
@@ -226,6 +229,7 @@ static int parse_args(int argc, char **argv, args *a) {
         return 2;
       a->coding.subsampling = (int)v, synthetic_given = true;
       break;
+    case O_SHARED_TABLES: a->coding.shared_tables = 1, synthetic_given = true; break;
     case O_JSON: a->json = true; break;
     case O_DIGEST: a->digest = true; break;
     case O_KEYS: a->keys = true; break;
@@ -250,7 +254,7 @@ static int parse_args(int argc, char **argv, args *a) {
     return 2;
   }
   if (synthetic_given && optind < argc) { /* they shape the built-in set, which a SOURCE replaces */
-    fprintf(stderr, "dlbench: --synthetic, --quality and --subsampling make the built-in set: "
+    fprintf(stderr, "dlbench: --synthetic, --quality, --subsampling and --shared-tables make the built-in set: "
                     "give them without a SOURCE\n");
     return 2;
   }
