@@ -7,12 +7,12 @@
  * the reads go round again only for the spans whose entry changed. (Where every block is read
  * with the same tables, nothing in the codes tells which block of the MCU a read is in: the rounds
  * settle the entries' bits alone, and the blocks ended before each entry then give its block.)
- * Once no entry changes, every
- * span was read from where the walk of the whole scan reaches it (the first from the scan's start),
- * and their findings joined give walk_whole's verdict: the bad codes and reads past the data up to
- * the scan's last block, and the DC predictors' range, from their change over each span. A clean
- * scan's spans are read once more from what the join found before each (its first block and DC
- * predictors) to note where each MCU row begins, as a CPU walk notes them for the decodes after.
+ * Once no entry changes, every span was read from where the walk of the whole scan reaches it (the
+ * first from the scan's start), and their findings joined give walk_whole's verdict: the bad codes
+ * and reads past the data up to the scan's last block, and the DC predictors' range, from their
+ * change over each span. A clean scan's spans are read once more from what the join found before
+ * each (its first block and DC predictors) to note where each MCU row begins, as a CPU walk notes
+ * them for the decodes after.
  * A scan with restart markers needs no guess: each interval between them is read whole from its
  * start, by the thread that finds the marker before it.
  */
