@@ -5,6 +5,7 @@ import json
 import os
 import shutil
 import subprocess
+import tarfile
 
 import pytest
 
@@ -116,9 +117,37 @@ def test_counts_are_whole_numbers_and_the_synthetic_set_takes_no_source():
                              ("--synthetic", "0", 1), ("--quality", "9x", 1), ("--synthetic", "0x10", 1)):
         out = run(DLBENCH, *((WDS,) if flag == "--stop-after" else ()), flag, bad, "--make-synthetic", ok=False)
         assert out.returncode == 2 and f"{flag} {bad}: expected a whole number of at least {least}" in out.stderr
-    for flags in (("--synthetic", "20"), ("--quality", "96"), ("--subsampling", "444")):
+    for flags in (("--synthetic", "20"), ("--quality", "96"), ("--subsampling", "444"), ("--shared-tables",)):
         out = run(DLBENCH, WDS, *SMALL, *flags, ok=False)  # they would be ignored: refused instead
         assert out.returncode == 2 and "give them without a SOURCE" in out.stderr, out.stderr
+
+
+def huffman_tables(jpeg):
+    """The (class, id) of every Huffman table a JPEG's markers define before its scan."""
+    tables, i = [], 2
+    while i + 4 <= len(jpeg) and jpeg[i] == 0xFF and jpeg[i + 1] != 0xDA:
+        length = int.from_bytes(jpeg[i + 2:i + 4], "big")
+        j = i + 4
+        while jpeg[i + 1] == 0xC4 and j < i + 2 + length:
+            tables.append((jpeg[j] >> 4, jpeg[j] & 15))
+            j += 17 + sum(jpeg[j + 1:j + 17])
+        i += 2 + length
+    return tables
+
+
+@pytest.mark.skipif(not os.path.exists(DLBENCH), reason="dlbench not built")
+def test_shared_tables_make_a_set_coded_with_one_set_of_huffman_tables(tmp_path):
+    env = dict(os.environ, DL_SYNTHETIC_DIR=str(tmp_path))
+    sets = {}
+    for flags in ((), ("--shared-tables",)):
+        out = subprocess.run([DLBENCH, "--make-synthetic", "--synthetic", "3", *flags], capture_output=True, text=True,
+                             env=env, timeout=120)
+        assert out.returncode == 0, out.stderr
+        with tarfile.open(out.stdout.split()[-1]) as t:
+            sets[flags] = [huffman_tables(t.extractfile(m).read()) for m in t.getmembers() if m.name.endswith(".jpg")]
+    assert len(sets[()]) == len(sets[("--shared-tables",)]) == 3
+    assert all(sorted(t) == [(0, 0), (0, 1), (1, 0), (1, 1)] for t in sets[()])  # luma's and chroma's
+    assert all(sorted(t) == [(0, 0), (1, 0)] for t in sets[("--shared-tables",)])  # one set for all
 
 
 @needs_tools
