@@ -129,8 +129,8 @@ bool dl__gpu_plan(const dl_loader *l, dl_batch *b, int i, int64_t index, uint8_t
    * (gpu/walk.cu): in a first epoch that read took the workers about half a decode an image. Only
    * the engines' files: a damaged single-scan file is one they decode without harm (gpu_check=0),
    * the CUDA decoder is not trusted with damage beyond that. */
-  uint8_t verdict = dl__jpeg_rows_verdict(l->jpeg_rows, (uint32_t)index);
-  bool walk = l->o.gpu_check && single && l->gpu_walk && engine == DL__GPU_ENGINE_HW && verdict == DL__VERDICT_UNREAD;
+  bool walk = l->o.gpu_check && single && l->gpu_walk && engine == DL__GPU_ENGINE_HW &&
+              dl__jpeg_rows_verdict(l->jpeg_rows, (uint32_t)index) == DL__VERDICT_UNREAD;
   if ((l->o.gpu_check || !single) && !walk &&
       !dl__jpeg_rows_clean(vouched && !single ? NULL : l->jpeg_rows, (uint32_t)index, image, len, l->o.max_pixels))
     return false;
