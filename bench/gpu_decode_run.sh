@@ -139,9 +139,9 @@ if has start; then
   done
   # nvJPEG's start alone, piece by piece, each variant in a fresh process (bench/nvjpeg_start.c):
   # the engines counted between their handle and their state or after the state, and beside what
-  # decode=auto's start has beside it. Not run by default: --register (pinning beside the
-  # start took it from 0.65 s to 31-36 s on an H100).
-  default="--info before|--info after|--info after --busy|--info after --spin 15|--info after --copies"
+  # decode=auto's start has beside it; --sample says where each thread waits. Not run by default:
+  # --register (pinning beside the start took it from 0.65 s to 31-36 s on an H100).
+  default="--info before|--info after --sample|--info after --busy|--info after --spin 15|--info after --copies"
   default="$default|--info after --delay 1000|--info after --twice|--info after --beside cuda"
   old_ifs=$IFS
   IFS='|'
@@ -157,7 +157,7 @@ if has start; then
       # shellcheck disable=SC2086
       guarded 60 "$j" "$out/nvjpeg-start-$name-$i.err" "$build/bench/nvjpeg_start" $args
       keep "$j" "$out/nvjpeg-start-$name-$i.err"
-      row "nvJPEG's start, $args, run $i" "CUDA $(num "$j" cuda_ms) ms, then the engines' handle $(num "$j" hw_handle_ms) ms, their state $(num "$j" hw_state_ms), counting them $(num "$j" hw_info_ms) ($(num "$j" engines)): $(num "$j" hw_ms) ms in all$(grep -q again_ "$j" && echo "; again: handle $(num "$j" again_handle_ms), state $(num "$j" again_state_ms)")$(grep -q beside_ "$j" && echo "; the CUDA decoder beside: handle $(num "$j" beside_handle_ms), state $(num "$j" beside_state_ms)")"
+      row "nvJPEG's start, $args, run $i" "CUDA $(num "$j" cuda_ms) ms, then the engines' handle $(num "$j" hw_handle_ms) ms, their state $(num "$j" hw_state_ms), counting them $(num "$j" hw_info_ms) ($(num "$j" engines)): $(num "$j" hw_ms) ms in all; the handle on the CPU $(num "$j" hw_handle_cpu_ms) ms, $(num "$j" hw_handle_waits) waits, $(num "$j" hw_handle_faults) page faults, the state $(num "$j" hw_state_cpu_ms) ms, $(num "$j" hw_state_waits), $(num "$j" hw_state_faults) (the process: $(num "$j" hw_state_all_cpu_ms) ms, $(num "$j" hw_state_all_faults) faults)$(grep -q futex_waits "$j" && echo "; the starting thread's futex waits, ms: handle $(sed -n 's/.*"hw_handle_futex_waits_ms":\[\([^]]*\)\].*/\1/p' "$j"), state $(sed -n 's/.*"hw_state_futex_waits_ms":\[\([^]]*\)\].*/\1/p' "$j")")$(grep -q again_ "$j" && echo "; again: handle $(num "$j" again_handle_ms), state $(num "$j" again_state_ms)")$(grep -q beside_ "$j" && echo "; the CUDA decoder beside: handle $(num "$j" beside_handle_ms), state $(num "$j" beside_state_ms)")"
     done
   done
 fi

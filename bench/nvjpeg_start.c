@@ -7,6 +7,8 @@
  *                           handle) meanwhile: whether the two starts share a cost or overlap
  *   --twice                 the same start again after the first is destroyed: what is paid once a
  *                           process, not once a handle
+ *   --again-alive           the same start again while the first is still alive: what is paid once
+ *                           while the process holds a handle
  *   --info before|after|beside   the engines counted (nvjpegGetHardwareDecoderInfo) between the
  *                           handle and the state, after the state (the loader's order), or on a
  *                           second thread while the state is made
@@ -19,10 +21,19 @@
  *   --register              beside a thread pinning and unpinning 16 MB over and over, as the GPU
  *                           stage's starter pins the slots
  *   --queries               beside a thread asking CUDA whether a stream is idle over and over
+ *   --mallocs               beside a thread taking and freeing 2 MB of device memory over and over
+ *   --every MS              a pause of MS milliseconds between the rounds of any of the above
  *   --blocking              beside a thread waiting for a small copy over and over on an event made
  *                           with cudaEventBlockingSync, as the copy thread waits for its batches
  *   --delay MS              MS milliseconds between CUDA's start and nvJPEG's, as in a training
  *                           script that built its model before opening the loader
+ *   --prefault MB           MB of memory touched and given back before nvJPEG starts, as the loader's
+ *                           slots and workers touch theirs before decode=auto's start: whether the
+ *                           start waits on the kernel handing out fresh pages
+ * Each part reports the starting thread's CPU time, context switches and page faults, and the
+ * process's, so that a part spent sleeping or faulting shows as such.
+ *   --sample                every millisecond of the start, where each of the process's threads is:
+ *                           its system call (or running) and the kernel function it sleeps in, counted
  * Prints one JSON object of milliseconds.
  */
 #include "gpu/nvjpeg.h"
@@ -30,12 +41,17 @@
 #include "busy_gpu.h"
 
 #include <cuda_runtime.h>
+#include <dirent.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
 static const dl__nvjpeg *nv;
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -79,7 +95,15 @@ static void *spin_run(void *arg) {
 }
 
 /* A thread beside the start that keeps CUDA's driver at work without the SMs. */
-typedef enum { CHORE_NONE, CHORE_COPIES, CHORE_REGISTER, CHORE_QUERIES, CHORE_BLOCKING } chore_kind;
+typedef enum {
+  CHORE_NONE,
+  CHORE_COPIES,
+  CHORE_REGISTER,
+  CHORE_QUERIES,
+  CHORE_BLOCKING,
+  CHORE_MALLOC
+} chore_kind;
+static int chore_every_ms; /* a pause between the chore's rounds; 0: none */
 
 static void *chore_run(void *arg) {
   chore_kind k = (chore_kind)(intptr_t)arg;
@@ -106,9 +130,15 @@ static void *chore_run(void *arg) {
     } else if (k == CHORE_REGISTER) {
       cudaHostRegister(host, n, cudaHostRegisterPortable);
       cudaHostUnregister(host);
+    } else if (k == CHORE_MALLOC) {
+      void *m = NULL;
+      if (cudaMalloc(&m, 2 << 20) == cudaSuccess)
+        cudaFree(m);
     } else {
       cudaStreamQuery(s);
     }
+    if (chore_every_ms)
+      nanosleep(&(struct timespec){chore_every_ms / 1000, (long)(chore_every_ms % 1000) * 1000000}, NULL);
   }
   if (copies)
     cudaFreeHost(host), cudaFree(dev);
@@ -122,14 +152,173 @@ static void *chore_run(void *arg) {
 static nvjpegDevAllocator_t dev_alloc = {dev_malloc, dev_free};
 static nvjpegPinnedAllocator_t pinned_alloc = {pinned_malloc, pinned_free};
 
+/* The sampler: which part of the start runs (1 the handle, 2 the state), and the starting thread. */
+static int phase, sampling;
+static pid_t start_tid;
+
+enum { PLACES = 48 };
+typedef struct place {
+  char what[96];
+  int n;
+} place;
+static place places[3][PLACES];
+
+static const char *syscall_name(const char *nr) {
+  static const struct {
+    int nr;
+    const char *name;
+  } known[] = {{0, "read"},         {1, "write"},      {7, "poll"},    {9, "mmap"},
+               {10, "mprotect"},    {11, "munmap"},    {16, "ioctl"},  {23, "select"},
+               {24, "sched_yield"}, {35, "nanosleep"}, {202, "futex"}, {230, "clock_nanosleep"},
+               {232, "epoll_wait"}, {257, "openat"},   {271, "ppoll"}, {281, "epoll_pwait"}};
+  if (!strncmp(nr, "running", 7))
+    return "running";
+  int n = atoi(nr);
+  for (size_t i = 0; i < sizeof known / sizeof *known; i++)
+    if (known[i].nr == n)
+      return known[i].name;
+  return nr;
+}
+
+static void read_first(const char *path, char *buf, size_t cap) {
+  buf[0] = 0;
+  FILE *f = fopen(path, "r");
+  if (!f)
+    return;
+  if (!fgets(buf, (int)cap, f))
+    buf[0] = 0;
+  fclose(f);
+  buf[strcspn(buf, " \n")] = 0;
+}
+
+/* Returns whether the starting thread was waiting on a futex. */
+static bool sample_once(int ph, pid_t me) {
+  bool waiting = false;
+  DIR *d = opendir("/proc/self/task");
+  struct dirent *e;
+  while (d && (e = readdir(d))) {
+    pid_t tid = atoi(e->d_name);
+    if (tid <= 0 || tid == me)
+      continue;
+    char path[64], nr[64], wchan[64], what[96];
+    snprintf(path, sizeof path, "/proc/self/task/%d/syscall", tid);
+    char line[256] = "", req[24] = "";
+    FILE *f = fopen(path, "r");
+    if (f && !fgets(line, sizeof line, f))
+      line[0] = 0;
+    if (f)
+      fclose(f);
+    snprintf(nr, sizeof nr, "%s", line);
+    nr[strcspn(nr, " \n")] = 0;
+    if (!strcmp(nr, "16")) /* ioctl: its request, the third field */
+      sscanf(line, "%*s %*s %23s", req);
+    snprintf(path, sizeof path, "/proc/self/task/%d/wchan", tid);
+    read_first(path, wchan, sizeof wchan);
+    waiting |= tid == start_tid && !strcmp(nr, "202");
+    char comm[32];
+    snprintf(path, sizeof path, "/proc/self/task/%d/comm", tid);
+    read_first(path, comm, sizeof comm);
+    snprintf(what, sizeof what, "%s %s %s%s%s %s", tid == start_tid ? "start" : "other", comm,
+             syscall_name(nr), req[0] ? " " : "", req, wchan);
+    for (int i = 0; i < PLACES; i++)
+      if (!places[ph][i].n || !strcmp(places[ph][i].what, what)) {
+        snprintf(places[ph][i].what, sizeof places[ph][i].what, "%s", what);
+        places[ph][i].n++;
+        break;
+      }
+  }
+  if (d)
+    closedir(d);
+  return waiting;
+}
+
+/* Each of the starting thread's futex waits, in milliseconds, as the samples saw it begin and end. */
+enum { WAITS = 32 };
+static double waits_ms[3][WAITS];
+static int nwaits[3];
+
+static void *sample_run(void *arg) {
+  (void)arg;
+  pid_t me = (pid_t)syscall(SYS_gettid);
+  double from = -1;
+  int was = 0;
+  while (__atomic_load_n(&sampling, __ATOMIC_RELAXED)) {
+    int ph = __atomic_load_n(&phase, __ATOMIC_RELAXED);
+    bool waiting = ph && sample_once(ph, me);
+    double now = dl__now();
+    if (from >= 0 && (!waiting || ph != was)) {
+      if (nwaits[was] < WAITS)
+        waits_ms[was][nwaits[was]++] = (now - from) * 1e3;
+      from = -1;
+    }
+    if (waiting && from < 0)
+      from = now;
+    was = ph;
+    nanosleep(&(struct timespec){0, 1000000}, NULL);
+  }
+  return NULL;
+}
+
+static void places_print(const char *name, int ph) {
+  printf(",\"%s_places\":{", name);
+  for (int k = 0, first = 1; k < 8; k++) { /* the eight most seen, most first */
+    int best = -1;
+    for (int i = 0; i < PLACES && places[ph][i].n; i++)
+      if (places[ph][i].n > 0 && (best < 0 || places[ph][i].n > places[ph][best].n))
+        best = i;
+    if (best < 0)
+      break;
+    printf("%s\"%s\":%d", first ? "" : ",", places[ph][best].what, places[ph][best].n);
+    places[ph][best].n = -places[ph][best].n; /* printed */
+    first = 0;
+  }
+  printf("},\"%s_futex_waits_ms\":[", name);
+  for (int i = 0; i < nwaits[ph]; i++)
+    printf("%s%.1f", i ? "," : "", waits_ms[ph][i]);
+  printf("]");
+}
+
 typedef enum { INFO_NONE, INFO_BEFORE, INFO_AFTER, INFO_BESIDE } info_when;
+
+/* What a part of the start cost beyond its wall time, for its thread and for the whole process. */
+typedef struct usage {
+  double cpu_ms, all_cpu_ms;     /* the thread's user and system time; the process's */
+  long waits, preempted, faults; /* the thread's voluntary and involuntary switches, minor faults */
+  long all_faults;
+} usage;
+
+static double cpu_ms(const struct rusage *r) {
+  return (r->ru_utime.tv_sec + r->ru_stime.tv_sec) * 1e3 + (r->ru_utime.tv_usec + r->ru_stime.tv_usec) / 1e3;
+}
+
+static usage usage_now(void) {
+  struct rusage t, p;
+  getrusage(RUSAGE_THREAD, &t);
+  getrusage(RUSAGE_SELF, &p);
+  return (usage){cpu_ms(&t), cpu_ms(&p), t.ru_nvcsw, t.ru_nivcsw, t.ru_minflt, p.ru_minflt};
+}
+
+static usage usage_since(usage a) {
+  usage b = usage_now();
+  return (usage){b.cpu_ms - a.cpu_ms,       b.all_cpu_ms - a.all_cpu_ms, b.waits - a.waits,
+                 b.preempted - a.preempted, b.faults - a.faults,         b.all_faults - a.all_faults};
+}
+
+static void usage_print(const char *name, usage u) {
+  printf(",\"%s_cpu_ms\":%.1f,\"%s_all_cpu_ms\":%.1f,\"%s_waits\":%ld,\"%s_preempted\":%ld,\"%s_faults\":%ld,"
+         "\"%s_all_faults\":%ld",
+         name, u.cpu_ms, name, u.all_cpu_ms, name, u.waits, name, u.preempted, name, u.faults, name,
+         u.all_faults);
+}
 
 typedef struct start {
   nvjpegBackend_t backend;
   bool counted; /* through the counting allocators */
+  bool sampled; /* the start the sampler watches */
   info_when info;
   unsigned engines, cores;
   double handle_ms, state_ms, info_ms;
+  usage handle_use, state_use;
   nvjpegHandle_t h;
   nvjpegJpegState_t st;
   int status;
@@ -147,20 +336,30 @@ static void *info_run(void *arg) {
 static void *start_run(void *arg) {
   start *s = arg;
   cudaSetDevice(0);
+  if (s->sampled)
+    start_tid = (pid_t)syscall(SYS_gettid), __atomic_store_n(&phase, 1, __ATOMIC_RELAXED);
   double t = dl__now();
+  usage u = usage_now();
   s->status =
       nv->CreateEx(s->backend, s->counted ? &dev_alloc : NULL, s->counted ? &pinned_alloc : NULL,
                    NVJPEG_FLAGS_HW_DECODE_NO_PIPELINE | NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION, &s->h);
   s->handle_ms = (dl__now() - t) * 1e3;
+  s->handle_use = usage_since(u);
   if (s->status)
     return NULL;
   if (s->info == INFO_BEFORE)
     info_run(s);
   pthread_t beside;
   bool two = s->info == INFO_BESIDE && pthread_create(&beside, NULL, info_run, s) == 0;
+  if (s->sampled)
+    __atomic_store_n(&phase, 2, __ATOMIC_RELAXED);
   t = dl__now();
+  u = usage_now();
   s->status = nv->JpegStateCreate(s->h, &s->st);
   s->state_ms = (dl__now() - t) * 1e3;
+  s->state_use = usage_since(u);
+  if (s->sampled)
+    __atomic_store_n(&phase, 0, __ATOMIC_RELAXED);
   if (two)
     pthread_join(beside, NULL);
   if (s->info == INFO_AFTER)
@@ -178,16 +377,18 @@ static void stop(start *s) {
 
 int main(int argc, char **argv) {
   const char *beside = NULL;
-  bool twice = false, counted = true, busy = false;
+  bool twice = false, alive = false, counted = true, busy = false, sample = false;
   int spin = 0;
   chore_kind chore = CHORE_NONE;
-  int delay_ms = 0;
+  int delay_ms = 0, prefault_mb = 0;
   info_when info = INFO_NONE;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--beside") && i + 1 < argc)
       beside = argv[++i];
     else if (!strcmp(argv[i], "--twice"))
       twice = true;
+    else if (!strcmp(argv[i], "--again-alive"))
+      twice = alive = true;
     else if (!strcmp(argv[i], "--plain"))
       counted = false;
     else if (!strcmp(argv[i], "--busy"))
@@ -196,10 +397,18 @@ int main(int argc, char **argv) {
       spin = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--delay") && i + 1 < argc)
       delay_ms = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--sample"))
+      sample = true;
+    else if (!strcmp(argv[i], "--prefault") && i + 1 < argc)
+      prefault_mb = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--copies"))
       chore = CHORE_COPIES;
     else if (!strcmp(argv[i], "--register"))
       chore = CHORE_REGISTER;
+    else if (!strcmp(argv[i], "--mallocs"))
+      chore = CHORE_MALLOC;
+    else if (!strcmp(argv[i], "--every") && i + 1 < argc)
+      chore_every_ms = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--queries"))
       chore = CHORE_QUERIES;
     else if (!strcmp(argv[i], "--blocking"))
@@ -211,9 +420,11 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--info") && i + 1 < argc && !strcmp(argv[i + 1], "beside"))
       info = INFO_BESIDE, i++;
     else {
-      fprintf(stderr,
-              "usage: nvjpeg_start [--beside cuda|hw] [--twice] [--plain] [--info before|after|beside] "
-              "[--busy] [--spin N] [--copies|--register|--queries|--blocking] [--delay MS]\n");
+      fprintf(stderr, "usage: nvjpeg_start [--beside cuda|hw] [--twice|--again-alive] [--plain] [--info "
+                      "before|after|beside] "
+                      "[--busy] [--spin N] [--copies|--register|--queries|--blocking|--mallocs] [--every MS] "
+                      "[--delay MS] "
+                      "[--prefault MB] [--sample]\n");
       return 2;
     }
   }
@@ -231,6 +442,18 @@ int main(int argc, char **argv) {
   double cuda_ms = (dl__now() - t) * 1e3;
   if (delay_ms > 0)
     nanosleep(&(struct timespec){delay_ms / 1000, (long)(delay_ms % 1000) * 1000000}, NULL);
+  double prefault_ms = 0;
+  if (prefault_mb > 0) { /* touched, then unmapped: the pages go back to the kernel, not to the host */
+    t = dl__now();
+    size_t n = (size_t)prefault_mb << 20;
+    char *m = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m != MAP_FAILED) {
+      for (size_t k = 0; k < n; k += 4096)
+        m[k] = 1;
+      munmap(m, n);
+    }
+    prefault_ms = (dl__now() - t) * 1e3;
+  }
   if (busy && busy_gpu_start()) {
     fprintf(stderr, "nvjpeg_start: no GPU to keep busy\n");
     return 77;
@@ -244,7 +467,10 @@ int main(int argc, char **argv) {
       spin = i;
   pthread_t chorer;
   bool chores = chore != CHORE_NONE && pthread_create(&chorer, NULL, chore_run, (void *)(intptr_t)chore) == 0;
-  start a = {.backend = NVJPEG_BACKEND_HARDWARE, .counted = counted, .info = info};
+  start a = {.backend = NVJPEG_BACKEND_HARDWARE, .counted = counted, .info = info, .sampled = sample};
+  pthread_t sampler;
+  __atomic_store_n(&sampling, 1, __ATOMIC_RELAXED);
+  bool sampler_on = sample && pthread_create(&sampler, NULL, sample_run, NULL) == 0;
   start b = {.backend = beside && !strcmp(beside, "hw") ? NVJPEG_BACKEND_HARDWARE : NVJPEG_BACKEND_GPU_HYBRID,
              .counted = counted};
   pthread_t other;
@@ -255,6 +481,9 @@ int main(int argc, char **argv) {
   if (two)
     pthread_join(other, NULL);
   double both_ms = (dl__now() - t) * 1e3;
+  __atomic_store_n(&sampling, 0, __ATOMIC_RELAXED);
+  if (sampler_on)
+    pthread_join(sampler, NULL);
   __atomic_store_n(&spinning, 0, __ATOMIC_RELAXED);
   for (int i = 0; i < spin; i++)
     pthread_join(spinners[i], NULL);
@@ -263,11 +492,16 @@ int main(int argc, char **argv) {
   const char *busy_why = busy ? busy_gpu_stop() : NULL;
   if (busy_why)
     fprintf(stderr, "nvjpeg_start: %s\n", busy_why);
-  printf("{\"delay_ms\":%d,\"chore\":%d,\"busy\":%d,\"spin\":%d,\"nvjpeg\":\"%s\",\"load_ms\":%.1f,\"cuda_"
+  printf("{\"prefault_mb\":%d,\"prefault_ms\":%.1f,\"delay_ms\":%d,\"chore\":%d,\"busy\":%d,\"spin\":%d,"
+         "\"nvjpeg\":\"%s\",\"load_ms\":%.1f,\"cuda_"
          "ms\":%.1f,\"hw_handle_ms\":%.1f,\"hw_state_ms\":%.1f,"
          "\"hw_info_ms\":%.1f,\"engines\":%u,\"hw_ms\":%.1f,\"status\":%d",
-         delay_ms, (int)chore, busy, spin, nv->version, load_ms, cuda_ms, a.handle_ms, a.state_ms, a.info_ms,
-         a.engines, a_ms, a.status);
+         prefault_mb, prefault_ms, delay_ms, (int)chore, busy, spin, nv->version, load_ms, cuda_ms,
+         a.handle_ms, a.state_ms, a.info_ms, a.engines, a_ms, a.status);
+  usage_print("hw_handle", a.handle_use);
+  usage_print("hw_state", a.state_use);
+  if (sampler_on)
+    places_print("hw_handle", 1), places_print("hw_state", 2);
   if (two)
     printf(",\"beside\":\"%s\",\"beside_handle_ms\":%.1f,\"beside_state_ms\":%.1f,\"both_ms\":%.1f,"
            "\"beside_status\":%d",
@@ -276,7 +510,8 @@ int main(int argc, char **argv) {
          "ms\":%.1f",
          dev_calls, dev_bytes / 1e6, dev_ms, pinned_calls, pinned_bytes / 1e6, pinned_ms);
   if (twice) {
-    stop(&a);
+    if (!alive)
+      stop(&a);
     start c = {.backend = NVJPEG_BACKEND_HARDWARE, .counted = counted, .info = info};
     t = dl__now();
     start_run(&c);

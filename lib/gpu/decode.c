@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 /* One nvJPEG batched decoder: a handle, its state, and the batch size the state is set up for. */
 typedef struct engine {
@@ -249,11 +250,14 @@ int dl__gpu_decoder_create(dl_loader *l, int device, dl__gpu_decoder **out, size
   /* Where nvJPEG's start-up goes (0.65 s on an H100 when nothing runs beside it), for the debug log. */
   double t[5];
   t[0] = dl__now();
+  struct rusage u0, u1; /* the thread's own: whether the engines' start computes, sleeps or faults */
+  getrusage(RUSAGE_THREAD, &u0);
   cudaError_t ce = cudaSetDevice(device);
   nvjpegStatus_t st = NVJPEG_STATUS_SUCCESS;
   bool hw_interp = false, cuda_interp = false;
   bool engines = ce == cudaSuccess && engines_start(d, &hw_interp);
   t[1] = dl__now();
+  getrusage(RUSAGE_THREAD, &u1);
   /* The CUDA decoder takes 0.7 s to start on an H200; with engines it only decodes what they
    * refuse (progressive, 4:1:1 ...), so it starts when the first such JPEG comes. */
   if (ce == cudaSuccess && !engines)
@@ -310,9 +314,12 @@ int dl__gpu_decoder_create(dl_loader *l, int device, dl__gpu_decoder **out, size
     d->room_most = 4 * (int64_t)hint * hint;
   }
   t[4] = dl__now();
-  dl__log(DL__LOG_DEBUG, "nvJPEG on cuda:%d started in %.0f ms: the engines' handle and state %.0f, CUDA backend "
-          "(without engines) %.0f, parameters and buffers %.0f, the engine's batch buffers %.0f", device,
-          (t[4] - t[0]) * 1e3, (t[1] - t[0]) * 1e3, (t[2] - t[1]) * 1e3, (t[3] - t[2]) * 1e3, (t[4] - t[3]) * 1e3);
+  double cpu_ms = (double)(u1.ru_utime.tv_sec - u0.ru_utime.tv_sec + u1.ru_stime.tv_sec - u0.ru_stime.tv_sec) * 1e3 +
+                  (double)(u1.ru_utime.tv_usec - u0.ru_utime.tv_usec + u1.ru_stime.tv_usec - u0.ru_stime.tv_usec) / 1e3;
+  dl__log(DL__LOG_DEBUG, "nvJPEG on cuda:%d started in %.0f ms: the engines' handle and state %.0f (on the CPU %.0f, "
+          "%ld waits, %ld page faults), CUDA backend (without engines) %.0f, parameters and buffers %.0f, the engine's "
+          "batch buffers %.0f", device, (t[4] - t[0]) * 1e3, (t[1] - t[0]) * 1e3, cpu_ms, u1.ru_nvcsw - u0.ru_nvcsw,
+          u1.ru_minflt - u0.ru_minflt, (t[2] - t[1]) * 1e3, (t[3] - t[2]) * 1e3, (t[4] - t[3]) * 1e3);
   *out = d;
   return 0;
 }
