@@ -21,19 +21,20 @@
  *   --register              beside a thread pinning and unpinning 16 MB over and over, as the GPU
  *                           stage's starter pins the slots
  *   --queries               beside a thread asking CUDA whether a stream is idle over and over
- *   --mallocs               beside a thread taking and freeing 2 MB of device memory over and over
- *   --every MS              a pause of MS milliseconds between the rounds of any of the above
  *   --blocking              beside a thread waiting for a small copy over and over on an event made
  *                           with cudaEventBlockingSync, as the copy thread waits for its batches
+ *   --mallocs               beside a thread taking and freeing 2 MB of device memory over and over
+ *   --every MS              a pause of MS milliseconds between the rounds of any of the five above
  *   --delay MS              MS milliseconds between CUDA's start and nvJPEG's, as in a training
  *                           script that built its model before opening the loader
  *   --prefault MB           MB of memory touched and given back before nvJPEG starts, as the loader's
  *                           slots and workers touch theirs before decode=auto's start: whether the
  *                           start waits on the kernel handing out fresh pages
+ *   --sample                every millisecond of the start, where each of the process's threads is:
+ *                           its system call (or running) and the kernel function it sleeps in,
+ *                           counted, and how long each of the starting thread's futex waits lasts
  * Each part reports the starting thread's CPU time, context switches and page faults, and the
  * process's, so that a part spent sleeping or faulting shows as such.
- *   --sample                every millisecond of the start, where each of the process's threads is:
- *                           its system call (or running) and the kernel function it sleeps in, counted
  * Prints one JSON object of milliseconds.
  */
 #include "gpu/nvjpeg.h"
@@ -194,6 +195,7 @@ static void read_first(const char *path, char *buf, size_t cap) {
 /* Returns whether the starting thread was waiting on a futex. */
 static bool sample_once(int ph, pid_t me) {
   bool waiting = false;
+  pid_t starter = __atomic_load_n(&start_tid, __ATOMIC_RELAXED);
   DIR *d = opendir("/proc/self/task");
   struct dirent *e;
   while (d && (e = readdir(d))) {
@@ -214,12 +216,12 @@ static bool sample_once(int ph, pid_t me) {
       sscanf(line, "%*s %*s %23s", req);
     snprintf(path, sizeof path, "/proc/self/task/%d/wchan", tid);
     read_first(path, wchan, sizeof wchan);
-    waiting |= tid == start_tid && !strcmp(nr, "202");
+    waiting |= tid == starter && !strcmp(nr, "202");
     char comm[32];
     snprintf(path, sizeof path, "/proc/self/task/%d/comm", tid);
     read_first(path, comm, sizeof comm);
-    snprintf(what, sizeof what, "%s %s %s%s%s %s", tid == start_tid ? "start" : "other", comm,
-             syscall_name(nr), req[0] ? " " : "", req, wchan);
+    snprintf(what, sizeof what, "%s %s %s%s%s %s", tid == starter ? "start" : "other", comm, syscall_name(nr),
+             req[0] ? " " : "", req, wchan);
     for (int i = 0; i < PLACES; i++)
       if (!places[ph][i].n || !strcmp(places[ph][i].what, what)) {
         snprintf(places[ph][i].what, sizeof places[ph][i].what, "%s", what);
@@ -336,8 +338,10 @@ static void *info_run(void *arg) {
 static void *start_run(void *arg) {
   start *s = arg;
   cudaSetDevice(0);
-  if (s->sampled)
-    start_tid = (pid_t)syscall(SYS_gettid), __atomic_store_n(&phase, 1, __ATOMIC_RELAXED);
+  if (s->sampled) {
+    __atomic_store_n(&start_tid, (pid_t)syscall(SYS_gettid), __ATOMIC_RELAXED);
+    __atomic_store_n(&phase, 1, __ATOMIC_RELAXED);
+  }
   double t = dl__now();
   usage u = usage_now();
   s->status =
@@ -420,11 +424,9 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--info") && i + 1 < argc && !strcmp(argv[i + 1], "beside"))
       info = INFO_BESIDE, i++;
     else {
-      fprintf(stderr, "usage: nvjpeg_start [--beside cuda|hw] [--twice|--again-alive] [--plain] [--info "
-                      "before|after|beside] "
-                      "[--busy] [--spin N] [--copies|--register|--queries|--blocking|--mallocs] [--every MS] "
-                      "[--delay MS] "
-                      "[--prefault MB] [--sample]\n");
+      fprintf(stderr, "usage: nvjpeg_start [--beside cuda|hw] [--twice|--again-alive] [--plain]\n"
+                      "  [--info before|after|beside] [--busy] [--spin N] [--delay MS] [--prefault MB]\n"
+                      "  [--copies|--register|--queries|--blocking|--mallocs] [--every MS] [--sample]\n");
       return 2;
     }
   }
