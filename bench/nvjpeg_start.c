@@ -181,7 +181,8 @@ static const char *syscall_name(const char *nr) {
   return nr;
 }
 
-static void read_first(const char *path, char *buf, size_t cap) {
+/* The first line of the file at PATH, without its newline ("" where it cannot be read). */
+static void read_line(const char *path, char *buf, size_t cap) {
   buf[0] = 0;
   FILE *f = fopen(path, "r");
   if (!f)
@@ -189,7 +190,7 @@ static void read_first(const char *path, char *buf, size_t cap) {
   if (!fgets(buf, (int)cap, f))
     buf[0] = 0;
   fclose(f);
-  buf[strcspn(buf, " \n")] = 0;
+  buf[strcspn(buf, "\n")] = 0;
 }
 
 /* Returns whether the starting thread was waiting on a futex. */
@@ -204,22 +205,17 @@ static bool sample_once(int ph, pid_t me) {
       continue;
     char path[64], nr[64], wchan[64], what[96];
     snprintf(path, sizeof path, "/proc/self/task/%d/syscall", tid);
-    char line[256] = "", req[24] = "";
-    FILE *f = fopen(path, "r");
-    if (f && !fgets(line, sizeof line, f))
-      line[0] = 0;
-    if (f)
-      fclose(f);
-    snprintf(nr, sizeof nr, "%s", line);
-    nr[strcspn(nr, " \n")] = 0;
+    char line[256], req[24] = "";
+    read_line(path, line, sizeof line); /* the call's number and arguments, or "running" */
+    snprintf(nr, sizeof nr, "%.*s", (int)strcspn(line, " "), line);
     if (!strcmp(nr, "16")) /* ioctl: its request, the third field */
       sscanf(line, "%*s %*s %23s", req);
     snprintf(path, sizeof path, "/proc/self/task/%d/wchan", tid);
-    read_first(path, wchan, sizeof wchan);
+    read_line(path, wchan, sizeof wchan);
     waiting |= tid == starter && !strcmp(nr, "202");
     char comm[32];
     snprintf(path, sizeof path, "/proc/self/task/%d/comm", tid);
-    read_first(path, comm, sizeof comm);
+    read_line(path, comm, sizeof comm);
     snprintf(what, sizeof what, "%s %s %s%s%s %s", tid == starter ? "start" : "other", comm, syscall_name(nr),
              req[0] ? " " : "", req, wchan);
     for (int i = 0; i < PLACES; i++)

@@ -368,12 +368,10 @@ int main(void) {
   } else {
     printf("third-party test data not found: synthetic files only\n");
   }
-  printf(
-      "whole scans walked: %ld clean, %ld not (libjpeg found %ld short); read in spans the same, with their "
-      "damaged copies: %ld (%ld damaged; %ld of them with restart markers, read interval by interval), the "
-      "row "
-      "starts of %ld the same; %ld files' crops decoded from the spans' row starts\n",
-      clean, damaged, short_data, span_walks, span_damaged, span_intervals, span_rows_same, span_learnt);
+  printf("whole scans walked: %ld clean, %ld not (libjpeg found %ld short); read in spans the same, with their "
+         "damaged copies: %ld (%ld damaged; %ld of them with restart markers, read interval by interval), the "
+         "row starts of %ld the same; %ld files' crops decoded from the spans' row starts\n",
+         clean, damaged, short_data, span_walks, span_damaged, span_intervals, span_rows_same, span_learnt);
   ASSERT_GT(span_walks, 100);
   ASSERT_GT(span_damaged, 50);
   ASSERT_GT(span_rows_same, 30);

@@ -156,8 +156,8 @@ typedef struct args {
 static int parse_args(int argc, char **argv, args *a) {
   enum { O_BATCH = 256, O_SIZE, O_CROP, O_PREFETCH, O_EPOCHS, O_SEED, O_IO, O_ONERR, O_RANK, O_WORLD,
          O_DEVICE, O_DTYPE, O_STEP, O_RESUME, O_STOP, O_OPTION, O_SYNTH, O_JSON, O_DIGEST, O_KEYS,
-         O_FLIP, O_WORKERS, O_HELP, O_MAKE, O_DECODE, O_QUALITY, O_SUBSAMPLING, O_SHARED_TABLES, O_VERSION, O_STEP_KERNEL,
-         O_LIST_OPTIONS };
+         O_FLIP, O_WORKERS, O_HELP, O_MAKE, O_DECODE, O_QUALITY, O_SUBSAMPLING, O_SHARED_TABLES, O_VERSION,
+         O_STEP_KERNEL, O_LIST_OPTIONS };
   static const struct option longopts[] = {
       {"workers", 1, 0, O_WORKERS}, {"batch", 1, 0, O_BATCH},      {"size", 1, 0, O_SIZE},
       {"crop", 1, 0, O_CROP},       {"prefetch", 1, 0, O_PREFETCH}, {"epochs", 1, 0, O_EPOCHS},
@@ -254,8 +254,8 @@ static int parse_args(int argc, char **argv, args *a) {
     return 2;
   }
   if (synthetic_given && optind < argc) { /* they shape the built-in set, which a SOURCE replaces */
-    fprintf(stderr, "dlbench: --synthetic, --quality, --subsampling and --shared-tables make the built-in set: "
-                    "give them without a SOURCE\n");
+    fprintf(stderr, "dlbench: --synthetic, --quality, --subsampling and --shared-tables make the built-in "
+                    "set: give them without a SOURCE\n");
     return 2;
   }
   return -1;
