@@ -287,6 +287,16 @@ static void sources(void) {
   snprintf(src, sizeof src, "%s/part-{000..003}.tar", dir);
   collect(src, "batch_size=200 image_size=16 workers=2", 64, &r);
   ASSERT_EQ(r.len[0], N);
+  /* The indexes saved beside the shards (opened above) match a glob over their folder, or are
+   * named in a list: left out, with no warning; named alone, the error names their shard. */
+  snprintf(src, sizeof src, "%s/part-000.tar.rfidx", dir);
+  ASSERT_EQ(access(src, R_OK), 0);
+  ASSERT_EQ(dl_open(&l, src, "log=quiet"), DL_ENOSAMPLES);
+  ASSERT_CONTAINS(dl_last_error(), "index saved beside shard");
+  ASSERT_CONTAINS(dl_last_error(), "part-000.tar, not a shard");
+  snprintf(src, sizeof src, "%s/part-*::%s/part-000.tar.rfidx", dir, dir);
+  collect(src, "batch_size=200 image_size=16 workers=2 on_error=fail", 64, &r);
+  ASSERT_EQ(r.len[0], N);
   snprintf(src, sizeof src, "%s/folder", dir);
   OPEN_OK(l, src, "batch_size=9 image_size=16 shuffle=0 workers=2");
   dl_batch *b;

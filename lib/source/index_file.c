@@ -125,6 +125,11 @@ bad:
   return -1;
 }
 
+bool dl__is_index_file(const char *path) {
+  size_t n = strlen(path);
+  return n > 6 && !strcmp(path + n - 6, ".rfidx");
+}
+
 int dl__index_file_read(dl__dataset *ds, uint32_t file, const char *path, const dl__shard_id *id) {
   char cpath[PATH_MAX + 64];
   for (int attempt = dl__is_url(path); attempt < 2; attempt++) {

@@ -265,6 +265,8 @@ void dl__index_file_write(const dl__dataset *ds, size_t first, const char *path,
 /* The samples of cache bytes P (LEN of them) into DS as file FILE, when they match ID; -1 when not
  * (the cache is untrusted: every field is checked). */
 int dl__index_file_parse(dl__dataset *ds, uint32_t file, const uint8_t *p, size_t len, const dl__shard_id *id);
+/* Whether PATH names a saved index (<shard>.rfidx), which a glob over a shard folder also matches. */
+bool dl__is_index_file(const char *path);
 
 /* ---- .npy payloads (source/npy.c) ---- */
 

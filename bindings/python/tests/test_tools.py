@@ -212,3 +212,19 @@ def test_dlshard_takes_brace_ranges_and_globs(two_shards):
     assert out.returncode == 1 and "gone.tar: No such file or directory" in out.stdout, out.stdout
     assert "1 shard verified: ok" in out.stdout and "1 shard could not be read" in out.stdout
     assert "bad record" not in out.stdout
+
+
+@needs_tools
+def test_the_indexes_saved_beside_shards_are_left_out_of_a_folders_files(two_shards):
+    run(DLSHARD, "index", f"{two_shards}/s-*.tar")
+    assert (two_shards / "s-0.tar.rfidx").exists()
+    per_shard = json.loads(run(DLBENCH, two_shards / "s-0.tar", *SMALL, "--json").stdout)["samples"]
+    listed = sorted(str(p) for p in two_shards.iterdir())  # as the shell expands DIR/*
+    assert len(listed) == 4
+    for given in ([f"{two_shards}/*"], listed):
+        out = run(DLSHARD, "verify", *given).stdout
+        assert "2 shards verified: ok" in out, out
+        both = run(DLBENCH, *given, *SMALL, "--json")
+        assert json.loads(both.stdout)["samples"] == 2 * per_shard and "not a tar" not in both.stderr
+    alone = run(DLBENCH, two_shards / "s-0.tar.rfidx", *SMALL, ok=False)
+    assert alone.returncode != 0 and f"the index saved beside shard {two_shards}/s-0.tar, not a shard" in alone.stderr
