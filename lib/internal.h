@@ -31,6 +31,11 @@ extern int dl__log_level;
 /* Sets the calling thread's last-error message and returns CODE. */
 int dl__fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void dl__log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Whether NAME is nearer than *LEAST edits (which it lowers) to what a user TYPED and near enough
+ * to suggest ("did you mean NAME?"): within two letters added, left out, changed or swapped, and
+ * a third of NAME's length; case, and '-' for '_', are free. Start *LEAST at DL__NEAR_EDITS. */
+#define DL__NEAR_EDITS 3
+bool dl__nearer(const char *typed, const char *name, int *least);
 
 /* A per-sample error: the code and a message with shard, member, offset and reason. */
 typedef struct dl__err {

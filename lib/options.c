@@ -395,6 +395,16 @@ static const option options[] = {
     {"fields", SPECIAL, .parse = parse_fields, .help = "the only fields delivered, a,b,... (all)"},
 };
 
+/* The option a mistyped KEY most likely meant (imagesize, batch-size, shufle), or NULL. */
+static const char *nearest_option(const char *key) {
+  const char *near = NULL;
+  int least = DL__NEAR_EDITS;
+  for (size_t i = 0; i < DL__ARRAY_LEN(options); i++)
+    if (dl__nearer(key, options[i].name, &least))
+      near = options[i].name;
+  return near;
+}
+
 static int apply(dl__options *o, const char *key, const char *v) {
   for (size_t i = 0; i < DL__ARRAY_LEN(options); i++) {
     const option *op = &options[i];
@@ -433,7 +443,9 @@ static int apply(dl__options *o, const char *key, const char *v) {
       return op->parse(key, v, o);
     }
   }
-  return dl__fail(DL_EOPTION, "unknown option '%s'", key);
+  const char *near = nearest_option(key);
+  return near ? dl__fail(DL_EOPTION, "unknown option '%s' (did you mean %s?)", key, near)
+              : dl__fail(DL_EOPTION, "unknown option '%s'", key);
 }
 
 int dl_option_exists(const char *key) {
@@ -447,8 +459,9 @@ void dl__options_doc(FILE *out, bool markdown) {
   if (markdown)
     fprintf(out, "# Options\n\nThe loader's options: `key=value` words for `dl_open` (C), the same keywords for "
             "`ringfeed.Loader` (Python), `--option key=value` for `dlbench`. An unknown key or a bad value fails "
-            "the open with `DL_EOPTION` and a message naming it. This page is made from the options' table in "
-            "`lib/options.c` (`dlbench --list-options=md`); a test checks that it is.\n\n"
+            "the open with `DL_EOPTION` and a message naming it (a mistyped key, with the option it likely "
+            "meant: `imagesize` gives `did you mean image_size?`). This page is made from the options' table "
+            "in `lib/options.c` (`dlbench --list-options=md`); a test checks that it is.\n\n"
             "| option | what, values (default) |\n|---|---|\n");
   for (size_t i = 0; i < DL__ARRAY_LEN(options); i++)
     fprintf(out, markdown ? "| `%s` | %s |\n" : "  %-17s %s\n", options[i].name, options[i].help);

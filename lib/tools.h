@@ -27,6 +27,9 @@ void dl_tool_free_paths(char **paths, size_t n);
 bool dl_tool_is_url(const char *path);
 /* PATH as a message may show it: a URL without its user name and password. Returns BUF. */
 const char *dl_tool_shown(const char *path, char *buf, size_t cap);
+/* Whether NAME is nearer than *LEAST (which it lowers; start it at 3) to a flag the user TYPED,
+ * and near enough to ask "did you mean NAME?": the loader's rule for its options' names. */
+bool dl_tool_nearer(const char *typed, const char *name, int *least);
 /* PATH opened for reading if it is a regular file (never waiting on a FIFO): its descriptor, or a
  * negative code with a message naming WHAT ("MDS shard") and PATH. */
 int dl_tool_open_regular(const char *path, const char *what);

@@ -105,6 +105,15 @@ int main(void) {
   ASSERT(!o.mean_std_255 && o.mean[0] == 0.485f && o.std[0] == 0.229f);
 
   expect_bad("bogus=1", "unknown option 'bogus'");
+  ASSERT(!strstr(dl_last_error(), "did you mean")); /* nothing near enough */
+  /* A mistyped key names the option it most likely meant: a letter left out, swapped, or a
+   * '-' or capitals where the name has '_' and small letters. */
+  expect_bad("imagesize=64", "unknown option 'imagesize' (did you mean image_size?)");
+  expect_bad("shufle=0", "(did you mean shuffle?)");
+  expect_bad("wrokers=2", "(did you mean workers?)");
+  expect_bad("Batch-Size=8", "(did you mean batch_size?)");
+  expect_bad("num_workers=2", "unknown option 'num_workers'");
+  ASSERT(!strstr(dl_last_error(), "did you mean")); /* the Python binding names DataLoader's words */
   expect_bad("shuffle_block=-1", "shuffle_block=-1");
   expect_bad("cache_limit=0", "cache_limit=0");
   expect_bad("cache_limit=-5G", "cache_limit=-5G");

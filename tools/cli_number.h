@@ -3,7 +3,10 @@
 #ifndef RINGFEED_CLI_NUMBER_H
 #define RINGFEED_CLI_NUMBER_H
 
+#include "tools.h"
+
 #include <errno.h>
+#include <getopt.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,12 +34,27 @@ static inline bool cli_whole_number(const char *tool, const char *flag, const ch
 /* What getopt_long (opterr 0, OPTSTRING starting with ':') refused, as one line on stderr that
  * ends the output, not the first of thirty lines of usage: C (':' a value missing, else unknown),
  * ARGV and getopt's optind/optopt tell which flag. Returns 2, the status of a bad command line. */
-static inline int cli_bad_flag(const char *tool, int c, char **argv, int optind_, int optopt_) {
+static inline int cli_bad_flag(const char *tool, int c, char **argv, int optind_, int optopt_,
+                               const struct option *longopts) {
   const char *arg = argv[optind_ - 1];
   char shortopt[3] = {'-', (char)optopt_, 0};
   const char *flag = optopt_ > 0 && optopt_ < 128 ? shortopt : arg;
-  if (c == ':')
+  if (c == ':') {
     fprintf(stderr, "%s: %s needs a value (%s --help lists the options)\n", tool, flag, tool);
+    return 2;
+  }
+  /* A long flag mistyped (--wokers, --batch-size): the one it most likely meant. */
+  const char *near = NULL;
+  char typed[64] = "";
+  if (!strncmp(flag, "--", 2))
+    snprintf(typed, sizeof typed, "%.*s", (int)strcspn(flag + 2, "="), flag + 2);
+  int least = 3;
+  for (const struct option *o = longopts; *typed && o->name; o++)
+    if (dl_tool_nearer(typed, o->name, &least))
+      near = o->name;
+  if (near)
+    fprintf(stderr, "%s: unknown option '%s' (did you mean --%s? %s --help lists the options)\n", tool, flag,
+            near, tool);
   else
     fprintf(stderr, "%s: unknown option '%s' (%s --help lists the options)\n", tool, flag, tool);
   return 2;

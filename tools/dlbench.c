@@ -237,7 +237,7 @@ static int parse_args(int argc, char **argv, args *a) {
     case O_HELP: case 'h': usage(stdout); return 0;
     case O_LIST_OPTIONS: dl_tool_options(stdout, optarg && !strcmp(optarg, "md")); return 0;
     case O_VERSION: printf("dlbench (ringfeed) %s\n", dl_version()); return 0;
-    default: return cli_bad_flag("dlbench", c, argv, optind, optopt);
+    default: return cli_bad_flag("dlbench", c, argv, optind, optopt, longopts);
     }
   }
 #undef ADD

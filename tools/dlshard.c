@@ -234,7 +234,7 @@ static int cmd_create(int argc, char **argv) {
         }
       }
       break;
-    default: return cli_bad_flag("dlshard", c, argv, optind, optopt);
+    default: return cli_bad_flag("dlshard", c, argv, optind, optopt, opts);
     }
   }
   if (per_shard && shard_bytes) {

@@ -88,6 +88,10 @@ const char *dl_tool_shown(const char *path, char *buf, size_t cap) {
   return buf;
 }
 
+bool dl_tool_nearer(const char *typed, const char *name, int *least) {
+  return dl__nearer(typed, name, least);
+}
+
 int dl_tool_open_regular(const char *path, const char *what) { return dl__open_regular(path, what, NULL); }
 
 int dl_tool_mkdirs(const char *dir) { return dl__mkdirs(dir); }

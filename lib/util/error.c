@@ -1,6 +1,7 @@
 /* Error codes, per-thread messages and the loader's log. */
 #include "util/util.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
@@ -64,6 +65,41 @@ void dl__without_credentials(char *msg) {
     if (host[n] == '@')
       memmove(host, host + n + 1, strlen(host + n + 1) + 1);
   }
+}
+
+/* Letters to add, leave out, change or swap to make A into B (names are short: past 63 letters,
+ * more than any suggestion allows). */
+static int edits(const char *a, const char *b) {
+  enum { MAX = 63 };
+  size_t n = strlen(a), m = strlen(b);
+  if (n > MAX || m > MAX)
+    return MAX;
+  int d[MAX + 1][MAX + 1];
+  for (size_t i = 0; i <= n; i++)
+    for (size_t j = 0; j <= m; j++) {
+      if (!i || !j) {
+        d[i][j] = (int)(i + j);
+        continue;
+      }
+      int ca = tolower((unsigned char)a[i - 1]), cb = tolower((unsigned char)b[j - 1]);
+      int best = d[i - 1][j - 1] + !(ca == cb || (ca == '-' && cb == '_'));
+      if (d[i - 1][j] + 1 < best)
+        best = d[i - 1][j] + 1;
+      if (d[i][j - 1] + 1 < best)
+        best = d[i][j - 1] + 1;
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] && d[i - 2][j - 2] + 1 < best)
+        best = d[i - 2][j - 2] + 1;
+      d[i][j] = best;
+    }
+  return d[n][m];
+}
+
+bool dl__nearer(const char *typed, const char *name, int *least) {
+  int e = edits(typed, name);
+  if (e >= *least || 3 * e > (int)strlen(name))
+    return false;
+  *least = e;
+  return true;
 }
 
 int dl__fail(int code, const char *fmt, ...) {

@@ -232,9 +232,21 @@ def test_keywords_given_as_none(synthetic):
         ringfeed.Loader(synthetic, transform=lambda b: b, **KW)
 
 
+def test_a_mistyped_keyword_names_the_option_it_likely_meant(synthetic):
+    for typed, meant in (("imagesize", "image_size"), ("shufle", "shuffle"), ("dtyp", "dtype")):
+        with pytest.raises(ringfeed.Error) as e:
+            ringfeed.Loader(synthetic, **{typed: 1}, **KW)
+        assert e.value.message == f"unknown option '{typed}' (did you mean {meant}?)", e.value.message
+    out = subprocess.run([DLBENCH, "--synthetic", "10", "--option", "batchsize=8"], capture_output=True,
+                         text=True, timeout=30)
+    assert out.returncode == 1 and "unknown option 'batchsize' (did you mean batch_size?)" in out.stderr
+
+
 def test_a_mistyped_flag_is_said_last_in_one_line():
     from conftest import DLSHARD
-    for cmd, said in (([DLBENCH, "--wokers", "4"], "dlbench: unknown option '--wokers' (dlbench --help"),
+    for cmd, said in (([DLBENCH, "--wokers", "4"],
+                       "dlbench: unknown option '--wokers' (did you mean --workers? dlbench --help"),
+                      ([DLBENCH, "--zzz"], "dlbench: unknown option '--zzz' (dlbench --help"),
                       ([DLBENCH, "--batch"], "dlbench: --batch needs a value"),
                       ([DLSHARD, "create", "--kept", "o", "i.tar"], "dlshard: unknown option '--kept'"),
                       ([DLSHARD, "crate"], "dlshard: unknown command 'crate': create, verify, index or ls")):
