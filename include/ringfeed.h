@@ -243,6 +243,11 @@ DL_EXTERN void dl_batch_release(dl_batch *b, void *stream);
 /* Number of batches each epoch holds for this rank (the first epoch after a resume may be shorter). */
 DL_EXTERN int64_t dl_batches_per_epoch(const dl_loader *l);
 
+/* The name of class LABEL when the source is an ImageFolder (root/<class>/...): its class folder's
+ * name, as torchvision's ImageFolder.classes[LABEL]. NULL past the last class, and for a source
+ * whose labels no folder names (shards, or folders of different classes in one list). */
+DL_EXTERN const char *dl_class_name(const dl_loader *l, int64_t label);
+
 /*
  * Writes a printable resume token (no spaces, NUL-terminated) that continues right after the last
  * batch handed out; pass it back as resume=TOKEN. Returns its length, or -ENOSPC if CAP is short.

@@ -174,6 +174,12 @@ typedef struct dl__dataset {
    * which name the GPU check's kept verdicts. */
   uint64_t seen_hash;
   uint32_t nseen;
+  /* An ImageFolder's class folders, sorted (a label is an index): kept when every sample of the
+   * source came from folders with these classes (dl_class_name), else none. */
+  char **classes;
+  uint32_t nclasses;
+  bool classes_differ;
+  size_t class_samples; /* the samples such folders gave */
 } dl__dataset;
 
 /* Shards whose samples all have the fields their index declares (an MDS shard's columns): a

@@ -21,6 +21,11 @@
 
 int64_t dl_batches_per_epoch(const dl_loader *l) { return l->streams[0].sm.nb; }
 
+const char *dl_class_name(const dl_loader *l, int64_t label) {
+  const dl__dataset *ds = &l->ds;
+  return !ds->classes_differ && label >= 0 && label < ds->nclasses ? ds->classes[label] : NULL;
+}
+
 int64_t dl_epoch_batches(const dl_loader *l, int64_t epoch) {
   return dl__sampler_epoch_batches(&l->streams[0].sm, epoch);
 }

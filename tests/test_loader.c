@@ -277,6 +277,24 @@ static void ranks_and_resume(void) {
   printf("ranks and resume: disjoint splits, exact resume, 2 -> 3 ranks with no repeat\n");
 }
 
+/* FMT with the test's folder for each %s (at most two). */
+static const char *fmt_path(const char *fmt) {
+  static char path[1024];
+  snprintf(path, sizeof path, fmt, dir, dir);
+  return path;
+}
+
+/* Source SRC's class names for labels 0 and 1 (NULL: none). */
+static void expect_classes(const char *src, const char *c0, const char *c1) {
+  dl_loader *l;
+  OPEN_OK(l, src, "batch_size=9 image_size=16 workers=1 log=quiet");
+  const char *got[2] = {dl_class_name(l, 0), dl_class_name(l, 1)}, *want[2] = {c0, c1};
+  for (int i = 0; i < 2; i++)
+    if (want[i] ? !got[i] || strcmp(got[i], want[i]) : got[i] != NULL)
+      FAIL_AT("%s: class %d is %s, not %s", src, i, got[i] ? got[i] : "none", want[i] ? want[i] : "none");
+  dl_close(l);
+}
+
 static void sources(void) {
   char src[1024];
   dl_loader *l;
@@ -314,7 +332,26 @@ static void sources(void) {
   ASSERT_EQ(((int64_t *)lab.data)[8], 2);
   ASSERT_EQ(dl_batch_sample_error(b, 8), 0);
   dl_batch_release(b, NULL);
+  /* Its classes by name, a label indexing them (torchvision's ImageFolder.classes). */
+  ASSERT_STR_EQ(dl_class_name(l, 0), "class0");
+  ASSERT_STR_EQ(dl_class_name(l, 2), "class2");
+  ASSERT(!dl_class_name(l, 3) && !dl_class_name(l, -1));
   dl_close(l);
+  /* A list of folders with the same classes keeps them; with shards, or a folder of other
+   * classes, no name holds for every label, and none is given. */
+  char other[600], img[600], link[700];
+  snprintf(other, sizeof other, "%s/other", dir);
+  mkdir(other, 0755);
+  snprintf(other, sizeof other, "%s/other/zebra", dir);
+  mkdir(other, 0755);
+  snprintf(img, sizeof img, "%s/folder/class0/img0.jpg", dir);
+  snprintf(link, sizeof link, "%s/a.jpg", other);
+  ASSERT_EQ(symlink(img, link), 0);
+  expect_classes(fmt_path("%s/folder::%s/folder"), "class0", "class1");
+  expect_classes(fmt_path("%s/other"), "zebra", NULL);
+  expect_classes(fmt_path("%s/folder::%s/part-000.tar"), NULL, NULL);
+  expect_classes(fmt_path("%s/folder::%s/other"), NULL, NULL);
+  expect_classes(fmt_path("%s/part-000.tar::%s/part-001.tar"), NULL, NULL);
   /* Tar dialects built by GNU tar and Python's tarfile: long names, pax, ustar prefix. */
   const char *shards = getenv("DL_TEST_SHARDS");
   const char *dialects[] = {"format-tar-gnu", "format-tar-pax", "format-py-gnu", "format-py-pax", "format-tar-ustar"};

@@ -135,7 +135,35 @@ int dl__dataset_declare(dl__dataset *ds, const char *shard, uint32_t fields, boo
   return 0;
 }
 
+static void free_classes(dl__dataset *ds) {
+  for (uint32_t c = 0; c < ds->nclasses; c++)
+    free(ds->classes[c]);
+  free(ds->classes);
+  ds->classes = NULL;
+  ds->nclasses = 0;
+}
+
+void dl__dataset_classes(dl__dataset *ds, char ***classes, uint32_t n, size_t samples) {
+  ds->class_samples += samples;
+  if (ds->classes_differ)
+    return;
+  if (!ds->classes) { /* the first folder */
+    ds->classes = *classes;
+    ds->nclasses = n;
+    *classes = NULL;
+    return;
+  }
+  bool same = ds->nclasses == n;
+  for (uint32_t c = 0; same && c < n; c++)
+    same = !strcmp(ds->classes[c], (*classes)[c]);
+  if (!same) {
+    ds->classes_differ = true;
+    free_classes(ds);
+  }
+}
+
 void dl__dataset_free(dl__dataset *ds) {
+  free_classes(ds);
   for (uint32_t i = 0; i < ds->nfiles; i++) {
     if (ds->fds && ds->fds[i] >= 0)
       close(ds->fds[i]);

@@ -342,6 +342,7 @@ int dl__folder_load(dl__dataset *ds, const char *root) {
   if (!rc && stat(root, &top_st))
     rc = dl__fail(-errno, "source %s: %s", root, strerror(errno));
   chain top = {rc ? 0 : top_st.st_dev, rc ? 0 : top_st.st_ino, NULL};
+  size_t first = ds->n;
   size_t empty = 0, empty_first = 0;
   for (size_t c = 0; c < nclasses && !rc; c++) {
     char cdir[PATH_MAX];
@@ -380,7 +381,9 @@ int dl__folder_load(dl__dataset *ds, const char *root) {
             "torchvision's class_to_idx does (its ImageFolder refuses such a folder)", root, empty,
             empty == 1 ? "folder holds" : "folders hold", empty == 1 ? "" : "the first: ",
             classes[empty_first], empty_first, empty == 1 ? "it" : "them");
-  for (size_t c = 0; c < nclasses; c++)
+  if (!rc)
+    dl__dataset_classes(ds, &classes, (uint32_t)nclasses, ds->n - first);
+  for (size_t c = 0; classes && c < nclasses; c++)
     free(classes[c]);
   free(classes);
   char exts[96];

@@ -350,6 +350,8 @@ int dl__source_load(dl__dataset *ds, const char *source, const dl__options *o) {
   if (ds->n == 0)
     return dl__fail(DL_ENOSAMPLES, "source %s: no samples found%s%s", source, ds->skipped_shard[0] ? "; " : "",
                     ds->skipped_shard);
+  if (ds->class_samples != ds->n) /* samples of other kinds, whose labels the folders' names do not name */
+    ds->classes_differ = true;
   name_repeated_files(ds);
   /* Said where it costs: at info level each shard says it; past a few seconds, once, louder. */
   if (ds->unpacked_temp_s >= 5)

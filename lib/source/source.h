@@ -35,6 +35,9 @@ int dl__dataset_open_file(dl__dataset *ds, const char *path, uint32_t *file, uin
 uint32_t dl__dataset_intern(dl__dataset *ds, const char *s, size_t len);
 int dl__dataset_push(dl__dataset *ds, const dl__sample *s);
 void dl__dataset_free(dl__dataset *ds);
+/* An ImageFolder's sorted class folders (N of them, *CLASSES taken: set to NULL when kept) and the
+ * SAMPLES it gave; the first folder's are kept, a later folder's must be the same or none are. */
+void dl__dataset_classes(dl__dataset *ds, char ***classes, uint32_t n, size_t samples);
 /* The dataset's fingerprint: a hash of its samples' keys in order, the same for a tar and the
  * ringfeed shard made from it. */
 uint64_t dl__dataset_fingerprint(const dl__dataset *ds);

@@ -93,6 +93,7 @@ _sig = {
     "dl_batch_release": (None, [_c.c_void_p, _c.c_void_p]),
     "dl_batches_per_epoch": (_c.c_int64, [_c.c_void_p]),
     "dl_epoch_batches": (_c.c_int64, [_c.c_void_p, _c.c_int64]),
+    "dl_class_name": (_c.c_char_p, [_c.c_void_p, _c.c_int64]),
     "dl_batch_bytes_count": (_c.c_int, [_c.c_void_p]),
     "dl_batch_bytes_name": (_c.c_char_p, [_c.c_void_p, _c.c_int]),
     "dl_batch_bytes": (_c.c_void_p, [_c.c_void_p, _c.c_char_p, _c.c_int, _c.POINTER(_c.c_size_t)]),

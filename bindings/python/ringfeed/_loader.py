@@ -305,6 +305,10 @@ class Loader:
         self._epoch = int(self.state_dict()["token"].split(".")[2])
         with self._use() as handle:
             self._next_index = lib.dl_batches_per_epoch(handle) - lib.dl_epoch_batches(handle, self._epoch)
+            names = []
+            while (name := lib.dl_class_name(handle, len(names))) is not None:
+                names.append(os.fsdecode(name))
+        self._classes = names or None
         self._device = str(options.get("device", "cpu"))
 
 
@@ -334,6 +338,18 @@ class Loader:
         if batch is None:
             raise StopIteration
         return batch
+
+    @property
+    def classes(self):
+        """An ImageFolder's class names, sorted, each label indexing them (torchvision's
+        ImageFolder.classes: len(loader.classes) is the model's number of classes); None for a
+        source whose labels no folder names (shards)."""
+        return self._classes
+
+    @property
+    def class_to_idx(self):
+        """{class name: label} of an ImageFolder, as torchvision's; None where `classes` is."""
+        return None if self._classes is None else {name: i for i, name in enumerate(self._classes)}
 
     @property
     def epoch(self) -> int:

@@ -398,6 +398,7 @@ def test_an_empty_class_folder_is_named_and_keeps_its_label(tmp_path, capfd):
     with ringfeed.Loader(str(tmp_path), batch_size=2, image_size=16, workers=1, shuffle=False, log="warn",
                          framework="numpy") as loader:
         assert next(loader)["label"].tolist() == [0, 2]
+        assert loader.classes == ["ant", "bee", "cat"]
     assert "1 class folder holds no image (bee, label 1)" in capfd.readouterr().err
 
 

@@ -232,6 +232,28 @@ def test_keywords_given_as_none(synthetic):
         ringfeed.Loader(synthetic, transform=lambda b: b, **KW)
 
 
+def test_an_image_folder_names_its_classes_as_torchvision_does(synthetic, tmp_path):
+    pytest.importorskip("numpy")
+    import glob
+    import os
+    import tarfile
+    first = sorted(glob.glob(os.path.join(os.path.dirname(synthetic), "*.tar")))[0]
+    with tarfile.open(first) as tar:
+        jpgs = [m for m in tar.getmembers() if m.name.endswith(".jpg")][:6]
+        for i, m in enumerate(jpgs):  # dog, cat, ant in turn: folders are not made in sorted order
+            folder = tmp_path / ("dog", "cat", "ant")[i % 3]
+            folder.mkdir(exist_ok=True)
+            (folder / f"{i}.jpg").write_bytes(tar.extractfile(m).read())
+    with ringfeed.Loader(str(tmp_path), **dict(KW, batch_size=6, shuffle=False, framework="numpy")) as loader:
+        assert loader.classes == ["ant", "cat", "dog"]
+        assert loader.class_to_idx == {"ant": 0, "cat": 1, "dog": 2}
+        batch = next(loader)  # each key "<class>/<file>"
+        assert batch["label"].tolist() == [0, 0, 1, 1, 2, 2]
+        assert [loader.classes[label] for label in batch["label"]] == [k.split("/")[0] for k in batch["key"]]
+    with ringfeed.Loader(synthetic, **KW) as loader:  # shards: labels no folder names
+        assert loader.classes is None and loader.class_to_idx is None
+
+
 def test_a_mistyped_keyword_names_the_option_it_likely_meant(synthetic):
     for typed, meant in (("imagesize", "image_size"), ("shufle", "shuffle"), ("dtyp", "dtype")):
         with pytest.raises(ringfeed.Error) as e:
