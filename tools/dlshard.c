@@ -418,6 +418,9 @@ static void verify_digests(const char *path, long *bad, FILE *out, void *arg) {
   *bad += c.bad;
 }
 
+/* What verify and index say when the paths named no shard: only the indexes beside shards. */
+#define NO_SHARD ": no shard among the paths (the indexes saved beside shards, <shard>.rfidx, are left out)"
+
 static int cmd_verify(int argc, char **argv) {
   if (argc < 2) {
     usage(stderr);
@@ -450,12 +453,14 @@ static int cmd_verify(int argc, char **argv) {
              images == 1 ? "" : "s");
   else
     snprintf(what, sizeof what, "%ld shard%s", shards, shards == 1 ? "" : "s");
-  printf("%s verified%s\n", what, bad ? ": damaged (see above)" : shards || images ? ": ok" : "");
+  /* Nothing to verify (only the indexes saved beside shards, which paths leave out): not a pass. */
+  bool none = !shards && !images && !bad && !unread;
+  printf("%s verified%s\n", what, bad ? ": damaged (see above)" : none ? NO_SHARD : ": ok");
   if (bad)
     printf("%ld bad record%s\n", bad, bad == 1 ? "" : "s");
   if (unread) /* missing or unreadable: named above, not counted as records */
     printf("%ld shard%s could not be read (see above)\n", unread, unread == 1 ? "" : "s");
-  return bad || unread ? 1 : 0;
+  return bad || unread || none ? 1 : 0;
 }
 
 /* ---- index, ls ---- */
@@ -466,6 +471,7 @@ static int cmd_index(int argc, char **argv) {
     return 2;
   }
   int rc = 0;
+  size_t given = 0;
   for (int a = 1; a < argc; a++) {
     size_t n = 0;
     char **paths;
@@ -473,6 +479,7 @@ static int cmd_index(int argc, char **argv) {
       rc = 1;
       continue;
     }
+    given += n;
     for (size_t i = 0; i < n; i++) {
       size_t samples;
       if (dl_tool_index(paths[i], &samples)) {
@@ -484,6 +491,10 @@ static int cmd_index(int argc, char **argv) {
       }
     }
     dl_tool_free_paths(paths, n);
+  }
+  if (!rc && !given) {
+    printf("0 shards indexed%s\n", NO_SHARD);
+    return 1;
   }
   return rc;
 }

@@ -125,9 +125,13 @@ bad:
   return -1;
 }
 
-bool dl__is_index_file(const char *path) {
+bool dl__is_index_file(const char *path, char *why, size_t cap) {
   size_t n = strlen(path);
-  return n > 6 && !strcmp(path + n - 6, ".rfidx");
+  if (n <= 6 || strcmp(path + n - 6, ".rfidx"))
+    return false;
+  if (why)
+    snprintf(why, cap, "%s is the index saved beside shard %.*s, not a shard", path, (int)(n - 6), path);
+  return true;
 }
 
 int dl__index_file_read(dl__dataset *ds, uint32_t file, const char *path, const dl__shard_id *id) {

@@ -144,12 +144,9 @@ static bool foreign_scheme(const char *path) {
 static int load_path(dl__dataset *ds, const char *path, const dl__options *o) {
   /* The shards' own indexes, saved beside them, which a glob over their folder matches (or the
    * shell's, or Python's, before the list reaches us): no samples, and nothing wrong. */
-  if (dl__is_index_file(path)) {
-    if (!ds->skipped_shard[0]) /* what the error says if nothing else gives samples */
-      snprintf(ds->skipped_shard, sizeof ds->skipped_shard, "%s is the index saved beside shard %.*s, not a shard",
-               path, (int)(strlen(path) - 6), path);
+  bool said = ds->skipped_shard[0]; /* else the index says what "no samples" tells */
+  if (dl__is_index_file(path, said ? NULL : ds->skipped_shard, sizeof ds->skipped_shard))
     return 0;
-  }
   struct stat st;
   if (stat(path, &st)) {
     int e = errno;

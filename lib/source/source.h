@@ -268,8 +268,9 @@ void dl__index_file_write(const dl__dataset *ds, size_t first, const char *path,
 /* The samples of cache bytes P (LEN of them) into DS as file FILE, when they match ID; -1 when not
  * (the cache is untrusted: every field is checked). */
 int dl__index_file_parse(dl__dataset *ds, uint32_t file, const uint8_t *p, size_t len, const dl__shard_id *id);
-/* Whether PATH names a saved index (<shard>.rfidx), which a glob over a shard folder also matches. */
-bool dl__is_index_file(const char *path);
+/* Whether PATH names a saved index (<shard>.rfidx), which a glob over a shard folder also matches:
+ * no shard, and left out of a list; if so, WHY (CAP bytes, may be NULL) says so, naming its shard. */
+bool dl__is_index_file(const char *path, char *why, size_t cap);
 
 /* ---- .npy payloads (source/npy.c) ---- */
 

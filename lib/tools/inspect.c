@@ -242,6 +242,9 @@ static void list_rfs(const dl__rfs *r, const char *name, uint64_t size, bool ver
 }
 
 int dl_tool_list(const char *path, bool verbose, FILE *out) {
+  char index[DL__MSG_MAX];
+  if (dl__is_index_file(path, index, sizeof index))
+    return dl__fail(DL_ENOSAMPLES, "%s", index);
   const dl__format *f = dataset_at(path);
   if (f)
     return list_dataset(path, f, verbose, out);

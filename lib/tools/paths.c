@@ -51,7 +51,7 @@ int dl_tool_paths(const char *arg, char ***paths, size_t *n, FILE *err, const ch
     }
     for (size_t j = 0; ok && j < add; j++) {
       const char *path = !pattern ? braced[i] : url ? listed[j] : g.gl_pathv[j];
-      if (!url && dl__is_index_file(path)) /* the shards' own indexes, saved beside them */
+      if (!url && dl__is_index_file(path, NULL, 0)) /* the shards' own indexes, saved beside them */
         continue;
       if (!(out[count++] = strdup(path)))
         ok = false;

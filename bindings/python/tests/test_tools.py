@@ -226,5 +226,11 @@ def test_the_indexes_saved_beside_shards_are_left_out_of_a_folders_files(two_sha
         assert "2 shards verified: ok" in out, out
         both = run(DLBENCH, *given, *SMALL, "--json")
         assert json.loads(both.stdout)["samples"] == 2 * per_shard and "not a tar" not in both.stderr
-    alone = run(DLBENCH, two_shards / "s-0.tar.rfidx", *SMALL, ok=False)
-    assert alone.returncode != 0 and f"the index saved beside shard {two_shards}/s-0.tar, not a shard" in alone.stderr
+    index = two_shards / "s-0.tar.rfidx"  # named alone: refused, naming its shard, never a pass
+    said = f"{index} is the index saved beside shard {two_shards}/s-0.tar, not a shard"
+    for tool in ([DLBENCH, index, *SMALL], [DLSHARD, "ls", index]):
+        alone = run(*tool, ok=False)
+        assert alone.returncode == 1 and said in alone.stderr, alone.stderr
+    for command in ("verify", "index"):
+        alone = run(DLSHARD, command, index, ok=False)
+        assert alone.returncode == 1 and "no shard among the paths" in alone.stdout, alone.stdout
