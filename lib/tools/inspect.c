@@ -178,16 +178,37 @@ static int list_dataset(const char *path, const dl__format *f, bool verbose, FIL
   return 0;
 }
 
-/* A shard that is no ringfeed shard (WHY: what its reading as one said), listed as a tar. */
+static int load_tar(dl__dataset *ds, const char *shard, const char *on_error) {
+  dl__options o;
+  dl__options_parse(&o, on_error);
+  return dl__is_url(shard) ? dl__remote_load(ds, shard, &o) : dl__tar_load(ds, shard, &o);
+}
+
+/* A shard that is no ringfeed shard (WHY: what its reading as one said), listed as a tar. A damaged
+ * one is listed up to its damage and then fails, as `tar t` does: what is wrong is said once, last;
+ * a file that is no tar at all lists nothing. */
 static int list_tar(const char *shard, const char *name, const char *why, bool verbose, FILE *out) {
   dl__dataset ds = {0};
-  dl__options o;
-  dl__options_parse(&o, "on_error=skip");
-  if (dl__is_url(shard) ? dl__remote_load(&ds, shard, &o) : dl__tar_load(&ds, shard, &o)) {
+  char damage[DL__MSG_MAX] = "";
+  int rc = load_tar(&ds, shard, "on_error=fail"), damage_code = rc;
+  if (rc == DL_ECORRUPT || rc == DL_EUNSUPPORTED) {
+    snprintf(damage, sizeof damage, "%s", dl_last_error());
+    dl__dataset_free(&ds);
+    ds = (dl__dataset){0};
+    int level = dl__log_level;
+    dl__log_level = DL__LOG_ERROR; /* its warning would say again what the failure says */
+    rc = load_tar(&ds, shard, "on_error=skip");
+    dl__log_level = level;
+  }
+  if (rc) {
     char msg[DL__MSG_MAX];
     snprintf(msg, sizeof msg, "%s", dl__is_url(shard) ? dl_last_error() : why);
     dl__dataset_free(&ds);
     return dl__fail(DL_ECORRUPT, "%s: %s", name, msg);
+  }
+  if (damage[0] && !ds.n) { /* no tar at all (or damaged before its first member): nothing to list */
+    dl__dataset_free(&ds);
+    return dl__fail(damage_code, "%s", damage);
   }
   uint64_t bytes = 0;
   for (size_t i = 0; i < ds.n; i++)
@@ -198,7 +219,7 @@ static int list_tar(const char *shard, const char *name, const char *why, bool v
             (long long)ds.samples[i].label, (unsigned long long)ds.samples[i].offset,
             (unsigned long long)ds.samples[i].size);
   dl__dataset_free(&ds);
-  return 0;
+  return damage[0] ? dl__fail(damage_code, "%s", damage) : 0;
 }
 
 static void list_rfs(const dl__rfs *r, const char *name, uint64_t size, bool verbose, FILE *out) {
@@ -257,8 +278,11 @@ int dl_tool_list(const char *path, bool verbose, FILE *out) {
   dl__rfs r;
   char why[256];
   if (dl__rfs_open(&r, fd, size, why, sizeof why)) {
+    char magic[8]; /* a damaged ringfeed shard is not to be read as a tar, nor named one */
+    bool rfs = dl__pread_full(fd, magic, sizeof magic, 0) == sizeof magic && !memcmp(magic, DL__RFS_MAGIC, 8);
     close(fd);
-    return list_tar(path, name, why, verbose, out);
+    return rfs ? dl__fail(DL_ECORRUPT, "%s: damaged ringfeed shard: %s", name, why)
+               : list_tar(path, name, why, verbose, out);
   }
   list_rfs(&r, name, size, verbose, out);
   dl__rfs_free(&r);

@@ -1,6 +1,7 @@
 """The command-line tools as a shell user meets them: several sources (a glob the shell expanded),
 --version, every io mode in --help, nothing but JSON on stdout with --json, brace ranges and globs
 in dlshard."""
+import io
 import json
 import os
 import shutil
@@ -17,6 +18,7 @@ BUILD = os.path.dirname(os.environ.get("DL_DLSHARD") or os.environ.get("RINGFEED
 DLBENCH, DLSHARD = os.path.join(BUILD, "dlbench"), os.path.join(BUILD, "dlshard")
 needs_tools = pytest.mark.skipif(not (os.path.exists(DLBENCH) and os.path.exists(DLSHARD) and os.path.exists(WDS)),
                                  reason="tools not built or test data absent")
+built = pytest.mark.skipif(not (os.path.exists(DLBENCH) and os.path.exists(DLSHARD)), reason="tools not built")
 SMALL = ["--batch", "8", "--size", "32", "--crop", "resize", "--workers", "2"]
 
 
@@ -234,3 +236,41 @@ def test_the_indexes_saved_beside_shards_are_left_out_of_a_folders_files(two_sha
     for command in ("verify", "index"):
         alone = run(DLSHARD, command, index, ok=False)
         assert alone.returncode == 1 and "no shard among the paths" in alone.stdout, alone.stdout
+
+
+def raw_tar(path, n):
+    """A tar of N samples of raw bytes with labels: what dlshard create keeps without an image codec."""
+    with tarfile.open(path, "w") as t:
+        for i in range(n):
+            for ext, data in (("bin", bytes(range(256)) * 2), ("cls", f"{i}\n".encode())):
+                info = tarfile.TarInfo(f"s{i}.{ext}")
+                info.size = len(data)
+                t.addfile(info, io.BytesIO(data))
+
+
+@built
+def test_dlshard_ls_fails_on_a_file_that_is_no_shard_or_a_damaged_one(tmp_path):
+    good = tmp_path / "good.tar"
+    raw_tar(good, 3)
+    assert run(DLSHARD, "ls", good).stdout.startswith(f"{good}: tar, 3 samples")
+    data = good.read_bytes()
+    cut = tmp_path / "cut.tar"  # the third sample's first member cut short: listed to the damage, then failed
+    cut.write_bytes(data[:4 * 1024 + 700])
+    out = run(DLSHARD, "ls", "-v", cut, ok=False)
+    assert out.returncode == 1 and out.stdout.startswith(f"{cut}: tar, 3 samples"), out
+    assert out.stderr.count("\n") == 1, out.stderr  # said once, not also as a warning
+    assert f"shard {cut}: member data runs past the end of the file at offset" in out.stderr, out.stderr
+    for name, body, said in (("words.tar", b"hello\n" * 200, "not a tar archive (its first block is no tar header)"),
+                             ("short.tar", b"hello\n", "trailing partial block at offset 0"),
+                             ("zip.tar", b"PK\x03\x04" + bytes(1020), "a zip archive, not a tar")):
+        bad = tmp_path / name
+        bad.write_bytes(body)
+        out = run(DLSHARD, "ls", bad, ok=False)  # was "tar, 0 samples" and status 0
+        assert out.returncode == 1 and out.stdout == "" and f"shard {bad}: {said}" in out.stderr, out
+    prefix = tmp_path / "made"
+    run(DLSHARD, "create", prefix, good)
+    rfs = tmp_path / "made-000000.rfs"
+    assert run(DLSHARD, "ls", rfs).stdout.startswith(f"{rfs}: ringfeed shard v1, 3 records")
+    rfs.write_bytes(rfs.read_bytes()[:5000])  # its index and trailer gone: damaged, not "no tar"
+    out = run(DLSHARD, "ls", rfs, ok=False)
+    assert out.returncode == 1 and f"{rfs}: damaged ringfeed shard: trailer magic missing" in out.stderr, out
