@@ -31,6 +31,19 @@ static inline bool cli_whole_number(const char *tool, const char *flag, const ch
   return true;
 }
 
+/* Another loader's name for a flag, such as --batch-size or --num-workers: the first of its words
+ * (between '-' or '_') of four letters or more that is a flag of LONGOPTS, or NULL. */
+static inline const char *cli_flag_in_words(const char *typed, const struct option *longopts) {
+  for (const char *w = typed; *w; w += strspn(w, "-_")) {
+    size_t n = strcspn(w, "-_");
+    for (const struct option *o = longopts; n >= 4 && o->name; o++)
+      if (strlen(o->name) == n && !strncmp(w, o->name, n))
+        return o->name;
+    w += n;
+  }
+  return NULL;
+}
+
 /* What getopt_long (opterr 0, OPTSTRING starting with ':') refused, as one line on stderr that
  * ends the output, not the first of thirty lines of usage: C (':' a value missing, else unknown),
  * ARGV and getopt's optind/optopt tell which flag. Returns 2, the status of a bad command line. */
@@ -52,6 +65,8 @@ static inline int cli_bad_flag(const char *tool, int c, char **argv, int optind_
   for (const struct option *o = longopts; *typed && o->name; o++)
     if (dl_tool_nearer(typed, o->name, &least))
       near = o->name;
+  if (!near && *typed)
+    near = cli_flag_in_words(typed, longopts);
   if (near)
     fprintf(stderr, "%s: unknown option '%s' (did you mean --%s? %s --help lists the options)\n", tool, flag,
             near, tool);

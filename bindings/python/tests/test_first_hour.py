@@ -269,6 +269,11 @@ def test_a_mistyped_flag_is_said_last_in_one_line():
     for cmd, said in (([DLBENCH, "--wokers", "4"],
                        "dlbench: unknown option '--wokers' (did you mean --workers? dlbench --help"),
                       ([DLBENCH, "--zzz"], "dlbench: unknown option '--zzz' (dlbench --help"),
+                      # another loader's names: the flag that is one of their words
+                      ([DLBENCH, "--batch-size", "8"], "dlbench: unknown option '--batch-size' (did you mean --batch?"),
+                      ([DLBENCH, "--num_workers=4"], "dlbench: unknown option '--num_workers=4' (did you mean "
+                                                     "--workers?"),
+                      ([DLBENCH, "--pin-memory"], "dlbench: unknown option '--pin-memory' (dlbench --help"),
                       ([DLBENCH, "--batch"], "dlbench: --batch needs a value"),
                       ([DLSHARD, "create", "--kept", "o", "i.tar"], "dlshard: unknown option '--kept'"),
                       ([DLSHARD, "crate"], "dlshard: unknown command 'crate': create, verify, index or ls")):
