@@ -97,7 +97,8 @@ DL_EXTERN const char *dl_strerror(int err);
 /* Symbolic name of a code ("DL_ECORRUPT", "ENOENT", "DL_EOF"); static storage. */
 DL_EXTERN const char *dl_errname(int err);
 
-/* 1 if KEY is one of dl_open's option keys ("batch_size"), else 0. Thread-safe. */
+/* 1 if KEY is one of dl_open's option keys ("batch_size"), else 0, and dl_last_error() says what
+ * dl_open would ("unknown option 'batchsize' (did you mean batch_size?)"). Thread-safe. */
 DL_EXTERN int dl_option_exists(const char *key);
 
 /*

@@ -405,6 +405,12 @@ static const char *nearest_option(const char *key) {
   return near;
 }
 
+static int unknown(const char *key) {
+  const char *near = nearest_option(key);
+  return near ? dl__fail(DL_EOPTION, "unknown option '%s' (did you mean %s?)", key, near)
+              : dl__fail(DL_EOPTION, "unknown option '%s'", key);
+}
+
 static int apply(dl__options *o, const char *key, const char *v) {
   for (size_t i = 0; i < DL__ARRAY_LEN(options); i++) {
     const option *op = &options[i];
@@ -443,15 +449,15 @@ static int apply(dl__options *o, const char *key, const char *v) {
       return op->parse(key, v, o);
     }
   }
-  const char *near = nearest_option(key);
-  return near ? dl__fail(DL_EOPTION, "unknown option '%s' (did you mean %s?)", key, near)
-              : dl__fail(DL_EOPTION, "unknown option '%s'", key);
+  return unknown(key);
 }
 
 int dl_option_exists(const char *key) {
   for (size_t i = 0; key && i < DL__ARRAY_LEN(options); i++)
     if (!strcmp(key, options[i].name))
       return 1;
+  if (key)
+    unknown(key); /* what dl_open would say of it, for the caller to say too */
   return 0;
 }
 

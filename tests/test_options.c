@@ -114,6 +114,10 @@ int main(void) {
   expect_bad("Batch-Size=8", "(did you mean batch_size?)");
   expect_bad("num_workers=2", "unknown option 'num_workers'");
   ASSERT(!strstr(dl_last_error(), "did you mean")); /* the Python binding names DataLoader's words */
+  /* dl_option_exists says what dl_open would of a key it does not know (the binding's None). */
+  ASSERT_EQ(dl_option_exists("image_size"), 1);
+  ASSERT_EQ(dl_option_exists("imagesize"), 0);
+  ASSERT_CONTAINS(dl_last_error(), "unknown option 'imagesize' (did you mean image_size?)");
   expect_bad("shuffle_block=-1", "shuffle_block=-1");
   expect_bad("cache_limit=0", "cache_limit=0");
   expect_bad("cache_limit=-5G", "cache_limit=-5G");

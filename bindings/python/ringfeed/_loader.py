@@ -286,8 +286,9 @@ class Loader:
         self._transform = transform
         for key, value in options.items():  # a keyword given as None is still a keyword: known or not
             if value is None and key not in _BINDING_KEYWORDS and not lib.dl_option_exists(key.encode()):
+                message = (lib.dl_last_error() or b"").decode(errors="replace") or f"unknown option '{key}'"
                 hint = _DATALOADER_HINTS.get(key)
-                raise Error(_DL_EOPTION, f"unknown option '{key}'" + (f" ({hint})" if hint else ""))
+                raise Error(_DL_EOPTION, message + (f" ({hint})" if hint else ""))
         every = options.get("log_stats_every") or 0
         if isinstance(every, bool) or not isinstance(every, int) or every < 0:
             raise ValueError(f"ringfeed: log_stats_every={every!r}: expected a number of batches (0: never)")

@@ -259,6 +259,9 @@ def test_a_mistyped_keyword_names_the_option_it_likely_meant(synthetic):
         with pytest.raises(ringfeed.Error) as e:
             ringfeed.Loader(synthetic, **{typed: 1}, **KW)
         assert e.value.message == f"unknown option '{typed}' (did you mean {meant}?)", e.value.message
+        with pytest.raises(ringfeed.Error) as e:  # None is checked by the binding: the same words
+            ringfeed.Loader(synthetic, **{typed: None}, **KW)
+        assert e.value.message == f"unknown option '{typed}' (did you mean {meant}?)", e.value.message
     out = subprocess.run([DLBENCH, "--synthetic", "10", "--option", "batchsize=8"], capture_output=True,
                          text=True, timeout=30)
     assert out.returncode == 1 and "unknown option 'batchsize' (did you mean batch_size?)" in out.stderr
