@@ -3,6 +3,10 @@
  * alone and decode=gpu|hybrid wait for in dl_open), in a fresh process: CUDA's own start, then the
  * hardware backend's handle and its JPEG state, as the loader makes them, with the memory nvJPEG
  * asks for through allocators that count it (none, at start). Variants, one a process:
+ *   --backend cuda|default  the first start makes nvJPEG's CUDA decoder (GPU_HYBRID, or DEFAULT),
+ *                           not the engines: whether its start waits as theirs does (with
+ *                           --again-alive, the engines are then started while it lives). The
+ *                           environment's CUDA_MODULE_LOADING is printed beside it
  *   --beside cuda|hw        a second thread starts nvJPEG's CUDA decoder (or another engine
  *                           handle) meanwhile: whether the two starts share a cost or overlap
  *   --twice                 the same start again after the first is destroyed: what is paid once a
@@ -376,7 +380,7 @@ static void stop(start *s) {
 }
 
 int main(int argc, char **argv) {
-  const char *beside = NULL;
+  const char *beside = NULL, *first = "hw";
   bool twice = false, alive = false, counted = true, busy = false, sample = false;
   int spin = 0;
   chore_kind chore = CHORE_NONE;
@@ -385,6 +389,9 @@ int main(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--beside") && i + 1 < argc)
       beside = argv[++i];
+    else if (!strcmp(argv[i], "--backend") && i + 1 < argc &&
+             (!strcmp(argv[i + 1], "hw") || !strcmp(argv[i + 1], "cuda") || !strcmp(argv[i + 1], "default")))
+      first = argv[++i];
     else if (!strcmp(argv[i], "--twice"))
       twice = true;
     else if (!strcmp(argv[i], "--again-alive"))
@@ -420,8 +427,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--info") && i + 1 < argc && !strcmp(argv[i + 1], "beside"))
       info = INFO_BESIDE, i++;
     else {
-      fprintf(stderr, "usage: nvjpeg_start [--beside cuda|hw] [--twice|--again-alive] [--plain]\n"
-                      "  [--info before|after|beside] [--busy] [--spin N] [--delay MS] [--prefault MB]\n"
+      fprintf(stderr, "usage: nvjpeg_start [--backend hw|cuda|default] [--beside cuda|hw] [--twice|--again-alive]\n"
+                      "  [--plain] [--info before|after|beside] [--busy] [--spin N] [--delay MS] [--prefault MB]\n"
                       "  [--copies|--register|--queries|--blocking|--mallocs] [--every MS] [--sample]\n");
       return 2;
     }
@@ -465,7 +472,11 @@ int main(int argc, char **argv) {
       spin = i;
   pthread_t chorer;
   bool chores = chore != CHORE_NONE && pthread_create(&chorer, NULL, chore_run, (void *)(intptr_t)chore) == 0;
-  start a = {.backend = NVJPEG_BACKEND_HARDWARE, .counted = counted, .info = info, .sampled = sample};
+  /* The first start's backend: the CUDA decoders' too wait on the GPU's side, or only the engines'? */
+  nvjpegBackend_t backend = !strcmp(first, "cuda")      ? NVJPEG_BACKEND_GPU_HYBRID
+                            : !strcmp(first, "default") ? NVJPEG_BACKEND_DEFAULT
+                                                        : NVJPEG_BACKEND_HARDWARE;
+  start a = {.backend = backend, .counted = counted, .info = info, .sampled = sample};
   pthread_t sampler;
   __atomic_store_n(&sampling, 1, __ATOMIC_RELAXED);
   bool sampler_on = sample && pthread_create(&sampler, NULL, sample_run, NULL) == 0;
@@ -490,11 +501,11 @@ int main(int argc, char **argv) {
   const char *busy_why = busy ? busy_gpu_stop() : NULL;
   if (busy_why)
     fprintf(stderr, "nvjpeg_start: %s\n", busy_why);
-  printf("{\"prefault_mb\":%d,\"prefault_ms\":%.1f,\"delay_ms\":%d,\"chore\":%d,\"busy\":%d,\"spin\":%d,"
+  printf("{\"backend\":\"%s\",\"module_loading\":\"%s\",\"prefault_mb\":%d,\"prefault_ms\":%.1f,\"delay_ms\":%d,\"chore\":%d,\"busy\":%d,\"spin\":%d,"
          "\"nvjpeg\":\"%s\",\"load_ms\":%.1f,\"cuda_"
          "ms\":%.1f,\"hw_handle_ms\":%.1f,\"hw_state_ms\":%.1f,"
          "\"hw_info_ms\":%.1f,\"engines\":%u,\"hw_ms\":%.1f,\"status\":%d",
-         prefault_mb, prefault_ms, delay_ms, (int)chore, busy, spin, nv->version, load_ms, cuda_ms,
+         first, getenv("CUDA_MODULE_LOADING") ? getenv("CUDA_MODULE_LOADING") : "", prefault_mb, prefault_ms, delay_ms, (int)chore, busy, spin, nv->version, load_ms, cuda_ms,
          a.handle_ms, a.state_ms, a.info_ms, a.engines, a_ms, a.status);
   usage_print("hw_handle", a.handle_use);
   usage_print("hw_state", a.state_use);
