@@ -47,6 +47,7 @@
 
 #include <cuda_runtime.h>
 #include <dirent.h>
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -55,6 +56,7 @@
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -163,7 +165,7 @@ static pid_t start_tid;
 
 enum { PLACES = 48 };
 typedef struct place {
-  char what[96];
+  char what[160];
   int n;
 } place;
 static place places[3][PLACES];
@@ -197,6 +199,44 @@ static void read_line(const char *path, char *buf, size_t cap) {
   buf[strcspn(buf, "\n")] = 0;
 }
 
+/* The futex the starting thread waits on, as its first sample saw it: the operation, the time its
+ * timeout had left (-1: none), and the library whose static data holds the futex word ("" where
+ * it is elsewhere, such as the heap). A wait whose timeout runs out each time is a poll, not the
+ * GPU's work. */
+typedef struct futex_seen {
+  unsigned long op;
+  double left_ms;
+  char in[48];
+} futex_seen;
+
+static double timespec_ms(const struct timespec *t) { return (double)t->tv_sec * 1e3 + (double)t->tv_nsec / 1e6; }
+
+static futex_seen futex_look(const char *line) {
+  futex_seen f = {.left_ms = -1};
+  unsigned long word = 0, timeout = 0;
+  if (sscanf(line, "%*s %lx %lx %*s %lx", &word, &f.op, &timeout) < 3)
+    return f;
+  struct timespec t;
+  struct iovec mine = {&t, sizeof t}, theirs = {(void *)timeout, sizeof t};
+  if (timeout && process_vm_readv(getpid(), &mine, 1, &theirs, 1, 0) == (ssize_t)sizeof t) {
+    if ((f.op & 127) == 0) { /* FUTEX_WAIT: a relative timeout */
+      f.left_ms = timespec_ms(&t);
+    } else { /* FUTEX_WAIT_BITSET and the like: a deadline on CLOCK_REALTIME (flag 256) or CLOCK_MONOTONIC */
+      struct timespec now;
+      clock_gettime(f.op & 256 ? CLOCK_REALTIME : CLOCK_MONOTONIC, &now);
+      f.left_ms = timespec_ms(&t) - timespec_ms(&now);
+    }
+  }
+  Dl_info where;
+  if (dladdr((void *)word, &where) && where.dli_fname) {
+    const char *slash = strrchr(where.dli_fname, '/');
+    snprintf(f.in, sizeof f.in, "%s", slash ? slash + 1 : where.dli_fname);
+  }
+  return f;
+}
+
+static futex_seen starter_futex; /* the starting thread's, at the last sample */
+
 /* Returns whether the starting thread was waiting on a futex. */
 static bool sample_once(int ph, pid_t me) {
   bool waiting = false;
@@ -207,7 +247,7 @@ static bool sample_once(int ph, pid_t me) {
     pid_t tid = atoi(e->d_name);
     if (tid <= 0 || tid == me)
       continue;
-    char path[64], nr[64], wchan[64], what[96];
+    char path[64], nr[64], wchan[64], what[160];
     snprintf(path, sizeof path, "/proc/self/task/%d/syscall", tid);
     char line[256], req[24] = "";
     read_line(path, line, sizeof line); /* the call's number and arguments, or "running" */
@@ -216,12 +256,18 @@ static bool sample_once(int ph, pid_t me) {
       sscanf(line, "%*s %*s %23s", req);
     snprintf(path, sizeof path, "/proc/self/task/%d/wchan", tid);
     read_line(path, wchan, sizeof wchan);
-    waiting |= tid == starter && !strcmp(nr, "202");
+    char held[64] = ""; /* a futex: timed or not, and whose static data holds its word */
+    if (!strcmp(nr, "202")) {
+      futex_seen f = futex_look(line);
+      snprintf(held, sizeof held, " %s%s%s", f.left_ms >= 0 ? "timed" : "untimed", f.in[0] ? " in " : "", f.in);
+      if (tid == starter)
+        waiting = true, starter_futex = f;
+    }
     char comm[32];
     snprintf(path, sizeof path, "/proc/self/task/%d/comm", tid);
     read_line(path, comm, sizeof comm);
-    snprintf(what, sizeof what, "%s %s %s%s%s %s", tid == starter ? "start" : "other", comm, syscall_name(nr),
-             req[0] ? " " : "", req, wchan);
+    snprintf(what, sizeof what, "%s %s %s%s%s %s%s", tid == starter ? "start" : "other", comm, syscall_name(nr),
+             req[0] ? " " : "", req, wchan, held);
     for (int i = 0; i < PLACES; i++)
       if (!places[ph][i].n || !strcmp(places[ph][i].what, what)) {
         snprintf(places[ph][i].what, sizeof places[ph][i].what, "%s", what);
@@ -237,6 +283,7 @@ static bool sample_once(int ph, pid_t me) {
 /* Each of the starting thread's futex waits, in milliseconds, as the samples saw it begin and end. */
 enum { WAITS = 32 };
 static double waits_ms[3][WAITS];
+static futex_seen waits_seen[3][WAITS];
 static int nwaits[3];
 
 static void *sample_run(void *arg) {
@@ -244,17 +291,20 @@ static void *sample_run(void *arg) {
   pid_t me = (pid_t)syscall(SYS_gettid);
   double from = -1;
   int was = 0;
+  futex_seen first = {0};
   while (__atomic_load_n(&sampling, __ATOMIC_RELAXED)) {
     int ph = __atomic_load_n(&phase, __ATOMIC_RELAXED);
     bool waiting = ph && sample_once(ph, me);
     double now = dl__now();
     if (from >= 0 && (!waiting || ph != was)) {
-      if (nwaits[was] < WAITS)
+      if (nwaits[was] < WAITS) {
+        waits_seen[was][nwaits[was]] = first;
         waits_ms[was][nwaits[was]++] = (now - from) * 1e3;
+      }
       from = -1;
     }
     if (waiting && from < 0)
-      from = now;
+      from = now, first = starter_futex;
     was = ph;
     nanosleep(&(struct timespec){0, 1000000}, NULL);
   }
@@ -277,6 +327,10 @@ static void places_print(const char *name, int ph) {
   printf("},\"%s_futex_waits_ms\":[", name);
   for (int i = 0; i < nwaits[ph]; i++)
     printf("%s%.1f", i ? "," : "", waits_ms[ph][i]);
+  printf("],\"%s_futexes\":[", name);
+  for (int i = 0; i < nwaits[ph]; i++)
+    printf("%s{\"ms\":%.1f,\"op\":\"0x%lx\",\"timeout_left_ms\":%.1f,\"word_in\":\"%s\"}", i ? "," : "",
+           waits_ms[ph][i], waits_seen[ph][i].op, waits_seen[ph][i].left_ms, waits_seen[ph][i].in);
   printf("]");
 }
 
