@@ -184,10 +184,10 @@ static int load_tar(dl__dataset *ds, const char *shard, const char *on_error) {
   return dl__is_url(shard) ? dl__remote_load(ds, shard, &o) : dl__tar_load(ds, shard, &o);
 }
 
-/* A shard that is no ringfeed shard (WHY: what its reading as one said), listed as a tar. A damaged
- * one is listed up to its damage and then fails, as `tar t` does: what is wrong is said once, last;
- * a file that is no tar at all lists nothing. */
-static int list_tar(const char *shard, const char *name, const char *why, bool verbose, FILE *out) {
+/* A shard that is no ringfeed shard, listed as a tar. A damaged one is listed up to its damage and
+ * then fails, as `tar t` does: what is wrong is said once, last; a file that is no tar at all lists
+ * nothing. */
+static int list_tar(const char *shard, const char *name, bool verbose, FILE *out) {
   dl__dataset ds = {0};
   char damage[DL__MSG_MAX] = "";
   int rc = load_tar(&ds, shard, "on_error=fail"), damage_code = rc;
@@ -200,11 +200,9 @@ static int list_tar(const char *shard, const char *name, const char *why, bool v
     rc = load_tar(&ds, shard, "on_error=skip");
     dl__log_level = level;
   }
-  if (rc) {
-    char msg[DL__MSG_MAX];
-    snprintf(msg, sizeof msg, "%s", dl__is_url(shard) ? dl_last_error() : why);
+  if (rc) { /* not the bytes: the file or the server failed (the message names it) */
     dl__dataset_free(&ds);
-    return dl__fail(DL_ECORRUPT, "%s: %s", name, msg);
+    return rc;
   }
   if (damage[0] && !ds.n) { /* no tar at all (or damaged before its first member): nothing to list */
     dl__dataset_free(&ds);
@@ -282,7 +280,7 @@ int dl_tool_list(const char *path, bool verbose, FILE *out) {
     bool rfs = dl__pread_full(fd, magic, sizeof magic, 0) == sizeof magic && !memcmp(magic, DL__RFS_MAGIC, 8);
     close(fd);
     return rfs ? dl__fail(DL_ECORRUPT, "%s: damaged ringfeed shard: %s", name, why)
-               : list_tar(path, name, why, verbose, out);
+               : list_tar(path, name, verbose, out);
   }
   list_rfs(&r, name, size, verbose, out);
   dl__rfs_free(&r);
