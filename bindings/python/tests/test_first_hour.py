@@ -295,3 +295,13 @@ def test_a_framework_that_is_not_installed_says_what_to_install(synthetic):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and "framework='numpy' needs numpy: pip install numpy" in out.stderr, out.stderr
     assert "apt install python3-numpy" in out.stderr and "framework='dlpack' needs nothing" in out.stderr
+
+
+def test_dlbench_that_fails_before_a_batch_says_none_came(tmp_path):
+    (tmp_path / "cat").mkdir()
+    (tmp_path / "cat" / "a.jpg").write_bytes(b"not an image")
+    out = subprocess.run([DLBENCH, str(tmp_path), "--on-error", "fail"], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 1, out.stderr
+    assert "first batch none," in out.stdout and "first batch -" not in out.stdout, out.stdout
+    assert "cat/a.jpg" in out.stderr.splitlines()[-1] and "not a JPEG, PNG or WebP" in out.stderr, out.stderr
