@@ -175,6 +175,14 @@ static void name_leftovers(const char *prefix, size_t n) {
             "%s-*.rfs would read them too; delete them\n", last - n, prefix, n, prefix, last - 1, prefix);
 }
 
+static void remove_shards(const char *prefix, size_t nshards) {
+  for (size_t s = 0; s < nshards; s++) {
+    char path[PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s-%06zu.rfs", prefix, s);
+    unlink(path);
+  }
+}
+
 /* The samples left out (or with --keep-bad kept) as the loader would skip them, named. */
 static void name_bad(const create_job *j) {
   if (!j->nbad)
@@ -335,6 +343,13 @@ static int cmd_create(int argc, char **argv) {
   if (j.err) {
     fprintf(stderr, "dlshard: %s\n", j.errmsg);
     rc = 1;
+  } else if (!keep_bad && j.nbad && j.nbad == count) { /* shards of no record would fail later, in the loader */
+    name_bad(&j);
+    if (!upload)
+      remove_shards(prefix, nshards);
+    fprintf(stderr, "dlshard: every sample was bad: %s\n",
+            upload ? "the uploaded shards hold none (delete them)" : "no shard written");
+    rc = 1;
   } else {
     size_t written = count - (keep_bad ? 0 : j.nbad);
     printf("%zu samples in %zu shard%s (%s-%06d.rfs ...), %.2f s, %.0f samples/s\n", written, nshards,
@@ -348,11 +363,7 @@ static int cmd_create(int argc, char **argv) {
     free(j.bad[i]);
   free(j.bad);
   if (staging[0]) { /* what a failed shard left */
-    for (size_t s = 0; s < nshards; s++) {
-      char path[PATH_MAX + 16];
-      snprintf(path, sizeof path, "%s-%06zu.rfs", prefix, s);
-      unlink(path);
-    }
+    remove_shards(prefix, nshards);
     rmdir(staging);
   }
   free(t);

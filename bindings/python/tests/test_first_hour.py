@@ -116,6 +116,16 @@ def test_dlshard_create_checks_each_sample_and_leaves_out_the_broken(synthetic, 
     assert create("strict", "--strict").returncode == 1
     assert os.path.exists(tmp_path / "strict" / "x-000000.rfs")
 
+    # every sample bad: no empty shard for the loader to find "no samples" in later
+    with tarfile.open(src, "w") as tar:
+        info = tarfile.TarInfo(jpgs[1])
+        info.size = len(members[jpgs[1]])
+        tar.addfile(info, io.BytesIO(members[jpgs[1]]))
+    none = create("none")
+    assert none.returncode == 1 and not none.stdout, none.stdout
+    assert none.stderr.rstrip().endswith("dlshard: every sample was bad: no shard written"), none.stderr
+    assert f"member {jpgs[1]}:" in none.stderr and not os.listdir(tmp_path / "none")
+
 
 @pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
 def test_float_batches_on_the_cpu_are_the_uint8_ones_normalised(synthetic, layout):
