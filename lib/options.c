@@ -261,9 +261,13 @@ static int parse_gpu_share(const char *key, const char *v, dl__options *o) {
   return 0;
 }
 
-static int parse_mean(const char *key, const char *v, dl__options *o) { return parse_floats3(key, v, o->mean); }
+static int parse_mean(const char *key, const char *v, dl__options *o) {
+  o->mean_std_given = true;
+  return parse_floats3(key, v, o->mean);
+}
 
 static int parse_std(const char *key, const char *v, dl__options *o) {
+  o->mean_std_given = true;
   int r = parse_floats3(key, v, o->std);
   if (r)
     return r;
@@ -379,8 +383,10 @@ static const option options[] = {
      .help = "after close, nvJPEG's decoders (their gpu_decode_mb and nvJPEG's buffers) stay in the process for "
              "its next loader of the same batch size, which then decodes on the GPU from its first batch, 0 or 1 "
              "(1)"},
-    {"mean", SPECIAL, .parse = parse_mean, .help = "three means, pixels as 0..1 (ImageNet's 0.485,0.456,0.406)"},
-    {"std", SPECIAL, .parse = parse_std, .help = "three deviations, pixels as 0..1 (ImageNet's 0.229,0.224,0.225)"},
+    {"mean", SPECIAL, .parse = parse_mean,
+     .help = "three means, pixels as 0..1 (ImageNet's 0.485,0.456,0.406); float dtypes only"},
+    {"std", SPECIAL, .parse = parse_std,
+     .help = "three deviations, pixels as 0..1 (ImageNet's 0.229,0.224,0.225); float dtypes only"},
     {"repeat", SPECIAL, .parse = parse_repeat,
      .help = "times each '::' part of the source is seen an epoch, such as 0.5,2 (each once)"},
     {"device", SPECIAL, .parse = parse_device, .help = "cpu, cuda, cuda:N or cuda:N,M,... (cpu)"},
@@ -516,6 +522,11 @@ int dl__options_parse(dl__options *o, const char *text) {
   if (o->start_epoch && o->resume[0])
     return dl__fail(DL_EOPTION, "options start_epoch and resume: the token already says where the run "
                                 "starts; give one of them");
+  /* A uint8 batch holds the pixels as decoded: a mean or std given for it would be dropped, and the
+   * model fed 0..255 where its user asked for normalised values. */
+  if (o->mean_std_given && o->dtype == DL__DTYPE_UINT8)
+    return dl__fail(DL_EOPTION, "options mean and std normalise float batches (dtype=float32, float16 or "
+                                "bfloat16); with dtype=uint8 the pixels stay 0..255");
   /* uint16/uint32 name a token source's elements; the image stays uint8 then. */
   if (o->dtype == DL__DTYPE_UINT16 || o->dtype == DL__DTYPE_UINT32) {
     o->token_dtype = o->dtype;

@@ -40,6 +40,7 @@ typedef struct dl__options {
   int dtype;
   float mean[3], std[3]; /* on the 0..1 scale of pixels */
   bool mean_std_255;      /* ... given on the 0..255 scale, and divided by 255 */
+  bool mean_std_given;    /* either given (they apply to float batches only) */
   int device_slots;
   int worker_nice; /* the workers' nice increment over the process's */
   int on_error;

@@ -137,6 +137,10 @@ int main(void) {
   expect_bad("device=gpu", "device=gpu");
   expect_bad("device=cuda:0,0", "listed twice");
   expect_bad("mean=1,2", "mean=1,2");
+  /* Normalisation applies to float batches: on uint8 it would be dropped without a word. */
+  expect_bad("mean=0.5,0.5,0.5", "mean and std normalise float batches");
+  expect_bad("dtype=uint8 std=0.2,0.2,0.2", "with dtype=uint8 the pixels stay 0..255");
+  ASSERT_EQ(dl__options_parse(&o, "dtype=float16 mean=0.5,0.5,0.5"), 0);
   /* Numbers are plain decimals: strtod would read hex (0x10 as 16), inf and nan. */
   expect_bad("mean=0x1p-1,0.5,0.5", "mean=0x1p-1,0.5,0.5: expected three numbers");
   expect_bad("std=1,nan,1", "expected three numbers");

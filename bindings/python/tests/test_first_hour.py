@@ -174,16 +174,22 @@ def test_channels_last_is_nhwc_memory_under_nchw_shape(synthetic):
 
 def test_bfloat16_batches_on_the_cpu_round_as_torch_does(synthetic):
     torch = pytest.importorskip("torch")
-    kw = dict(KW, framework="torch", batch_size=16, image_size=24, epochs=1, mean=(0.5, 0.5, 0.5), std=(0.25, 0.5, 1))
+    kw = dict(KW, framework="torch", batch_size=16, image_size=24, epochs=1)
     with ringfeed.Loader(synthetic, **kw) as loader:
         raw = [b["image"].float() for b in loader]
-    with ringfeed.Loader(synthetic, dtype="bfloat16", **kw) as loader:
+    with ringfeed.Loader(synthetic, dtype="bfloat16", mean=(0.5, 0.5, 0.5), std=(0.25, 0.5, 1), **kw) as loader:
         got = [b["image"].clone() for b in loader]
     scale = 1 / (255 * torch.tensor([0.25, 0.5, 1.0]))
     shift = -torch.tensor([0.5, 0.5, 0.5]) / torch.tensor([0.25, 0.5, 1.0])
     for g, r in zip(got, raw):
         assert g.dtype == torch.bfloat16 and g.shape == r.shape
         assert torch.equal(g, (r * scale + shift).to(torch.bfloat16))
+
+
+def test_mean_and_std_on_uint8_batches_are_refused_not_dropped(synthetic):
+    with pytest.raises(ringfeed.Error) as e:
+        ringfeed.Loader(synthetic, mean=(0.485, 0.456, 0.406), **KW)
+    assert "with dtype=uint8 the pixels stay 0..255" in e.value.message, e.value.message
 
 
 def test_a_bad_sample_in_a_float_batch_is_normalised_zeros(tmp_path):
