@@ -100,18 +100,25 @@ static int parse_bool(const char *key, const char *v, int *out) {
   return bad(key, v, "expected 0 or 1");
 }
 
+/* One of NAMES, as the user wrote it: case, and '-' for '_', do not matter (layout=nhwc,
+ * channels-last); a value a letter or two off is refused with the one it likely meant. */
 static int parse_choice(const char *key, const char *v, const char *const *names, int n, int *out) {
+  int near = -1, least = DL__NEAR_EDITS;
   for (int i = 0; i < n; i++)
-    if (names[i] && !strcmp(v, names[i])) {
-      *out = i;
-      return 0;
-    }
+    if (names[i] && dl__nearer(v, names[i], &least))
+      near = i;
+  if (near >= 0 && least == 0) {
+    *out = near;
+    return 0;
+  }
   char why[256] = "expected one of";
   for (int i = 0; i < n; i++)
     if (names[i]) {
       strncat(why, " ", sizeof why - strlen(why) - 1);
       strncat(why, names[i], sizeof why - strlen(why) - 1);
     }
+  if (near >= 0)
+    snprintf(why + strlen(why), sizeof why - strlen(why), " (did you mean %s?)", names[near]);
   return bad(key, v, why);
 }
 
@@ -472,7 +479,9 @@ void dl__options_doc(FILE *out, bool markdown) {
     fprintf(out, "# Options\n\nThe loader's options: `key=value` words for `dl_open` (C), the same keywords for "
             "`ringfeed.Loader` (Python), `--option key=value` for `dlbench`. An unknown key or a bad value fails "
             "the open with `DL_EOPTION` and a message naming it (a mistyped key, with the option it likely "
-            "meant: `imagesize` gives `did you mean image_size?`). This page is made from the options' table "
+            "meant: `imagesize` gives `did you mean image_size?`; a mistyped value too: `crop=centre` gives `did "
+            "you mean center?`). A value of a list is read without regard to case, and `-` for `_` "
+            "(`layout=nhwc`, `channels-last`). This page is made from the options' table "
             "in `lib/options.c` (`dlbench --list-options=md`); a test checks that it is.\n\n"
             "| option | what, values (default) |\n|---|---|\n");
   for (size_t i = 0; i < DL__ARRAY_LEN(options); i++)

@@ -128,6 +128,16 @@ int main(void) {
   expect_bad("batch_size=12x", "batch_size=12x");
   expect_bad("workers=-3", "workers=-3");
   expect_bad("crop=random", "crop=random: expected one of random_resized center resize none");
+  /* A choice as the user wrote it: case and '-' for '_' are free; a letter or two off is named. */
+  expect_bad("crop=centre", "crop=centre: expected one of random_resized center resize none (did you mean center?)");
+  expect_bad("io=urng", "(did you mean uring?)");
+  ASSERT_EQ(dl__options_parse(&o, "layout=nhwc crop=Center decode=CPU dtype=Float16"), 0);
+  ASSERT_EQ(o.layout, DL__LAYOUT_NHWC);
+  ASSERT_EQ(o.crop, DL__CROP_CENTER);
+  ASSERT_EQ(o.decode, DL__DECODE_CPU);
+  ASSERT_EQ(o.dtype, DL__DTYPE_FLOAT16);
+  ASSERT_EQ(dl__options_parse(&o, "layout=channels-last"), 0);
+  ASSERT_EQ(o.layout, DL__LAYOUT_CHANNELS_LAST);
   expect_bad("image_size=0x5", "image_size=0x5");
   expect_bad("image_size=abc", "image_size=abc");
   expect_bad("flip=maybe", "flip=maybe");

@@ -253,7 +253,7 @@ class Loader:
         self._torch = _needs("torch") if self._framework == "torch" else None
         if self._framework == "numpy":
             self._numpy = _needs("numpy")
-        if self._framework == "numpy" and _format("dtype", options.get("dtype", "uint8")) == "bfloat16":
+        if self._framework == "numpy" and _format("dtype", options.get("dtype", "uint8")).lower() == "bfloat16":
             raise ValueError("ringfeed: dtype=bfloat16 with framework='numpy': numpy has no bfloat16; use torch "
                              "(framework='torch'), or dtype float16 or float32")
         # A path as str, bytes or os.PathLike (pathlib), or a list, tuple or other iterable of them

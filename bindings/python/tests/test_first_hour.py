@@ -283,6 +283,16 @@ def test_a_mistyped_keyword_names_the_option_it_likely_meant(synthetic):
     assert out.returncode == 1 and "unknown option 'batchsize' (did you mean batch_size?)" in out.stderr
 
 
+def test_a_value_is_read_as_written_and_a_mistyped_one_named(synthetic):
+    torch = pytest.importorskip("torch")
+    with ringfeed.Loader(synthetic, layout="channels-last", crop="Center", **dict(KW, framework="torch")) as loader:
+        image = next(loader)["image"]
+    assert image.shape[1] == 3 and image.is_contiguous(memory_format=torch.channels_last)
+    with pytest.raises(ringfeed.Error) as e:
+        ringfeed.Loader(synthetic, crop="centre", **KW)
+    assert e.value.message.endswith("expected one of random_resized center resize none (did you mean center?)")
+
+
 def test_a_mistyped_flag_is_said_last_in_one_line():
     from conftest import DLSHARD
     for cmd, said in (([DLBENCH, "--wokers", "4"],
