@@ -131,6 +131,7 @@ int main(void) {
   /* A choice as the user wrote it: case and '-' for '_' are free; a letter or two off is named. */
   expect_bad("crop=centre", "crop=centre: expected one of random_resized center resize none (did you mean center?)");
   expect_bad("io=urng", "(did you mean uring?)");
+  expect_bad("layout=nwhc", "(did you mean NHWC?)"); /* two letters swapped, whatever their case */
   ASSERT_EQ(dl__options_parse(&o, "layout=nhwc crop=Center decode=CPU dtype=Float16"), 0);
   ASSERT_EQ(o.layout, DL__LAYOUT_NHWC);
   ASSERT_EQ(o.crop, DL__CROP_CENTER);

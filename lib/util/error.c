@@ -67,6 +67,12 @@ void dl__without_credentials(char *msg) {
   }
 }
 
+/* Whether a typed letter X stands for a name's Y: case, and '-' for '_', are free. */
+static bool same_letter(char x, char y) {
+  int cx = tolower((unsigned char)x), cy = tolower((unsigned char)y);
+  return cx == cy || (cx == '-' && cy == '_');
+}
+
 /* Letters to add, leave out, change or swap to make A into B (names are short: past 63 letters,
  * more than any suggestion allows). */
 static int edits(const char *a, const char *b) {
@@ -81,13 +87,13 @@ static int edits(const char *a, const char *b) {
         d[i][j] = (int)(i + j);
         continue;
       }
-      int ca = tolower((unsigned char)a[i - 1]), cb = tolower((unsigned char)b[j - 1]);
-      int best = d[i - 1][j - 1] + !(ca == cb || (ca == '-' && cb == '_'));
+      int best = d[i - 1][j - 1] + !same_letter(a[i - 1], b[j - 1]);
       if (d[i - 1][j] + 1 < best)
         best = d[i - 1][j] + 1;
       if (d[i][j - 1] + 1 < best)
         best = d[i][j - 1] + 1;
-      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] && d[i - 2][j - 2] + 1 < best)
+      if (i > 1 && j > 1 && same_letter(a[i - 1], b[j - 2]) && same_letter(a[i - 2], b[j - 1]) &&
+          d[i - 2][j - 2] + 1 < best)
         best = d[i - 2][j - 2] + 1;
       d[i][j] = best;
     }
