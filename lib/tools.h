@@ -92,8 +92,8 @@ void dl_tool_verify(dl_tool_verifier *v, const char *path, dl_tool_counts *c, FI
 int dl_tool_mds_digests(const char *path, int (*each)(const char *file, const char *algo, const char *hex, void *arg),
                         void *arg);
 /* Builds the index of the tar shard PATH (local or remote) and saves it where the loader looks
- * first; its samples in *N. */
-int dl_tool_index(const char *path, size_t *n);
+ * first; its samples in *N. A local ringfeed shard carries its own: *OWN is set, nothing built. */
+int dl_tool_index(const char *path, size_t *n, bool *own);
 /* Lists PATH on OUT: a ringfeed shard's fields and codecs (VERBOSE: every record, fetching only
  * the index of a remote one), a tar's samples, an MDS dataset's or image folder's. */
 int dl_tool_list(const char *path, bool verbose, FILE *out);

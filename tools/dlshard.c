@@ -493,11 +493,15 @@ static int cmd_index(int argc, char **argv) {
     given += n;
     for (size_t i = 0; i < n; i++) {
       size_t samples;
-      if (dl_tool_index(paths[i], &samples)) {
+      bool own;
+      char name[4096];
+      if (dl_tool_index(paths[i], &samples, &own)) {
         fprintf(stderr, "dlshard: %s\n", dl_last_error());
         rc = 1;
+      } else if (own) {
+        printf("%s: %zu samples, in a ringfeed shard: its index is its own, nothing to build\n",
+               dl_tool_shown(paths[i], name, sizeof name), samples);
       } else {
-        char name[4096];
         printf("%s: %zu samples indexed\n", dl_tool_shown(paths[i], name, sizeof name), samples);
       }
     }

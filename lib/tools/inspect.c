@@ -137,7 +137,40 @@ int dl_tool_mds_digests(const char *path, int (*each)(const char *file, const ch
   return dl__mds_digests(path, one_digest, &e);
 }
 
-int dl_tool_index(const char *path, size_t *n) {
+/* Whether the file open as FD begins as a ringfeed shard does, damaged or not. */
+static bool rfs_magic(int fd) {
+  char magic[8];
+  return dl__pread_full(fd, magic, sizeof magic, 0) == sizeof magic && !memcmp(magic, DL__RFS_MAGIC, 8);
+}
+
+/* A local ringfeed shard's records counted from the index it carries; 0 if PATH is none. */
+static int rfs_own_index(const char *path, size_t *n, bool *own) {
+  uint64_t size;
+  int fd = open_shard(path, false, &size);
+  if (fd < 0)
+    return fd;
+  if (!rfs_magic(fd)) {
+    close(fd);
+    return 0;
+  }
+  dl__rfs r;
+  char why[256], name[4096];
+  int e = dl__rfs_open(&r, fd, size, why, sizeof why);
+  close(fd);
+  if (e)
+    return dl__fail(DL_ECORRUPT, "%s: damaged ringfeed shard: %s", dl_tool_shown(path, name, sizeof name), why);
+  *n = (size_t)r.nrecords, *own = true;
+  dl__rfs_free(&r);
+  return 0;
+}
+
+int dl_tool_index(const char *path, size_t *n, bool *own) {
+  *own = false;
+  if (!dl__is_url(path)) {
+    int r = rfs_own_index(path, n, own);
+    if (r || *own)
+      return r;
+  }
   dl__dataset ds = {0};
   dl__options o; /* a remote shard's index goes to the cache the loader reads, keyed by its version */
   dl__options_parse(&o, "on_error=fail");
@@ -276,8 +309,7 @@ int dl_tool_list(const char *path, bool verbose, FILE *out) {
   dl__rfs r;
   char why[256];
   if (dl__rfs_open(&r, fd, size, why, sizeof why)) {
-    char magic[8]; /* a damaged ringfeed shard is not to be read as a tar, nor named one */
-    bool rfs = dl__pread_full(fd, magic, sizeof magic, 0) == sizeof magic && !memcmp(magic, DL__RFS_MAGIC, 8);
+    bool rfs = rfs_magic(fd); /* a damaged ringfeed shard is not to be read as a tar, nor named one */
     close(fd);
     return rfs ? dl__fail(DL_ECORRUPT, "%s: damaged ringfeed shard: %s", name, why)
                : list_tar(path, name, verbose, out);

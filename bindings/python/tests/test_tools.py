@@ -216,6 +216,20 @@ def test_dlshard_takes_brace_ranges_and_globs(two_shards):
     assert "bad record" not in out.stdout
 
 
+@built
+def test_dlshard_index_of_a_ringfeed_shard_says_it_carries_its_own(synthetic, tmp_path):
+    run(DLSHARD, "create", str(tmp_path / "r"), synthetic)
+    rfs = tmp_path / "r-000000.rfs"
+    out = run(DLSHARD, "index", str(rfs), synthetic).stdout.splitlines()
+    assert out[0] == f"{rfs}: 120 samples, in a ringfeed shard: its index is its own, nothing to build", out
+    assert out[1].endswith(": 120 samples indexed"), out
+    assert not os.path.exists(str(rfs) + ".rfidx")
+    cut = tmp_path / "cut.rfs"
+    cut.write_bytes(rfs.read_bytes()[:5000])
+    out = run(DLSHARD, "index", str(cut), ok=False)
+    assert out.returncode == 1 and f"{cut}: damaged ringfeed shard: trailer magic missing" in out.stderr, out.stderr
+
+
 @needs_tools
 def test_the_indexes_saved_beside_shards_are_left_out_of_a_folders_files(two_shards):
     run(DLSHARD, "index", f"{two_shards}/s-*.tar")
