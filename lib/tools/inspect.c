@@ -137,28 +137,29 @@ int dl_tool_mds_digests(const char *path, int (*each)(const char *file, const ch
   return dl__mds_digests(path, one_digest, &e);
 }
 
-/* Whether the file open as FD begins as a ringfeed shard does, damaged or not. */
-static bool rfs_magic(int fd) {
-  char magic[8];
-  return dl__pread_full(fd, magic, sizeof magic, 0) == sizeof magic && !memcmp(magic, DL__RFS_MAGIC, 8);
+/* The ringfeed shard at PATH (NAME as shown) read into *R, its file's size in *SIZE: 0; 1 where
+ * PATH is no ringfeed shard; a negative code where it cannot be read or is a damaged one, which is
+ * not to be read as a tar, nor named one. */
+static int rfs_at(const char *path, const char *name, dl__rfs *r, uint64_t *size) {
+  int fd = open_shard(path, false, size);
+  if (fd < 0)
+    return fd;
+  char why[256], magic[8];
+  int e = dl__rfs_open(r, fd, *size, why, sizeof why);
+  bool rfs = !e || (dl__pread_full(fd, magic, sizeof magic, 0) == sizeof magic &&
+                    !memcmp(magic, DL__RFS_MAGIC, sizeof magic));
+  close(fd);
+  return !rfs ? 1 : e ? dl__fail(DL_ECORRUPT, "%s: damaged ringfeed shard: %s", name, why) : 0;
 }
 
 /* A local ringfeed shard's records counted from the index it carries; 0 if PATH is none. */
 static int rfs_own_index(const char *path, size_t *n, bool *own) {
-  uint64_t size;
-  int fd = open_shard(path, false, &size);
-  if (fd < 0)
-    return fd;
-  if (!rfs_magic(fd)) {
-    close(fd);
-    return 0;
-  }
   dl__rfs r;
-  char why[256], name[4096];
-  int e = dl__rfs_open(&r, fd, size, why, sizeof why);
-  close(fd);
-  if (e)
-    return dl__fail(DL_ECORRUPT, "%s: damaged ringfeed shard: %s", dl_tool_shown(path, name, sizeof name), why);
+  uint64_t size;
+  char name[4096];
+  int k = rfs_at(path, dl_tool_shown(path, name, sizeof name), &r, &size);
+  if (k)
+    return k < 0 ? k : 0;
   *n = (size_t)r.nrecords, *own = true;
   dl__rfs_free(&r);
   return 0;
@@ -300,22 +301,14 @@ int dl_tool_list(const char *path, bool verbose, FILE *out) {
   const dl__format *f = dataset_at(path);
   if (f)
     return list_dataset(path, f, verbose, out);
-  uint64_t size;
-  int fd = open_shard(path, false, &size);
-  if (fd < 0)
-    return fd;
   char name[4096];
   dl_tool_shown(path, name, sizeof name);
   dl__rfs r;
-  char why[256];
-  if (dl__rfs_open(&r, fd, size, why, sizeof why)) {
-    bool rfs = rfs_magic(fd); /* a damaged ringfeed shard is not to be read as a tar, nor named one */
-    close(fd);
-    return rfs ? dl__fail(DL_ECORRUPT, "%s: damaged ringfeed shard: %s", name, why)
-               : list_tar(path, name, verbose, out);
-  }
+  uint64_t size;
+  int k = rfs_at(path, name, &r, &size);
+  if (k)
+    return k < 0 ? k : list_tar(path, name, verbose, out);
   list_rfs(&r, name, size, verbose, out);
   dl__rfs_free(&r);
-  close(fd);
   return 0;
 }
