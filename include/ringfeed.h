@@ -245,8 +245,10 @@ DL_EXTERN void dl_batch_release(dl_batch *b, void *stream);
 DL_EXTERN int64_t dl_batches_per_epoch(const dl_loader *l);
 
 /* The name of class LABEL when the source is an ImageFolder (root/<class>/...): its class folder's
- * name, as torchvision's ImageFolder.classes[LABEL]. NULL past the last class, and for a source
- * whose labels no folder names (shards, or folders of different classes in one list). */
+ * name, as torchvision's ImageFolder.classes[LABEL]; likewise for ringfeed shards that carry their
+ * class names (dlshard create from an ImageFolder, dl_writer_classes). NULL past the last class,
+ * and for a source whose labels nothing names (tar shards, or parts of different classes in one
+ * list). */
 DL_EXTERN const char *dl_class_name(const dl_loader *l, int64_t label);
 
 /*
@@ -286,6 +288,11 @@ DL_EXTERN int dl_writer_field(dl_writer *w, const char *name, const char *codec,
 
 /* Writes the current record: its fields, padding to the alignment, and its checksum. */
 DL_EXTERN int dl_writer_end(dl_writer *w);
+
+/* The names of the shard's classes, label i naming class i (N of them, each 1..65535 bytes), as
+ * an ImageFolder's sorted folders name them: readers give them back through dl_class_name(). Any
+ * time before dl_writer_close; a second call replaces the first, and N = 0 writes none. */
+DL_EXTERN int dl_writer_classes(dl_writer *w, const char *const *names, size_t n);
 
 /* Writes the index and trailer, renames PATH.part to PATH and frees W (also on failure). */
 DL_EXTERN int dl_writer_close(dl_writer *w);

@@ -51,6 +51,9 @@ typedef struct dl_tool_source dl_tool_source;
 int dl_tool_source_add(dl_tool_source **s, const char *source, const char *options);
 void dl_tool_source_free(dl_tool_source *s);
 size_t dl_tool_source_count(const dl_tool_source *s);
+/* The names of S's classes (label i naming the i-th), as dl_class_name gives them, and *N of them;
+ * NULL where its labels no name names (see dl_class_name). */
+const char *const *dl_tool_source_classes(const dl_tool_source *s, size_t *n);
 /* The bytes of sample I's record: what sizes a shard. */
 uint64_t dl_tool_sample_bytes(const dl_tool_source *s, size_t i);
 

@@ -280,6 +280,8 @@ int main(void) {
   ASSERT(f);
   dl_writer *w;
   ASSERT_EQ(dl_writer_open(&w, rfs, ""), 0);
+  static const char *const classes[] = {"ant", "bee", "cat"}; /* its class table read at every open */
+  ASSERT_EQ(dl_writer_classes(w, classes, 3), 0);
   float depth[4][3];
   for (int i = 0; i < SAMPLES; i++) {
     char key[32], name[400];

@@ -2,7 +2,7 @@
  * ringfeed shards: the writer's records read back bit-exact (raw, zstd, jpeg) and as batch tensors
  * through the loader, conversion by
  * dlshard keeps the stream (tar -> rfs and ImageFolder -> rfs give the same digests, with and
- * without O_DIRECT), and damage is found: dlshard verify names every flipped, truncated or
+ * without O_DIRECT), an ImageFolder's class names travel in its shards, and damage is found: dlshard verify names every flipped, truncated or
  * mis-summed record, and the loader with on_error=skip reports exactly those.
  */
 #include "core.h"
@@ -361,6 +361,92 @@ static void index_checksum_is_checked(void) {
   printf("checksums: a wrong stored checksum is reported for its record\n");
 }
 
+/* Class names as dl_class_name gives them for SRC: "c0 c1 ..." into OUT, "" for none. */
+static const char *class_names(const char *src, char *out, size_t cap) {
+  dl_loader *l;
+  OPEN_OK(l, src, "batch_size=4 image_size=16 log=quiet");
+  size_t n = 0;
+  out[0] = 0;
+  for (int64_t c = 0; dl_class_name(l, c) && n < cap; c++)
+    n += (size_t)snprintf(out + n, cap - n, "%s%s", c ? " " : "", dl_class_name(l, c));
+  dl_close(l);
+  return out;
+}
+
+/* An ImageFolder's class names travel in the shards made from it, every shard naming them all;
+ * a damaged class table is named as the index's damage is. */
+static void class_names_travel(void) {
+  char cmd[2048], src[700], names[256];
+  snprintf(cmd, sizeof cmd, "'%s' create '%s/fcls' '%s/folder' --samples-per-shard 20 > /dev/null", dlshard, dir, dir);
+  ASSERT_EQ(system(cmd), 0);
+  snprintf(src, sizeof src, "%s/folder", dir);
+  ASSERT_STR_EQ(class_names(src, names, sizeof names), "c0 c1 c2 c3");
+  snprintf(src, sizeof src, "%s/fcls-{000000..000003}.rfs", dir);
+  ASSERT_STR_EQ(class_names(src, names, sizeof names), "c0 c1 c2 c3");
+  snprintf(src, sizeof src, "%s/fcls-000003.rfs", dir); /* its records are all of c3 */
+  ASSERT_STR_EQ(class_names(src, names, sizeof names), "c0 c1 c2 c3");
+  snprintf(src, sizeof src, "%s/conv-000000.rfs", dir); /* made from tars: nothing names its labels */
+  ASSERT_STR_EQ(class_names(src, names, sizeof names), "");
+  snprintf(src, sizeof src, "%s/fcls-000000.rfs::%s/conv-000000.rfs", dir, dir);
+  ASSERT_STR_EQ(class_names(src, names, sizeof names), "");
+  snprintf(cmd, sizeof cmd, "'%s' ls '%s/fcls-000001.rfs' | grep -qx '  classes 4: c0 c1 c2 c3'", dlshard, dir);
+  ASSERT_EQ(system(cmd), 0);
+  /* The writer's call: a second replaces the first, none clears, a bad name is refused. */
+  const char *two[] = {"a", "b"}, *one[] = {"x"}, *empty[] = {""};
+  snprintf(src, sizeof src, "%s/named.rfs", dir);
+  dl_writer *w;
+  ASSERT_EQ(dl_writer_open(&w, src, NULL), 0);
+  ASSERT_EQ(dl_writer_classes(w, two, 2), 0);
+  ASSERT_EQ(dl_writer_classes(w, one, 1), 0);
+  ASSERT_EQ(dl_writer_classes(w, empty, 1), DL_ELIMIT);
+  ASSERT_CONTAINS(dl_last_error(), "class name 0");
+  ASSERT_EQ(dl_writer_classes(w, NULL, 3), -EINVAL);
+  ASSERT_EQ(dl_writer_classes(w, one, 1), 0);
+  ASSERT_EQ(dl_writer_begin(w, "k", 0), 0); /* a label alone */
+  ASSERT_EQ(dl_writer_end(w), 0);
+  ASSERT_EQ(dl_writer_close(w), 0);
+  ASSERT_STR_EQ(class_names(src, names, sizeof names), "x");
+  ASSERT_EQ(dl_writer_open(&w, src, NULL), 0);
+  ASSERT_EQ(dl_writer_classes(w, two, 2), 0);
+  ASSERT_EQ(dl_writer_classes(w, NULL, 0), 0);
+  ASSERT_EQ(dl_writer_begin(w, "k", 0), 0);
+  ASSERT_EQ(dl_writer_end(w), 0);
+  ASSERT_EQ(dl_writer_close(w), 0);
+  uint8_t head[32];
+  int fd = open(src, O_RDONLY);
+  ASSERT(fd >= 0 && pread(fd, head, sizeof head, 0) == (ssize_t)sizeof head);
+  close(fd);
+  for (int i = 16; i < 32; i++) /* no table: the header as it always was */
+    ASSERT_EQ(head[i], 0);
+  /* Damage: a name's byte flipped, and a header placing the table outside the data area. */
+  snprintf(src, sizeof src, "%s/fcls-000002.rfs", dir);
+  char bad[700];
+  snprintf(bad, sizeof bad, "%s/badcls.rfs", dir);
+  struct stat st;
+  dl__rfs r;
+  uint8_t *copy = load_shard(src, &r, &st);
+  ASSERT_EQ(r.nclasses, 4u);
+  uint64_t at;
+  memcpy(&at, copy + 16, 8);
+  copy[at + 14] ^= 0x20; /* the first name's first byte */
+  write_edited(bad, copy, st.st_size);
+  dl_loader *l;
+  ASSERT_EQ(dl_open(&l, bad, "log=quiet"), DL_ECORRUPT);
+  ASSERT_CONTAINS(dl_last_error(), "badcls.rfs");
+  ASSERT_CONTAINS(dl_last_error(), "class table checksum mismatch");
+  snprintf(cmd, sizeof cmd, "'%s' verify '%s' | grep -q 'badcls.rfs: class table checksum mismatch'", dlshard, bad);
+  ASSERT_EQ(system(cmd), 0);
+  copy[at + 14] ^= 0x20;
+  uint64_t outside = 8;
+  memcpy(copy + 16, &outside, 8);
+  write_edited(bad, copy, st.st_size);
+  ASSERT_EQ(dl_open(&l, bad, "log=quiet"), DL_ECORRUPT);
+  ASSERT_CONTAINS(dl_last_error(), "class table at 8");
+  dl__rfs_free(&r);
+  free(copy);
+  printf("classes: an ImageFolder's names in every shard made from it; a damaged table named\n");
+}
+
 /* Every batch of SRC with OPTS: the "big" field (600 x 3 int32, record r holding r * 10000 + i)
  * and the "small" one (4 x 3, r * 100 + i), checked value by value. Returns the samples that
  * failed; BAD (or -1) is the one record expected to fail, whose fields must then be zeros. */
@@ -614,6 +700,7 @@ int main(void) {
   conversions_keep_the_stream();
   damage_is_found();
   index_checksum_is_checked();
+  class_names_travel();
   fields_given_twice_or_past_the_limit();
   bytes_kinds_by_codec();
   tensors_straight_into_slots();

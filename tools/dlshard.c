@@ -95,6 +95,12 @@ static int write_shard(create_job *j, size_t shard, dl_tool_scratch *t) {
   int r = dl_writer_open(&w, path, j->writer_opts);
   if (r)
     return r;
+  size_t nclasses;
+  const char *const *classes = dl_tool_source_classes(j->src, &nclasses);
+  if (classes && (r = dl_writer_classes(w, classes, nclasses))) { /* every shard names them all */
+    dl_writer_abort(w);
+    return r;
+  }
   for (size_t i = j->bounds[shard]; i < j->bounds[shard + 1] && !r; i++) {
     char why[1024];
     r = dl_tool_write_sample(j->src, i, w, t, j->keep_bad, why, sizeof why);

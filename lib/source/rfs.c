@@ -60,6 +60,9 @@ void dl__rfs_free(dl__rfs *r) {
   free(r->records);
   free(r->fields);
   free(r->keys);
+  for (uint32_t i = 0; r->classes && i < r->nclasses; i++)
+    free(r->classes[i]);
+  free(r->classes);
   memset(r, 0, sizeof *r);
 }
 
@@ -163,6 +166,52 @@ int dl__rfs_parse_index(dl__rfs *r, const uint8_t *p, size_t n, uint64_t first, 
   return 0;
 }
 
+/* The class table's N bytes at P (docs/format.md): the names of the shard's labels, as the
+ * ImageFolder it was made from had them. What is read before a fault is freed with R. */
+static int parse_classes(dl__rfs *r, const uint8_t *p, size_t n, char *why, size_t cap) {
+  if (memcmp(p, "RFCLASS1", 8))
+    BAD("class table magic missing");
+  size_t at = 12, end = n - 8;
+  if (dl__rfs_checksum(p, end) != get64(p + end))
+    BAD("class table checksum mismatch");
+  uint32_t count = get32(p + 8);
+  if (count > (end - at) / 3) /* each name takes 3 bytes or more */
+    BAD("class table claims %u names, it holds fewer", count);
+  if (!(r->classes = calloc(count ? count : 1, sizeof *r->classes)))
+    return -ENOMEM;
+  for (uint32_t i = 0; i < count; i++) {
+    uint16_t len = at + 2 <= end ? get16(p + at) : 0;
+    at += 2;
+    if (len == 0 || len > end - at || memchr(p + at, 0, len))
+      BAD("class table name %u is empty, holds a NUL or runs past the table", i);
+    r->nclasses = i + 1;
+    if (!(r->classes[i] = strndup((const char *)p + at, len)))
+      return -ENOMEM;
+    at += len;
+  }
+  if (at != end)
+    BAD("%zu bytes after the last class name", end - at);
+  return 0;
+}
+
+/* The class table the header places at OFF (SIZE bytes), between the records (from FIRST) and
+ * the index at IOFF. */
+static int read_classes(dl__rfs *r, int fd, uint64_t off, uint64_t size, uint64_t first, uint64_t ioff, char *why,
+                        size_t cap) {
+  if (off < first || off > ioff || size < 20 || size > ioff - off || size > DL__RFS_CLASS_TABLE_MAX)
+    BAD("class table at %llu (%llu bytes) lies outside the data area", (unsigned long long)off,
+        (unsigned long long)size);
+  uint8_t *p = malloc(size);
+  if (!p)
+    return -ENOMEM;
+  int64_t got = dl__pread_full(fd, p, size, off);
+  int rc = got == (int64_t)size ? parse_classes(r, p, size, why, cap) : DL_ECORRUPT;
+  if (got != (int64_t)size)
+    snprintf(why, cap, "cannot read the class table: %s", got < 0 ? strerror((int)-got) : "the file ends early");
+  free(p);
+  return rc;
+}
+
 int dl__rfs_open(dl__rfs *r, int fd, uint64_t file_size, char *why, size_t cap) {
   memset(r, 0, sizeof *r);
   uint8_t head[HEADER], tail[TRAILER];
@@ -201,13 +250,15 @@ int dl__rfs_open(dl__rfs *r, int fd, uint64_t file_size, char *why, size_t cap) 
     rc = dl__rfs_parse_index(r, idx, isize, first, ioff, why, cap);
   }
   free(idx);
+  if (!rc && get64(head + 16)) /* bytes 16-31 were zero before the class table: none */
+    rc = read_classes(r, fd, get64(head + 16), get64(head + 24), first, ioff, why, cap);
   if (rc)
     dl__rfs_free(r);
   return rc;
 }
 
-/* The records of R as samples of FILE. */
-static int add_records(dl__dataset *ds, uint32_t file, const dl__rfs *r, const char *path) {
+/* The records of R as samples of FILE, and the names of their classes where R has them (taken). */
+static int add_records(dl__dataset *ds, uint32_t file, dl__rfs *r, const char *path) {
   int rc = 0;
   bool left_out = false, twice = false;
   for (uint64_t i = 0; i < r->nrecords && !rc; i++) {
@@ -268,6 +319,8 @@ static int add_records(dl__dataset *ds, uint32_t file, const dl__rfs *r, const c
     if (s.key == UINT32_MAX || s.name == UINT32_MAX || dl__dataset_push(ds, &s))
       rc = dl__fail(-ENOMEM, "out of memory reading %s", path);
   }
+  if (!rc && r->classes)
+    dl__dataset_classes(ds, &r->classes, r->nclasses, r->nrecords);
   return rc;
 }
 
@@ -346,16 +399,21 @@ static int rfs_index_copy(dl__probe *p, const dl__options *o) {
   uint64_t isize = rc ? 0 : get64(tail + tail_len - RFS_TRAILER + 8);
   if (!rc && (isize > (1ull << 32) || ioff > size || ioff + isize + RFS_TRAILER != size))
     rc = dl__fail(DL_ECORRUPT, "shard %s: trailer magic or index position wrong (truncated?)", url);
+  /* The class table, where the header places one, lies before the index: read from there (a
+   * larger one than the reader takes is left unread, and found wanting when the index is parsed). */
+  uint64_t from = ioff, classes = head_len >= 32 ? get64(head + 16) : 0;
+  if (!rc && classes && classes < ioff && ioff - classes <= DL__RFS_CLASS_TABLE_MAX)
+    from = classes;
   uint8_t *more = NULL;
-  if (!rc && ioff < tail_at) {
-    more = malloc(tail_at - ioff);
-    rc = more ? dl__probe_range(p, o, ioff, tail_at - ioff, more) : dl__fail(-ENOMEM, "out of memory reading %s", url);
+  if (!rc && from < tail_at) {
+    more = malloc(tail_at - from);
+    rc = more ? dl__probe_range(p, o, from, tail_at - from, more) : dl__fail(-ENOMEM, "out of memory reading %s", url);
   }
   int fd = rc ? -1 : dl__scratch_file(size, url);
   if (!rc && fd < 0)
     rc = fd;
   if (!rc && (write_at(fd, head, head_len, 0) || write_at(fd, tail, tail_len, tail_at) ||
-              (more && write_at(fd, more, tail_at - ioff, ioff))))
+              (more && write_at(fd, more, tail_at - from, from))))
     rc = dl__fail(-EIO, "source %s: cannot write its index to a temporary file", url);
   free(tail);
   free(more);

@@ -32,6 +32,8 @@ struct dl_writer {
   size_t keys_len;
   char *names[256];
   uint32_t nnames;
+  dl__buf classes; /* the class table as it will be written, less its checksum; empty: none */
+  size_t classes_len;
   /* the current record */
   uint32_t key_off;
   int64_t label;
@@ -263,12 +265,50 @@ int dl_writer_end(dl_writer *w) {
   return 0;
 }
 
+int dl_writer_classes(dl_writer *w, const char *const *names, size_t n) {
+  if (!w)
+    return dl__fail(-EINVAL, "dl_writer_classes: the writer is NULL (closed already?)");
+  if (!names && n)
+    return dl__fail(-EINVAL, "%s: dl_writer_classes: NAMES is NULL", w->path);
+  w->classes_len = 0;
+  if (!n)
+    return 0;
+  uint32_t count = n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
+  int r = put(&w->classes, &w->classes_len, "RFCLASS1", 8) || put(&w->classes, &w->classes_len, &count, 4);
+  for (size_t i = 0; i < n && !r; i++) {
+    size_t len = names[i] ? strlen(names[i]) : 0;
+    uint16_t len16 = (uint16_t)len;
+    if (len == 0 || len > UINT16_MAX || w->classes_len + 2 + len + 8 > DL__RFS_CLASS_TABLE_MAX) {
+      w->classes_len = 0;
+      return dl__fail(DL_ELIMIT, "%s: class name %zu %s", w->path, i,
+                      len == 0 || len > UINT16_MAX ? "not accepted (1..65535 bytes)" : "passes the class table's 64 MiB");
+    }
+    r = put(&w->classes, &w->classes_len, &len16, 2) || put(&w->classes, &w->classes_len, names[i], len);
+  }
+  if (r) {
+    w->classes_len = 0;
+    return dl__fail(-ENOMEM, "out of memory");
+  }
+  return 0;
+}
+
+/* The class table before the index, and where it is in the header (whose bytes 16-31 it was
+ * written with as zero). */
+static int write_classes(dl_writer *w, uint64_t place[2]) {
+  place[0] = w->pos;
+  place[1] = w->classes_len + 8;
+  uint64_t sum = dl__rfs_checksum(w->classes.p, w->classes_len);
+  int r = write_bytes(w, w->classes.p, w->classes_len);
+  return r ? r : write_bytes(w, &sum, 8);
+}
+
 static void writer_free(dl_writer *w) {
   for (uint32_t i = 0; i < w->nnames; i++)
     free(w->names[i]);
   dl__buf_free(&w->record);
   dl__buf_free(&w->index);
   dl__buf_free(&w->keys);
+  dl__buf_free(&w->classes);
   ZSTD_freeCCtx(w->zc);
   free(w);
 }
@@ -291,6 +331,9 @@ int dl_writer_close(dl_writer *w) {
     return r;
   }
   int r = pad_to(w, w->align);
+  uint64_t classes[2] = {0, 0};
+  if (!r && w->classes_len)
+    r = write_classes(w, classes);
   /* The index, assembled in memory so its hash can go into the trailer. */
   dl__buf idx = {0};
   size_t n = 0;
@@ -318,6 +361,8 @@ int dl_writer_close(dl_writer *w) {
   if (!r)
     r = write_bytes(w, tail, sizeof tail);
   dl__buf_free(&idx);
+  if (!r && classes[0] && (fseek(w->f, 16, SEEK_SET) || fwrite(classes, 8, 2, w->f) != 2))
+    r = dl__fail(-EIO, "writing %s: %s", w->part, strerror(errno));
   if (!r && fflush(w->f))
     r = dl__fail(-errno, "writing %s: %s", w->part, strerror(errno));
   if (!r && fsync(fileno(w->f)))

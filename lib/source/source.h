@@ -136,6 +136,8 @@ int dl__rfs_load_fd(dl__dataset *ds, uint32_t file, int fd, uint64_t size);
 /* A parsed .rfs index (source/rfs.c), for the loader, dlshard and the fuzz harness. */
 /* Field codecs (docs/format.md); 2-4 and any other number an image codec's row gives (its rfs). */
 enum { DL__RFS_RAW = 0, DL__RFS_ZSTD = 1, DL__RFS_BYTES = 5, DL__RFS_TEXT = 6, DL__RFS_JSON = 7, DL__RFS_CODECS = 32 };
+/* The most bytes of a class table (docs/format.md) that the reader takes. */
+#define DL__RFS_CLASS_TABLE_MAX (64u << 20)
 /* A field entry's byte 3 (docs/format.md): the writer read the JPEG's codes through clean. */
 enum { DL__RFS_SCAN_CLEAN = 1 };
 typedef struct dl__rfs_field {
@@ -161,8 +163,11 @@ typedef struct dl__rfs {
   char **names;
   char *keys;
   uint64_t keys_len;
+  char **classes; /* the class table's names (label i names class i), or NULL */
+  uint32_t nclasses;
 } dl__rfs;
-/* Reads and checks the header, trailer and index of the shard open as FD; WHY gets the reason. */
+/* Reads and checks the header, trailer, index and class table of the shard open as FD; WHY gets
+ * the reason. */
 int dl__rfs_open(dl__rfs *r, int fd, uint64_t file_size, char *why, size_t cap);
 /* Parses index bytes (the part after the trailer checks); exposed for the fuzz harness. */
 int dl__rfs_parse_index(dl__rfs *r, const uint8_t *p, size_t n, uint64_t first, uint64_t index_offset,

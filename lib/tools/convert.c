@@ -45,6 +45,12 @@ size_t dl_tool_source_count(const dl_tool_source *s) { return s ? s->ds.n : 0; }
 
 uint64_t dl_tool_sample_bytes(const dl_tool_source *s, size_t i) { return s->ds.samples[i].size; }
 
+const char *const *dl_tool_source_classes(const dl_tool_source *s, size_t *n) {
+  bool named = s && s->ds.classes && !s->ds.classes_differ;
+  *n = named ? s->ds.nclasses : 0;
+  return named ? (const char *const *)s->ds.classes : NULL;
+}
+
 dl_tool_scratch *dl_tool_scratch_new(void) {
   dl_tool_scratch *t = calloc(1, sizeof *t);
   if (t && dl__checker_new(&t->checker, NULL, NULL)) {

@@ -282,6 +282,17 @@ static void list_rfs(const dl__rfs *r, const char *name, uint64_t size, bool ver
               (unsigned long long)jpegs);
     fprintf(out, "\n");
   }
+  /* The labels' names (all of them with -v; else the first three and the last). */
+  if (r->classes) {
+    fprintf(out, "  classes %u:", r->nclasses);
+    for (uint32_t c = 0; c < r->nclasses; c++) {
+      if (verbose || r->nclasses <= 4 || c < 3 || c == r->nclasses - 1)
+        fprintf(out, " %s", r->classes[c]);
+      else if (c == 3)
+        fputs(" ...", out);
+    }
+    fprintf(out, "\n");
+  }
   for (uint64_t i = 0; verbose && i < r->nrecords; i++) {
     const dl__rfs_record *rec = &r->records[i];
     fprintf(out, "  %llu %s label %lld offset %llu size %u:", (unsigned long long)i, r->keys + rec->key,

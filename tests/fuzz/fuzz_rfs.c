@@ -1,5 +1,6 @@
 /* libFuzzer entry point for the ringfeed shard reader: any bytes as a .rfs file, through the
- * trailer, index and record checks; every record it accepts must lie inside the file. */
+ * trailer, index, record and class table checks; every record it accepts must lie inside the file,
+ * and every class it names have a name. */
 #include "core.h"
 #include "fuzz_input.h"
 
@@ -25,6 +26,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
           abort();
       }
     }
+    for (uint32_t c = 0; c < r.nclasses; c++)
+      if (!r.classes[c] || !*r.classes[c])
+        abort();
     dl__rfs_free(&r);
   }
   close(fd);

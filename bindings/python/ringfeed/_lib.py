@@ -107,6 +107,7 @@ _sig = {
     "dl_writer_begin": (_c.c_int, [_c.c_void_p, _c.c_char_p, _c.c_int64]),
     "dl_writer_field": (_c.c_int, [_c.c_void_p, _c.c_char_p, _c.c_char_p, _c.c_void_p, _c.c_size_t]),
     "dl_writer_end": (_c.c_int, [_c.c_void_p]),
+    "dl_writer_classes": (_c.c_int, [_c.c_void_p, _c.POINTER(_c.c_char_p), _c.c_size_t]),
     "dl_writer_close": (_c.c_int, [_c.c_void_p]),
     "dl_writer_abort": (None, [_c.c_void_p]),
 }

@@ -120,14 +120,28 @@ class Writer:
     json.dumps takes, read back parsed). Tensor fields are .npy payloads; numpy arrays are saved
     as such.
 
-        with ringfeed.Writer("train-000000.rfs") as w:
-            w.add("000123", label=7, fields={"image": ("jpeg", jpeg_bytes), "depth": ("zstd", array)})
+        with ringfeed.Writer("train-000000.rfs", classes=["cat", "dog"]) as w:
+            w.add("000123", label=1, fields={"image": ("jpeg", jpeg_bytes), "depth": ("zstd", array)})
+
+    CLASSES, where given, names the labels (label i is classes[i]); a Loader over the shard gives
+    them back as `loader.classes`, as it does an ImageFolder's.
     """
 
-    def __init__(self, path, align=4096, zstd_level=3):
+    def __init__(self, path, align=4096, zstd_level=3, classes=None):
         self._handle = ctypes.c_void_p()
         opts = f"align={int(align)} zstd_level={int(zstd_level)}".encode()
+        names = None
+        if classes is not None:
+            if isinstance(classes, (str, bytes)):
+                raise TypeError("ringfeed: classes is a list of class names, not one name")
+            names = [self._text("class name", c) for c in classes]
         _check(lib.dl_writer_open(ctypes.byref(self._handle), os.fsencode(path), opts))
+        if names:
+            try:
+                _check(lib.dl_writer_classes(self._handle, (ctypes.c_char_p * len(names))(*names), len(names)))
+            except BaseException:
+                self.abort()
+                raise
 
     @staticmethod
     def _payload(value, codec="raw"):

@@ -257,17 +257,51 @@ def test_an_image_folder_names_its_classes_as_torchvision_does(synthetic, tmp_pa
     with tarfile.open(first) as tar:
         jpgs = [m for m in tar.getmembers() if m.name.endswith(".jpg")][:6]
         for i, m in enumerate(jpgs):  # dog, cat, ant in turn: folders are not made in sorted order
-            folder = tmp_path / ("dog", "cat", "ant")[i % 3]
-            folder.mkdir(exist_ok=True)
+            folder = tmp_path / "root" / ("dog", "cat", "ant")[i % 3]
+            folder.mkdir(parents=True, exist_ok=True)
             (folder / f"{i}.jpg").write_bytes(tar.extractfile(m).read())
-    with ringfeed.Loader(str(tmp_path), **dict(KW, batch_size=6, shuffle=False, framework="numpy")) as loader:
+    with ringfeed.Loader(str(tmp_path / "root"), **dict(KW, batch_size=6, shuffle=False, framework="numpy")) as loader:
         assert loader.classes == ["ant", "cat", "dog"]
         assert loader.class_to_idx == {"ant": 0, "cat": 1, "dog": 2}
         batch = next(loader)  # each key "<class>/<file>"
         assert batch["label"].tolist() == [0, 0, 1, 1, 2, 2]
         assert [loader.classes[label] for label in batch["label"]] == [k.split("/")[0] for k in batch["key"]]
-    with ringfeed.Loader(synthetic, **KW) as loader:  # shards: labels no folder names
+    with ringfeed.Loader(synthetic, **KW) as loader:  # tar shards: labels no folder names
         assert loader.classes is None and loader.class_to_idx is None
+
+
+def test_shards_made_from_an_image_folder_keep_its_class_names(synthetic, tmp_path):
+    import glob
+    import os
+    import tarfile
+    from conftest import DLSHARD
+    first = sorted(glob.glob(os.path.join(os.path.dirname(synthetic), "*.tar")))[0]
+    with tarfile.open(first) as tar:
+        jpgs = [m for m in tar.getmembers() if m.name.endswith(".jpg")][:6]
+        for i, m in enumerate(jpgs):
+            folder = tmp_path / "root" / ("ant", "cat", "dog")[i // 2]
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / f"{i}.jpg").write_bytes(tar.extractfile(m).read())
+    made = subprocess.run([DLSHARD, "create", str(tmp_path / "out" / "x"), str(tmp_path / "root"),
+                           "--samples-per-shard", "2"], capture_output=True, text=True, timeout=60)
+    assert made.returncode == 0 and made.stdout.startswith("6 samples in 3 shards"), made.stderr
+    # the last shard holds dogs alone, and still names every class, as the training script needs
+    with ringfeed.Loader(str(tmp_path / "out" / "x-000002.rfs"), **KW) as loader:
+        assert loader.classes == ["ant", "cat", "dog"]
+        assert loader.class_to_idx == {"ant": 0, "cat": 1, "dog": 2}
+    listed = subprocess.run([DLSHARD, "ls", str(tmp_path / "out" / "x-000000.rfs")], capture_output=True, text=True)
+    assert "  classes 3: ant cat dog\n" in listed.stdout
+    # written from Python: the same
+    path = str(tmp_path / "named.rfs")
+    with ringfeed.Writer(path, classes=["no", "yes"]) as w:
+        w.add("0", label=1)
+    with ringfeed.Loader(path, batch_size=1, framework="dlpack") as loader:
+        assert loader.classes == ["no", "yes"]
+    with pytest.raises(TypeError, match="list of class names"):
+        ringfeed.Writer(path, classes="no")
+    with pytest.raises(ringfeed.Error, match="class name 1"):
+        ringfeed.Writer(path, classes=["no", ""])
+    assert not os.path.exists(path + ".part")
 
 
 def test_a_mistyped_keyword_names_the_option_it_likely_meant(synthetic):
