@@ -42,8 +42,9 @@ build: deps
 	@cmake -S . -B build -DDL_WERROR=ON $(CMAKE_FLAGS) >/dev/null
 	$(call build_quietly,build)
 
+# The loader as a user first meets it: its defaults (workers=auto) over dlbench's synthetic set.
 run: build
-	./build/dlbench --workers 8
+	./build/dlbench
 
 # Every stage runs, also after one fails; the last line counts them all and says why tests skipped.
 test: test-deps

@@ -506,8 +506,9 @@ static void report_text(const run *r, const outcome *o) {
   char first[32] = "first batch none"; /* a run that failed or stopped before one */
   if (r->first_ms >= 0)
     snprintf(first, sizeof first, "first batch %.1f ms", r->first_ms);
-  printf("%s, consumer waited %.3f s, %lld errors, io %s, device %s, JPEG decode %s, peak RSS %.0f MB\n", first,
-         o->wait, o->errors, o->io, a->device, o->decode, o->rss_mb);
+  int workers = (int)stat_of(stats, "workers");
+  printf("%s, consumer waited %.3f s, %lld errors, %d worker%s, io %s, device %s, JPEG decode %s, peak RSS %.0f MB\n",
+         first, o->wait, o->errors, workers, workers == 1 ? "" : "s", o->io, a->device, o->decode, o->rss_mb);
   printf("CPU time %.2f s in all threads: %.1f CPUs on average, %.3f ms a sample\n", o->cpu,
          o->wall > 0 ? o->cpu / o->wall : 0.0, r->samples ? o->cpu * 1e3 / (double)r->samples : 0.0);
 #ifdef DL_WITH_CUDA

@@ -365,3 +365,13 @@ def test_dlbench_that_fails_before_a_batch_says_none_came(tmp_path):
     assert out.returncode == 1, out.stderr
     assert "first batch none," in out.stdout and "first batch -" not in out.stdout, out.stdout
     assert "cat/a.jpg" in out.stderr.splitlines()[-1] and "not a JPEG, PNG or WebP" in out.stderr, out.stderr
+
+
+def test_dlbench_says_how_many_workers_it_ran(synthetic):
+    # make run shows the default (workers=auto), so the line says what that came to
+    import re
+    for flags, said in (([], r", \d+ workers?, io "), (["--workers", "1"], r", 1 worker, io "),
+                        (["--workers", "3"], r", 3 workers, io ")):
+        out = subprocess.run([DLBENCH, synthetic, "--batch", "8", "--size", "32", "--stop-after", "2", *flags],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and re.search(said, out.stdout), out.stdout
