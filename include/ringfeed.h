@@ -281,8 +281,10 @@ DL_EXTERN int dl_writer_begin(dl_writer *w, const char *key, int64_t label);
 
 /*
  * Adds field NAME to the current record: CODEC "raw" or "jpeg"/"png" (bytes stored as given) or
- * "zstd" (DATA is compressed here and decompresses back to exactly SIZE bytes). On failure the
- * current record is dropped, nothing of it written: the next record starts with dl_writer_begin.
+ * "zstd" (DATA is compressed here and decompresses back to exactly SIZE bytes). An image codec's
+ * DATA is the encoded file: bytes of another image format, or an array's .npy payload, are refused
+ * (DL_EOPTION, naming what they are). On failure the current record is dropped, nothing of it
+ * written: the next record starts with dl_writer_begin.
  */
 DL_EXTERN int dl_writer_field(dl_writer *w, const char *name, const char *codec, const void *data, size_t size);
 

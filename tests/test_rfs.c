@@ -580,6 +580,33 @@ static void open_logged(dl_loader **l, const char *src, const char *opts, char *
 /* A record names each field once: the writer refuses a second value under a name (a reader would
  * have to pick one), and a shard from another writer that has one keeps the first, said at open.
  * Fields past the 16 a dataset holds are left out and named too, on every open. */
+/* An image field whose bytes no read could decode as its codec says is refused, naming the codec
+ * they are; bytes of no known kind go in (dlshard create --keep-bad keeps such samples). */
+static void image_bytes_of_another_kind_refused(void) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/kinds.rfs", dir);
+  dl_writer *w;
+  ASSERT_EQ(dl_writer_open(&w, path, ""), 0);
+  static const uint8_t png[] = "\x89PNG\r\n\x1a\n\0\0\0\rIHDR", jpeg[] = "\xff\xd8\xff\xe0\0\x10JFIF";
+  uint8_t npy[128];
+  size_t npy_len = make_npy(npy, 1, 0);
+  ASSERT_EQ(dl_writer_begin(w, "r0", 0), 0);
+  ASSERT_EQ(dl_writer_field(w, "image", "jpeg", png, sizeof png), DL_EOPTION);
+  ASSERT_CONTAINS(dl_last_error(), "field 'image' of record 'r0': codec jpeg, but its bytes are a PNG file (give codec png)");
+  ASSERT_EQ(dl_writer_begin(w, "r1", 1), 0);
+  ASSERT_EQ(dl_writer_field(w, "image", "webp", jpeg, sizeof jpeg), DL_EOPTION);
+  ASSERT_CONTAINS(dl_last_error(), "codec webp, but its bytes are a JPEG file (give codec jpeg)");
+  ASSERT_EQ(dl_writer_begin(w, "r2", 2), 0);
+  ASSERT_EQ(dl_writer_field(w, "image", "png", npy, npy_len), DL_EOPTION);
+  ASSERT_CONTAINS(dl_last_error(), "codec png, but its bytes are an array's .npy payload (encode the image first");
+  ASSERT_EQ(dl_writer_begin(w, "r3", 3), 0);
+  ASSERT_EQ(dl_writer_field(w, "image", "jpeg", "no image", 8), 0);
+  ASSERT_EQ(dl_writer_field(w, "depth", "raw", npy, npy_len), 0);
+  ASSERT_EQ(dl_writer_end(w), 0);
+  ASSERT_EQ(dl_writer_close(w), 0);
+  printf("image fields: another codec's bytes and an array's refused by the writer, unknown bytes kept\n");
+}
+
 static void fields_given_twice_or_past_the_limit(void) {
   char path[512];
   snprintf(path, sizeof path, "%s/twice.rfs", dir);
@@ -701,6 +728,7 @@ int main(void) {
   damage_is_found();
   index_checksum_is_checked();
   class_names_travel();
+  image_bytes_of_another_kind_refused();
   fields_given_twice_or_past_the_limit();
   bytes_kinds_by_codec();
   tensors_straight_into_slots();

@@ -168,6 +168,17 @@ static int add_field(dl_writer *w, const char *name, const char *codec, const vo
         n += (size_t)snprintf(known + n, sizeof known - n, "%s%s", n ? ", " : "", dl__rfs_codec_name((int)i));
     return dl__fail(DL_EOPTION, "%s: unknown codec '%s' (%s)", w->path, codec, known);
   }
+  /* Bytes every read would fail on: another image format's (the codec mistyped), or an array's
+   * .npy payload where the encoded image belongs. Other bytes go in as given, for a bad sample
+   * kept on purpose (dlshard create --keep-bad) is the loader's to skip. */
+  const dl__codec *image = dl__codec_of_rfs(c), *is = image ? dl__codec_of(dl__sniff_codec(data, size)) : NULL;
+  const char *key = (const char *)w->keys.p + w->key_off;
+  if (image && size >= 6 && !memcmp(data, "\x93NUMPY", 6))
+    return dl__fail(DL_EOPTION, "%s: field '%s' of record '%s': codec %s, but its bytes are an array's .npy payload "
+                    "(encode the image first, or give codec raw)", w->path, name, key, codec);
+  if (is && is != image && is->rfs >= 0)
+    return dl__fail(DL_EOPTION, "%s: field '%s' of record '%s': codec %s, but its bytes are a %s file (give codec %s)",
+                    w->path, name, key, codec, is->label, is->name);
   if (w->nfields == 64)
     return dl__fail(DL_ELIMIT, "%s: more than 64 fields in a record", w->path);
   uint32_t name_idx = w->nnames;
@@ -178,8 +189,7 @@ static int add_field(dl_writer *w, const char *name, const char *codec, const vo
     uint16_t seen;
     memcpy(&seen, w->fields[i], 2);
     if (seen == name_idx) /* a reader would have to pick one of the two */
-      return dl__fail(DL_EOPTION, "%s: field '%s' given twice in record '%s'", w->path, name,
-                      (const char *)w->keys.p + w->key_off);
+      return dl__fail(DL_EOPTION, "%s: field '%s' given twice in record '%s'", w->path, name, key);
   }
   if (name_idx == w->nnames) {
     if (w->nnames == 256 || !*name || strlen(name) > 255)
@@ -213,7 +223,6 @@ static int add_field(dl_writer *w, const char *name, const char *codec, const vo
   /* A single-scan JPEG's codes read through as the loader's gpu_check reads them (docs/format.md):
    * every record read is checked against its checksum, so a loader's first run over these shards
    * need not read them again before the GPU decodes them. */
-  const dl__codec *image = dl__codec_of_rfs(c);
   if (image && image->id == DL__CODEC_JPEG && dl__jpeg_scan_vouched(data, size))
     e[3] = DL__RFS_SCAN_CLEAN;
   memcpy(e + 4, &off32, 4);

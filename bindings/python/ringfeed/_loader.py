@@ -118,7 +118,7 @@ class Writer:
     """Writes a ringfeed shard (.rfs): records of named fields, each "raw", "zstd" (compressed
     here), "jpeg", "png", "webp", "bytes", "text" (a str, read back as one) or "json" (any value
     json.dumps takes, read back parsed). Tensor fields are .npy payloads; numpy arrays are saved
-    as such.
+    as such. An image field ("jpeg", "png", "webp") takes the encoded file's bytes.
 
         with ringfeed.Writer("train-000000.rfs", classes=["cat", "dog"]) as w:
             w.add("000123", label=1, fields={"image": ("jpeg", jpeg_bytes), "depth": ("zstd", array)})
@@ -147,6 +147,10 @@ class Writer:
     def _payload(value, codec="raw"):
         if isinstance(value, (bytes, bytearray, memoryview)):
             return bytes(value)
+        if codec in ("jpeg", "png", "webp"):  # as numpy.save would store it, no reader could decode it
+            raise TypeError(f"ringfeed: a {codec} field takes the encoded file's bytes, not {type(value).__name__}: "
+                            f"encode the image first (PIL: image.save(buffer, format={codec.upper()!r})), or store "
+                            "an array with codec 'raw'")
         if codec == "text":
             if not isinstance(value, str):
                 raise TypeError(f"ringfeed: a text field takes a str (or bytes), not {type(value).__name__}")

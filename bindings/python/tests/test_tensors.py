@@ -137,6 +137,11 @@ def test_writer_misuse_is_an_error_not_a_crash(tmp_path):
         w.add("a\0b", label=1)
     with pytest.raises(TypeError, match="fields maps field names"):
         w.add("listed", fields=[1, 2])
+    # an image field holds the encoded file: an array would have been stored as .npy under "jpeg"
+    with pytest.raises(TypeError, match="a jpeg field takes the encoded file's bytes, not ndarray"):
+        w.add("pixels", fields={"image": ("jpeg", np.zeros((4, 4, 3), np.uint8))})
+    with pytest.raises(ringfeed.Error, match="codec jpeg, but its bytes are a PNG file \\(give codec png\\)"):
+        w.add("png", fields={"image": ("jpeg", b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR")})
     w.close()
     with pytest.raises(ringfeed.Error, match="the writer is closed"):  # was a segmentation fault
         w.add("late", label=2)
