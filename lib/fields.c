@@ -485,6 +485,15 @@ bool dl__fields_in_place_ok(const dl_loader *l, const dl__sample *s, const uint8
   return true;
 }
 
+/* A .npy tensor's type as numpy names it ("int32"): the types dl__dtype_parse gives. */
+static const char *tensor_type(DLDataType t) {
+  static const char *const names[3][4] = {{"int8", "int16", "int32", "int64"},
+                                          {"uint8", "uint16", "uint32", "uint64"},
+                                          {"float8", "float16", "float32", "float64"}};
+  int size = t.bits == 8 ? 0 : t.bits == 16 ? 1 : t.bits == 32 ? 2 : 3;
+  return t.code <= kDLFloat ? names[t.code][size] : "tensor";
+}
+
 int dl__fields_fill(dl_loader *l, const dl__sample *s, const uint8_t *bytes, dl_batch *b, int i, void **zctx,
                     dl__buf *zbuf, dl__hasher *verify, uint32_t in_place, dl__err *e) {
   const dl__dataset *ds = &l->ds;
@@ -574,9 +583,9 @@ int dl__fields_fill(dl_loader *l, const dl__sample *s, const uint8_t *bytes, dl_
         snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", d ? "x" : "", (long long)fd->shape[d]);
       for (int d = 0; d < npy.ndim; d++)
         snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", d ? "x" : "", (long long)npy.shape[d]);
-      return dl__err_set(e, DL_EUNSUPPORTED, "field %s: %s of %u-bit type %u, the batch holds %s of %u-bit type %u%s",
-                         fd->name, got, npy.dtype.bits, npy.dtype.code, want, fd->dtype.bits, fd->dtype.code,
-                         l->o.pad ? "" : " (pad=1 pads a varying leading dimension)");
+      return dl__err_set(e, DL_EUNSUPPORTED, "field %s: %s %s, the batch holds %s %s%s", fd->name, got,
+                         tensor_type(npy.dtype), want, tensor_type(fd->dtype),
+                         l->o.pad || !same_type ? "" : " (pad=1 pads a varying leading dimension)");
     }
     if (copy_hashes) { /* header, then the data hashed as it is copied, then anything after it */
       size_t head = (size_t)(npy.data - p);
