@@ -158,11 +158,20 @@ class Writer:
         if codec == "json":
             import json
             return json.dumps(value).encode()
+        if isinstance(value, str):  # numpy would store a string array, which no reader takes
+            raise TypeError(f"ringfeed: a {codec} field takes an array or bytes, not str: give ('text', value) for text")
         import io
         import numpy
+        array = numpy.ascontiguousarray(value)
+        if array.dtype.kind in "USVcmM":  # the loader reads bool, int, uint and float tensors
+            raise TypeError(f"ringfeed: a {codec} field of dtype {array.dtype} would not be read: the loader takes bool, "
+                            "int, uint and float arrays" + ("; give ('text', value) for text" if array.dtype.kind in "US"
+                                                          else ""))
+        if array.dtype.byteorder == ">":  # the same values, in the byte order the loader reads
+            array = array.astype(array.dtype.newbyteorder("<"))
         buf = io.BytesIO()
         # No pickles: an array of Python objects would be stored as one, which no reader takes.
-        numpy.save(buf, numpy.ascontiguousarray(value), allow_pickle=False)
+        numpy.save(buf, array, allow_pickle=False)
         return buf.getvalue()
 
     @staticmethod

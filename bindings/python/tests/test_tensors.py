@@ -75,6 +75,13 @@ def test_pad_pads_varying_leading_dimensions(tmp_path):
         list(ringfeed.Loader(str(shard), batch_size=4, shuffle=False, on_error="fail", log="quiet",
                              framework="numpy"))
     assert "pad=1" in e.value.message and "k" in e.value.message
+    assert "field seq: 1x2 int16, the batch holds 3x2 int16 (pad=1" in e.value.message, e.value.message
+    # another type: named as numpy names it, and pad would not help
+    write_tar(shard, [("k0.seq.npy", npy_bytes(seqs[0])), ("k1.seq.npy", npy_bytes(seqs[0].astype(np.float32)))])
+    with pytest.raises(ringfeed.Error) as e:
+        list(ringfeed.Loader(str(shard), batch_size=2, shuffle=False, on_error="fail", log="quiet",
+                             framework="numpy"))
+    assert e.value.message.endswith("field seq: 3x2 float32, the batch holds 3x2 int16"), e.value.message
 
 
 def test_raw_fields_of_ringfeed_shards(tmp_path):
@@ -137,6 +144,14 @@ def test_writer_misuse_is_an_error_not_a_crash(tmp_path):
         w.add("a\0b", label=1)
     with pytest.raises(TypeError, match="fields maps field names"):
         w.add("listed", fields=[1, 2])
+    # what the loader would not read is refused here, where it is written, not at every read
+    with pytest.raises(TypeError, match=r"a raw field takes an array or bytes, not str: give \('text', value\)"):
+        w.add("str", fields={"meta": "abc"})
+    with pytest.raises(TypeError, match="of dtype <U3 would not be read.*give \\('text', value\\)"):
+        w.add("unicode", fields={"meta": np.array(["abc"])})
+    with pytest.raises(TypeError, match="of dtype complex128 would not be read"):
+        w.add("complex", fields={"meta": ("zstd", np.array([1j]))})
+    w.add("rec1", label=1, fields={"meta": np.array([1], dtype=">i8")})  # big-endian: the same value
     # an image field holds the encoded file: an array would have been stored as .npy under "jpeg"
     with pytest.raises(TypeError, match="a jpeg field takes the encoded file's bytes, not ndarray"):
         w.add("pixels", fields={"image": ("jpeg", np.zeros((4, 4, 3), np.uint8))})
@@ -146,8 +161,8 @@ def test_writer_misuse_is_an_error_not_a_crash(tmp_path):
     with pytest.raises(ringfeed.Error, match="the writer is closed"):  # was a segmentation fault
         w.add("late", label=2)
     w.close()  # a second close does nothing
-    got = next(ringfeed.Loader(str(path), batch_size=4, framework="numpy", workers=1))
-    assert got["key"] == ["rec0"] and got["meta"].tolist() == [[0]]
+    got = next(ringfeed.Loader(str(path), batch_size=4, shuffle=False, framework="numpy", workers=1))
+    assert got["key"] == ["rec0", "rec1"] and got["meta"].tolist() == [[0], [1]]
     for where in (tmp_path / "p.rfs", os.fsencode(tmp_path / "b.rfs")):  # any kind of path, as the Loader
         with ringfeed.Writer(where) as w:
             w.add("k", label=3)
