@@ -588,7 +588,7 @@ static void image_bytes_of_another_kind_refused(void) {
   dl_writer *w;
   ASSERT_EQ(dl_writer_open(&w, path, ""), 0);
   static const uint8_t png[] = "\x89PNG\r\n\x1a\n\0\0\0\rIHDR", jpeg[] = "\xff\xd8\xff\xe0\0\x10JFIF";
-  uint8_t npy[128];
+  uint8_t npy[256]; /* a 128-byte header, then one row of 3 int32 */
   size_t npy_len = make_npy(npy, 1, 0);
   ASSERT_EQ(dl_writer_begin(w, "r0", 0), 0);
   ASSERT_EQ(dl_writer_field(w, "image", "jpeg", png, sizeof png), DL_EOPTION);
