@@ -181,6 +181,18 @@ int dl_tool_index(const char *path, size_t *n, bool *own) {
   return r;
 }
 
+/* The labels' names (all of them with -v; else the first three and the last). */
+static void list_classes(char *const *classes, uint32_t n, bool verbose, FILE *out) {
+  fprintf(out, "  classes %u:", n);
+  for (uint32_t c = 0; c < n; c++) {
+    if (verbose || n <= 4 || c < 3 || c == n - 1)
+      fprintf(out, " %s", classes[c]);
+    else if (c == 3)
+      fputs(" ...", out);
+  }
+  fprintf(out, "\n");
+}
+
 /* ls of an MDS dataset or an image folder: what the loader reads of it. */
 static int list_dataset(const char *path, const dl__format *f, bool verbose, FILE *out) {
   dl__options o;
@@ -203,6 +215,8 @@ static int list_dataset(const char *path, const dl__format *f, bool verbose, FIL
   fprintf(out, "\n");
   for (int k = 0; k < ds.nfield_names; k++)
     fprintf(out, "  field %s\n", ds.field_names[k]);
+  if (ds.classes && !ds.classes_differ)
+    list_classes(ds.classes, ds.nclasses, verbose, out);
   for (size_t i = 0; verbose && i < ds.n; i++) {
     const dl__sample *s = &ds.samples[i];
     fprintf(out, "  %s label %lld %s offset %llu size %llu\n", ds.pool + s->key, (long long)s->label,
@@ -282,17 +296,8 @@ static void list_rfs(const dl__rfs *r, const char *name, uint64_t size, bool ver
               (unsigned long long)jpegs);
     fprintf(out, "\n");
   }
-  /* The labels' names (all of them with -v; else the first three and the last). */
-  if (r->classes) {
-    fprintf(out, "  classes %u:", r->nclasses);
-    for (uint32_t c = 0; c < r->nclasses; c++) {
-      if (verbose || r->nclasses <= 4 || c < 3 || c == r->nclasses - 1)
-        fprintf(out, " %s", r->classes[c]);
-      else if (c == 3)
-        fputs(" ...", out);
-    }
-    fprintf(out, "\n");
-  }
+  if (r->classes)
+    list_classes(r->classes, r->nclasses, verbose, out);
   for (uint64_t i = 0; verbose && i < r->nrecords; i++) {
     const dl__rfs_record *rec = &r->records[i];
     fprintf(out, "  %llu %s label %lld offset %llu size %u:", (unsigned long long)i, r->keys + rec->key,
