@@ -282,7 +282,9 @@ int dl_writer_classes(dl_writer *w, const char *const *names, size_t n) {
   w->classes_len = 0;
   if (!n)
     return 0;
-  uint32_t count = n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
+  if (n > DL__RFS_CLASS_TABLE_MAX / 3) /* each name takes 3 bytes or more */
+    return dl__fail(DL_ELIMIT, "%s: %zu classes pass the class table's 64 MiB", w->path, n);
+  uint32_t count = (uint32_t)n;
   int r = put(&w->classes, &w->classes_len, "RFCLASS1", 8) || put(&w->classes, &w->classes_len, &count, 4);
   for (size_t i = 0; i < n && !r; i++) {
     size_t len = names[i] ? strlen(names[i]) : 0;
