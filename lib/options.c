@@ -170,6 +170,8 @@ static int parse_size(const char *key, const char *v, dl__options *o) {
   const char *x = strchr(v, 'x');
   if (!x)
     x = strchr(v, 'X');
+  if (!x && strpbrk(v, ",*")) /* 224,160 as a tuple is written: one 'x' between them here */
+    return bad(key, v, "expected N or HxW, such as 224x160");
   if (!x) {
     if (parse_int(key, v, 1, 16384, &h))
       return DL_EOPTION;
@@ -476,7 +478,8 @@ int dl_option_exists(const char *key) {
 
 void dl__options_doc(FILE *out, bool markdown) {
   if (markdown)
-    fprintf(out, "# Options\n\nThe loader's options: `key=value` words for `dl_open` (C), the same keywords for "
+    fprintf(out, "# Options\n\nThe loader's options: `key=value` words separated by spaces for `dl_open` (C: "
+            "`\"batch_size=64 image_size=224\"`), the same keywords for "
             "`ringfeed.Loader` (Python), `--option key=value` for `dlbench`. An unknown key or a bad value fails "
             "the open with `DL_EOPTION` and a message naming it (a mistyped key, with the option it likely "
             "meant: `imagesize` gives `did you mean image_size?`; a mistyped value too: `crop=centre` gives `did "
@@ -516,10 +519,17 @@ int dl__options_parse(dl__options *o, const char *text) {
     if (quoted)
       return dl__fail(DL_EOPTION, "option '%.*s': a quote left open", (int)(p - start), start);
     char *eq = strchr(word, '=');
+    const char *next = p + strspn(p, " \t\n");
+    if (!eq && *next == '=') /* "batch_size = 64" */
+      return dl__fail(DL_EOPTION, "option '%s =': write key=value, with no spaces around '='", word);
     if (!eq || eq == word)
       return dl__fail(DL_EOPTION, "option '%s' is not key=value", word);
     *eq = 0;
     int r = apply(o, word, eq + 1);
+    /* "batch_size=64,image_size=224": one option to the parser, whose value then fails */
+    const char *sep = r ? strpbrk(eq + 1, ",;") : NULL;
+    if (sep && (strchr(sep, '=') || (*sep == ';' && !sep[1])))
+      return dl__fail(DL_EOPTION, "option %s=%s: options are separated by spaces, not by '%c'", word, eq + 1, *sep);
     if (r)
       return r;
   }

@@ -141,6 +141,14 @@ int main(void) {
   ASSERT_EQ(o.layout, DL__LAYOUT_CHANNELS_LAST);
   expect_bad("image_size=0x5", "image_size=0x5");
   expect_bad("image_size=abc", "image_size=abc");
+  /* How options are written elsewhere (a tuple, a comma-separated list, spaces around '='): said so. */
+  expect_bad("image_size=224,160", "image_size=224,160: expected N or HxW, such as 224x160");
+  expect_bad("batch_size=64,image_size=224",
+             "batch_size=64,image_size=224: options are separated by spaces, not by ','");
+  expect_bad("batch_size=64; image_size=224", "batch_size=64;: options are separated by spaces, not by ';'");
+  expect_bad("batch_size = 64", "option 'batch_size =': write key=value, with no spaces around '='");
+  expect_bad("mean=0.5,0.5 dtype=float32", "mean=0.5,0.5: expected three numbers"); /* its commas are its own */
+  ASSERT_EQ(dl__options_parse(&o, "mean=0.5,0.5,0.5 std=0.2,0.2,0.2 dtype=float32"), 0);
   expect_bad("flip=maybe", "flip=maybe");
   expect_bad("gpu_check=2", "gpu_check=2");
   expect_bad("keep_gpu_decoders=always", "keep_gpu_decoders=always: expected 0 or 1");
