@@ -279,6 +279,19 @@ static int cmd_create(int argc, char **argv) {
     snprintf(folder, sizeof folder, "%s%s", staging, base);
     prefix = folder;
   } else {
+    /* A folder as the prefix would make shards named -000000.rfs in it, or beside it. */
+    size_t len = strlen(prefix);
+    struct stat st;
+    if (!len) {
+      fprintf(stderr, "dlshard: OUT_PREFIX is empty: give the shards' folder and name, such as shards/train\n");
+      return 2;
+    }
+    if (prefix[len - 1] == '/' || (!stat(prefix, &st) && S_ISDIR(st.st_mode))) {
+      const char *sep = prefix[len - 1] == '/' ? "" : "/";
+      fprintf(stderr, "dlshard: OUT_PREFIX %s is a folder: give the shards' name in it too, such as %s%strain "
+              "(for %s%strain-000000.rfs ...)\n", prefix, prefix, sep, prefix, sep);
+      return 2;
+    }
     /* The prefix's folder is made if missing, as `mkdir -p` would. */
     snprintf(folder, sizeof folder, "%s", prefix);
     char *slash = strrchr(folder, '/');

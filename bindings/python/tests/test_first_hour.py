@@ -126,6 +126,14 @@ def test_dlshard_create_checks_each_sample_and_leaves_out_the_broken(synthetic, 
     assert none.stderr.rstrip().endswith("dlshard: every sample was bad: no shard written"), none.stderr
     assert f"member {jpgs[1]}:" in none.stderr and not os.listdir(tmp_path / "none")
 
+    # a folder given as the prefix: shards named -000000.rfs in it, or beside it, before
+    (tmp_path / "folder").mkdir()
+    for prefix in (f"{tmp_path / 'folder'}/", str(tmp_path / "folder")):
+        out = subprocess.run([DLSHARD, "create", prefix, str(src)], capture_output=True, text=True, timeout=60)
+        said = f"dlshard: OUT_PREFIX {prefix} is a folder: give the shards' name in it too, such as {prefix}"
+        assert out.returncode == 2 and out.stderr.startswith(said + ("" if prefix.endswith("/") else "/") + "train")
+    assert not os.listdir(tmp_path / "folder") and not glob.glob(str(tmp_path / "folder-*"))
+
 
 @pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
 def test_float_batches_on_the_cpu_are_the_uint8_ones_normalised(synthetic, layout):
