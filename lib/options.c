@@ -520,12 +520,17 @@ int dl__options_parse(dl__options *o, const char *text) {
       return dl__fail(DL_EOPTION, "option '%.*s': a quote left open", (int)(p - start), start);
     char *eq = strchr(word, '=');
     const char *next = p + strspn(p, " \t\n");
+    size_t next_len = strcspn(next, " \t\n");
     if (!eq && *next == '=') /* "batch_size = 64" */
       return dl__fail(DL_EOPTION, "option '%s =': write key=value, with no spaces around '='", word);
     if (!eq || eq == word)
       return dl__fail(DL_EOPTION, "option '%s' is not key=value", word);
     *eq = 0;
     int r = apply(o, word, eq + 1);
+    /* "batch_size= 64": an empty value refused, and the next word no option but its value */
+    if (r && !eq[1] && next_len && !memchr(next, '=', next_len))
+      return dl__fail(DL_EOPTION, "option '%s= %.*s': write key=value, with no spaces around '='", word,
+                      (int)next_len, next);
     /* "batch_size=64,image_size=224": one option to the parser, whose value then fails */
     const char *sep = r ? strpbrk(eq + 1, ",;") : NULL;
     if (sep && (strchr(sep, '=') || (*sep == ';' && !sep[1])))

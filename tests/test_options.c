@@ -147,6 +147,8 @@ int main(void) {
              "batch_size=64,image_size=224: options are separated by spaces, not by ','");
   expect_bad("batch_size=64; image_size=224", "batch_size=64;: options are separated by spaces, not by ';'");
   expect_bad("batch_size = 64", "option 'batch_size =': write key=value, with no spaces around '='");
+  expect_bad("batch_size= 64", "option 'batch_size= 64': write key=value, with no spaces around '='");
+  expect_bad("batch_size= workers=2", "option batch_size=: not an integer"); /* an empty value, then an option */
   expect_bad("mean=0.5,0.5 dtype=float32", "mean=0.5,0.5: expected three numbers"); /* its commas are its own */
   ASSERT_EQ(dl__options_parse(&o, "mean=0.5,0.5,0.5 std=0.2,0.2,0.2 dtype=float32"), 0);
   expect_bad("flip=maybe", "flip=maybe");
