@@ -2,8 +2,9 @@
  * ringfeed shards: the writer's records read back bit-exact (raw, zstd, jpeg) and as batch tensors
  * through the loader, conversion by
  * dlshard keeps the stream (tar -> rfs and ImageFolder -> rfs give the same digests, with and
- * without O_DIRECT), an ImageFolder's class names travel in its shards, and damage is found: dlshard verify names every flipped, truncated or
- * mis-summed record, and the loader with on_error=skip reports exactly those.
+ * without O_DIRECT), an ImageFolder's class names travel in its shards, and damage is found:
+ * dlshard verify names every flipped, truncated or mis-summed record, and the loader with
+ * on_error=skip reports exactly those.
  */
 #include "core.h"
 #include "synthetic.h"
@@ -592,7 +593,8 @@ static void image_bytes_of_another_kind_refused(void) {
   size_t npy_len = make_npy(npy, 1, 0);
   ASSERT_EQ(dl_writer_begin(w, "r0", 0), 0);
   ASSERT_EQ(dl_writer_field(w, "image", "jpeg", png, sizeof png), DL_EOPTION);
-  ASSERT_CONTAINS(dl_last_error(), "field 'image' of record 'r0': codec jpeg, but its bytes are a PNG file (give codec png)");
+  ASSERT_CONTAINS(dl_last_error(),
+                  "field 'image' of record 'r0': codec jpeg, but its bytes are a PNG file (give codec png)");
   ASSERT_EQ(dl_writer_begin(w, "r1", 1), 0);
   ASSERT_EQ(dl_writer_field(w, "image", "webp", jpeg, sizeof jpeg), DL_EOPTION);
   ASSERT_CONTAINS(dl_last_error(), "codec webp, but its bytes are a JPEG file (give codec jpeg)");

@@ -291,8 +291,9 @@ int dl_writer_classes(dl_writer *w, const char *const *names, size_t n) {
     uint16_t len16 = (uint16_t)len;
     if (len == 0 || len > UINT16_MAX || w->classes_len + 2 + len + 8 > DL__RFS_CLASS_TABLE_MAX) {
       w->classes_len = 0;
+      bool bad_len = len == 0 || len > UINT16_MAX;
       return dl__fail(DL_ELIMIT, "%s: class name %zu %s", w->path, i,
-                      len == 0 || len > UINT16_MAX ? "not accepted (1..65535 bytes)" : "passes the class table's 64 MiB");
+                      bad_len ? "not accepted (1..65535 bytes)" : "passes the class table's 64 MiB");
     }
     r = put(&w->classes, &w->classes_len, &len16, 2) || put(&w->classes, &w->classes_len, names[i], len);
   }
