@@ -16,7 +16,9 @@
 #   IDLE_STEP_MS_q96: its steps (default: 1.2x the first variant's batch time); CEILING_ARGS: the ceiling
 #   part's nvjpeg_ceiling runs, separated by '|' (default: the list below); TESTS: the tests part's
 #   tests; TEST_RUNS=N runs each N times (the first one's lines in the table, the others' exits);
-#   NVJPEG_START_ARGS: the start part's nvjpeg_start runs, separated by '|'
+#   NVJPEG_START_ARGS: the start part's nvjpeg_start runs, separated by '|'; START_SETS and
+#   START_MODES: the sets (default q90; q96 where FIRST_SETS makes it) and decode modes of its first
+#   batches; START_WORKERS: their workers (default: nproc; auto: the loader's choice)
 set -u
 build=${1:-build-device}
 shards=${2:-$build/tests/shards}
@@ -128,13 +130,19 @@ fi
 if has start; then
   python3 -c "import time, torch; t = time.time(); torch.zeros(1, device='cuda'); print('torch starts CUDA in %.0f ms' % ((time.time() - t) * 1e3))" \
     > "$out/cuda-start.txt" 2>&1 && row "CUDA start (torch.zeros on cuda, a fresh process)" "$(tail -1 "$out/cuda-start.txt")"
-  for mode in cpu gpu auto; do
-    for i in 1 2 3; do
-      j="$out/start-$mode-$i.json"
-      guarded 60 "$j" "$out/start-$mode-$i.err" env DL_LOG_LEVEL=4 "$build/dlbench" "$q90" --workers "$workers" \
-        --flip --device cuda:0 --decode $mode --stop-after 3 --json
-      keep "$j" "$out/start-$mode-$i.err"
-      row "first batch, decode=$mode, run $i" "$(num "$j" first_batch_ms) ms; dl_open $(num "$j" open_ms) ms: index $(num "$j" open_index_ms), devices $(num "$j" open_cuda_ms), GPU JPEG decoders $(num "$j" open_gpu_decode_ms), slots $(num "$j" open_slots_ms), workers $(num "$j" open_workers_ms) ($(grep -o 'workers started in.*' "$out/start-$mode-$i.err" | head -1)); in the background: $(num "$j" pinned_mb) MB pinned in $(num "$j" pin_ms) ms, nvJPEG started in $(num "$j" gpu_decoders_start_ms) ms; after 3 batches JPEGs decoded by $(str "$j" decode_backend)"
+  # START_WORKERS=auto: the loader's own choice (one CPU fewer beside the GPU's decoder), not nproc
+  start_workers=${START_WORKERS:-$workers}
+  [ "$start_workers" = auto ] && start_workers=""
+  for set in ${START_SETS:-q90}; do
+    eval src=\$$set
+    for mode in ${START_MODES:-cpu gpu auto}; do
+      for i in 1 2 3; do
+        j="$out/start-$set-$mode-$i.json" e="$out/start-$set-$mode-$i.err"
+        guarded 60 "$j" "$e" env DL_LOG_LEVEL=4 "$build/dlbench" "$src" ${start_workers:+--workers $start_workers} \
+          --flip --device cuda:0 --decode $mode --stop-after 3 --json
+        keep "$j" "$e"
+        row "$set first batch, decode=$mode, run $i" "$(num "$j" first_batch_ms) ms (filled by the workers at $(num "$j" first_filled_ms), its slot of $(num "$j" host_batch_bytes) bytes pinned at $(num "$j" first_pinned_ms), its copy queued at $(num "$j" first_queued_ms)); dl_open $(num "$j" open_ms) ms: index $(num "$j" open_index_ms), devices $(num "$j" open_cuda_ms), GPU JPEG decoders $(num "$j" open_gpu_decode_ms), slots $(num "$j" open_slots_ms), workers $(num "$j" open_workers_ms) ($(grep -o 'workers started in.*' "$e" | head -1)); in the background: $(num "$j" pinned_mb) MB pinned in $(num "$j" pin_ms) ms, nvJPEG started in $(num "$j" gpu_decoders_start_ms) ms; after 3 batches JPEGs decoded by $(str "$j" decode_backend)"
+      done
     done
   done
   # nvJPEG's start alone, piece by piece, each variant in a fresh process (bench/nvjpeg_start.c):

@@ -145,7 +145,7 @@ typedef struct dl__stats {
   double consumer_stream_wait_s;
   _Atomic int64_t release_wait_ns; /* copy threads waiting for the consumer's GPU to free a slot */
   _Atomic int64_t copy_wait_workers_ns; /* copy threads waiting for the workers' next host batch */
-  double first_batch_ms;
+  double first_batch_ms, first_filled_ms; /* the first batch handed out, and filled by the workers (under mu) */
   double first_wait_s; /* of consumer_wait_s, waiting for the first batch (start-up) */
   double last_batch_s; /* when the last batch was handed out, from dl_open */
   /* dl_open's own time, by step: the source's index, the devices (CUDA's start and the copy

@@ -146,6 +146,8 @@ void dl__ring_done(dl_loader *l, const dl__claim *c, const dl__err *e) {
   }
   if (++b->done == b->len) {
     b->state = DL__SLOT_COMPLETE;
+    if (!l->st.first_filled_ms)
+      l->st.first_filled_ms = (dl__now() - l->open_time) * 1e3;
     if (!l->cuda)
       b->ready = true;
     pthread_cond_broadcast(&l->ready_cv);

@@ -367,6 +367,11 @@ static void auto_starts_in_background(void) {
   ASSERT_CONTAINS(reason, "nvJPEG is starting");
   ASSERT_GT(stats_number(a, "pin_ms"), 0);
   ASSERT_GT(stats_number(a, "gpu_decoders_start_ms"), 0);
+  // The first batch's path: filled by the workers, its slot pinned, then its copy queued, then handed out.
+  double filled = stats_number(a, "first_filled_ms"), pinned = stats_number(a, "first_pinned_ms");
+  double queued = stats_number(a, "first_queued_ms");
+  ASSERT(filled > 0 && pinned > 0 && queued >= filled && queued >= pinned);
+  ASSERT_LE(queued, stats_number(a, "first_batch_ms"));
   double busy = stats_number(a, "gpu_stage_busy_frac");
   ASSERT(busy > 0 && busy <= 1);
   printf("decode=auto: batch 0 from the workers (%s), hybrid from batch %d (nvJPEG started in %.0f ms, slots "

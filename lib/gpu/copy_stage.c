@@ -66,6 +66,7 @@ typedef struct gpu {
    * release, then its GPU's work on it; its wait for the workers is l->st's); batches taken. */
   double wait_consumer_ms;
   int64_t batches;
+  bool first_past; /* past its first batch, or ended without one (under l->mu) */
   char error[256];
 } gpu;
 
@@ -81,6 +82,10 @@ typedef struct cuda_state {
   int pinned;       /* host slots the starter has pinned (or tried to), in pin_order (under l->mu) */
   bool *registered; /* per host slot (s * prefetch + i): cudaHostRegister took it */
   double pin_ms, decoders_ms; /* the starter's time on each */
+  /* The first batch, from dl_open (under l->mu): its slot pinned, and its copy queued (the copy
+   * thread's calls into CUDA, beside nvJPEG's start for decode=auto) */
+  double first_pinned_ms, first_queued_ms;
+  int first_copies; /* copy threads past their first batch (under l->mu) */
 } cuda_state;
 
 /* Slots are pinned in the order the copy threads take them: the first slot of every device, then
@@ -322,71 +327,14 @@ int dl__gpu_decoders_take_kept(dl_loader *l, char *why, size_t cap) {
 }
 
 /* decode=auto's decoders, made beside the starter's pinning, which takes a tenth to a fifth as long
- * (an H200: 51-68 ms against 449-458). */
+ * (an H200: 51-68 ms against 449-458), and handed to the copy stage as soon as they are ready. */
 static void *decoders_run(void *arg) {
   decoder_start *d = arg;
-  char why[400] = "";
-  d[0].r = decoders_create(d[0].l, d, why, sizeof why);
-  if (d[0].r)
-    snprintf(d[0].why, sizeof d[0].why, "%s", why);
-  return NULL;
-}
-
-/* Pins the host slots in the order they are copied, each copy thread starting as soon as its
- * slot is pinned; for decode=auto, starts nvJPEG meanwhile on a thread of its own, while the
- * workers decode every JPEG. */
-static void *starter(void *arg) {
-  dl_loader *l = arg;
+  dl_loader *l = d[0].l;
   cuda_state *c = l->cuda;
-  cudaSetDevice(c->g[0].id);
   double t0 = dl__now();
-  decoder_start d[DL__MAX_DEVICES];
-  pthread_mutex_lock(&l->mu);
-  bool start_decoders = l->decode_starting && !l->stop;
-  pthread_mutex_unlock(&l->mu);
-  pthread_t decoders;
-  if (start_decoders) {
-    d[0] = (decoder_start){.l = l};
-    if (pthread_create(&decoders, NULL, decoders_run, d)) {
-      d[0].r = -1; /* not started: no GPU decoding, said below */
-      snprintf(d[0].why, sizeof d[0].why, "could not start a thread");
-      start_decoders = false;
-      pthread_mutex_lock(&l->mu);
-      dl__decode_started_locked(l, false, d[0].why);
-      pthread_mutex_unlock(&l->mu);
-    }
-  }
-  int nslots = l->o.prefetch * c->n;
-  bool warned = false;
-  for (int k = 0; k < nslots; k++) {
-    int s = k % c->n, i = k / c->n, at = s * l->o.prefetch + i;
-    cudaError_t e = cudaHostRegister(l->host_mem + l->slot_stride * (size_t)at, l->slot_stride,
-                                     cudaHostRegisterPortable);
-    c->registered[at] = e == cudaSuccess;
-    if (e != cudaSuccess && !warned) {
-      cudaGetLastError();
-      dl__log(DL__LOG_WARN, "pinning %zu bytes of batch memory failed (%s): copies to the GPU read pageable "
-              "memory, slower", l->slot_stride, cudaGetErrorString(e));
-      warned = true;
-    }
-    pthread_mutex_lock(&l->mu);
-    c->pinned = k + 1;
-    pthread_cond_broadcast(&l->ready_cv);
-    bool stop = l->stop;
-    pthread_mutex_unlock(&l->mu);
-    if (stop)
-      break;
-  }
-  double pin_ms = (dl__now() - t0) * 1e3;
-  pthread_mutex_lock(&l->mu);
-  c->pin_ms = pin_ms; /* the stats read it under the lock */
-  pthread_mutex_unlock(&l->mu);
-  if (!start_decoders)
-    return NULL;
-  pthread_join(decoders, NULL);
-  char why[400];
-  snprintf(why, sizeof why, "%s", d[0].why);
-  bool ok = d[0].r == 0;
+  char why[400] = "";
+  bool ok = decoders_create(l, d, why, sizeof why) == 0;
   pthread_mutex_lock(&l->mu);
   if (ok && l->stop) { /* closed meanwhile: nothing will decode with them */
     for (int i = 0; i < c->n; i++)
@@ -399,6 +347,78 @@ static void *starter(void *arg) {
   c->decoders_ms = (dl__now() - t0) * 1e3;
   dl__decode_started_locked(l, ok, why);
   pthread_mutex_unlock(&l->mu);
+  return NULL;
+}
+
+/* Whether every copy thread is past its first batch; false: the loader stops. Registering memory
+ * holds CUDA's calls in the process's other threads: pinning every slot at once held the first
+ * batch's copy on an H100 host until the last was pinned (16-41 ms after the workers had filled
+ * it, the first batch at 54-84 ms instead of 43-55). */
+static bool first_copies_wait(dl_loader *l) {
+  cuda_state *c = l->cuda;
+  pthread_mutex_lock(&l->mu);
+  while (!l->stop && c->first_copies < c->n)
+    pthread_cond_wait(&l->ready_cv, &l->mu);
+  bool go = !l->stop;
+  pthread_mutex_unlock(&l->mu);
+  return go;
+}
+
+/* Pins the host slots in the order they are copied, each copy thread starting as soon as its
+ * slot is pinned: the first slot of each, then the others once the first batches are on their
+ * way. For decode=auto, starts nvJPEG meanwhile on a thread of its own, while the workers decode
+ * every JPEG. */
+static void *starter(void *arg) {
+  dl_loader *l = arg;
+  cuda_state *c = l->cuda;
+  cudaSetDevice(c->g[0].id);
+  double pin_ms = 0;
+  decoder_start d[DL__MAX_DEVICES];
+  pthread_mutex_lock(&l->mu);
+  bool start_decoders = l->decode_starting && !l->stop;
+  pthread_mutex_unlock(&l->mu);
+  pthread_t decoders;
+  if (start_decoders) {
+    d[0] = (decoder_start){.l = l};
+    if (pthread_create(&decoders, NULL, decoders_run, d)) { /* no GPU decoding, and the stats say why */
+      start_decoders = false;
+      pthread_mutex_lock(&l->mu);
+      dl__decode_started_locked(l, false, "could not start a thread");
+      pthread_mutex_unlock(&l->mu);
+    }
+  }
+  int nslots = l->o.prefetch * c->n;
+  bool warned = false;
+  for (int k = 0; k < nslots; k++) {
+    int s = k % c->n, i = k / c->n, at = s * l->o.prefetch + i;
+    if (k == c->n && !first_copies_wait(l))
+      break;
+    double t = dl__now();
+    cudaError_t e = cudaHostRegister(l->host_mem + l->slot_stride * (size_t)at, l->slot_stride,
+                                     cudaHostRegisterPortable);
+    pin_ms += (dl__now() - t) * 1e3;
+    c->registered[at] = e == cudaSuccess;
+    if (e != cudaSuccess && !warned) {
+      cudaGetLastError();
+      dl__log(DL__LOG_WARN, "pinning %zu bytes of batch memory failed (%s): copies to the GPU read pageable "
+              "memory, slower", l->slot_stride, cudaGetErrorString(e));
+      warned = true;
+    }
+    pthread_mutex_lock(&l->mu);
+    c->pinned = k + 1;
+    if (!k)
+      c->first_pinned_ms = (dl__now() - l->open_time) * 1e3;
+    pthread_cond_broadcast(&l->ready_cv);
+    bool stop = l->stop;
+    pthread_mutex_unlock(&l->mu);
+    if (stop)
+      break;
+  }
+  pthread_mutex_lock(&l->mu);
+  c->pin_ms = pin_ms; /* the stats read it under the lock */
+  pthread_mutex_unlock(&l->mu);
+  if (start_decoders)
+    pthread_join(decoders, NULL);
   return NULL;
 }
 
@@ -544,6 +564,15 @@ static int enqueue(gpu *g, dl_batch *host, int slot, dl_batch *dev) {
   return 0;
 }
 
+/* The starter pins the other slots once every copy thread is past its first batch. */
+static void first_copy_past_locked(gpu *g) {
+  if (g->first_past)
+    return;
+  g->first_past = true;
+  ((cuda_state *)g->l->cuda)->first_copies++;
+  pthread_cond_broadcast(&g->l->ready_cv);
+}
+
 static void *copy_thread(void *arg) {
   gpu *g = arg;
   dl_loader *l = g->l;
@@ -607,6 +636,9 @@ static void *copy_thread(void *arg) {
     if (queued && enqueue(g, host, slot, dev))
       goto failed;
     pthread_mutex_lock(&l->mu);
+    if (!k && !g->index)
+      ((cuda_state *)l->cuda)->first_queued_ms = (dl__now() - l->open_time) * 1e3;
+    first_copy_past_locked(g);
     dev->k = k;
     dev->epoch = host->epoch;
     dev->index = host->index;
@@ -623,10 +655,14 @@ static void *copy_thread(void *arg) {
   while (g->qlen)
     if (reap(g, true))
       break;
+  pthread_mutex_lock(&l->mu);
+  first_copy_past_locked(g);
+  pthread_mutex_unlock(&l->mu);
   return NULL;
 failed:
   dl__log(DL__LOG_ERROR, "%s", g->error);
   pthread_mutex_lock(&l->mu);
+  first_copy_past_locked(g);
   /* Hand the consumer an error batch so dl_next_batch reports it instead of waiting forever. */
   for (int i = 0; i < l->o.device_slots; i++) {
     dl_batch *d = &s->dslots[i];
@@ -842,7 +878,9 @@ int dl__cuda_stats(dl_loader *l, char *buf, size_t cap) {
   size_t pinned = l->host_mem_bytes;
   pthread_mutex_lock(&l->mu);
   size_t device_bytes = c->device_bytes;
-  double pin_ms = c->pin_ms, decoders_ms = c->decoders_ms;
+  double pin_ms = c->pin_ms, decoders_ms = c->decoders_ms, first_pinned_ms = c->first_pinned_ms;
+  double first_queued_ms = c->first_queued_ms;
+  double first_filled_ms = l->st.first_filled_ms;
   pthread_mutex_unlock(&l->mu);
   /* The GPU stage's stream busy (its copies and JPEG decoding) over the loader's life, per
    * device: near 1, it is what the consumer waits for. */
@@ -851,11 +889,11 @@ int dl__cuda_stats(dl_loader *l, char *buf, size_t cap) {
   char queues_why[400];
   int queues = queues_describe(queues_why, sizeof queues_why);
   return snprintf(buf, cap,
-                  ",\"cuda_queues\":%d,\"cuda_queues_reason\":\"%s\",\"gpu_stage_busy_frac\":%.4f,\"pin_ms\":%.3f,\"gpu_decoders_start_ms\":%.3f,\"h2d_bytes\":%lld,\"h2d_gpu_ms\":%.3f,\"h2d_gb_s\":%.3f,\"device_slots\":%d"
+                  ",\"cuda_queues\":%d,\"cuda_queues_reason\":\"%s\",\"gpu_stage_busy_frac\":%.4f,\"pin_ms\":%.3f,\"first_pinned_ms\":%.3f,\"first_filled_ms\":%.3f,\"first_queued_ms\":%.3f,\"gpu_decoders_start_ms\":%.3f,\"h2d_bytes\":%lld,\"h2d_gpu_ms\":%.3f,\"h2d_gb_s\":%.3f,\"device_slots\":%d"
                   ",\"gpu_decode_ms\":%.3f,\"gpu_decode_host_ms\":%.3f,\"gpu_decode_pool_wait_ms\":%.3f,\"gpu_decode_batches\":%lld"
                   ",\"gpu_walks\":%lld,\"gpu_walks_damaged\":%lld,\"gpu_walk_wait_ms\":%.3f"
                   ",\"gpu_stage_wait_workers_ms\":%.3f,\"gpu_stage_wait_consumer_ms\":%.3f,\"pinned_mb\":%.1f,\"device_mb\":%.1f",
-                  queues, queues_why, busy, pin_ms, decoders_ms, (long long)bytes, ms, ms > 0 ? bytes / ms / 1e6 : 0.0, l->o.device_slots,
+                  queues, queues_why, busy, pin_ms, first_pinned_ms, first_filled_ms, first_queued_ms, decoders_ms, (long long)bytes, ms, ms > 0 ? bytes / ms / 1e6 : 0.0, l->o.device_slots,
                   decode_batches ? decode_ms / (double)decode_batches : 0.0,
                   decode_batches ? decode_host_ms / (double)decode_batches : 0.0,
                   decode_batches ? pool_wait_ms / (double)decode_batches : 0.0, (long long)decode_batches,
