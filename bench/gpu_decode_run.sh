@@ -18,7 +18,8 @@
 #   tests; TEST_RUNS=N runs each N times (the first one's lines in the table, the others' exits);
 #   NVJPEG_START_ARGS: the start part's nvjpeg_start runs, separated by '|'; START_SETS and
 #   START_MODES: the sets (default q90; q96 where FIRST_SETS makes it) and decode modes of its first
-#   batches; START_WORKERS: their workers (default: nproc; auto: the loader's choice)
+#   batches; START_WORKERS: their workers (default: nproc; auto: the loader's choice); BENCH_SETS:
+#   the bench part's sets (default: q90 q96)
 set -u
 build=${1:-build-device}
 shards=${2:-$build/tests/shards}
@@ -231,7 +232,7 @@ fi
 # 4. Side by side on two sets: decode=cpu, gpu, hybrid; nvJPEG alone through torchvision; the
 #    PyTorch DataLoader with torchvision.io. RandomResizedCrop(224) + flip, uint8 to cuda:0.
 if has bench; then
-  for set in q90 q96; do
+  for set in ${BENCH_SETS:-q90 q96}; do
     eval src=\$$set
     cat "$(dirname "$src")"/*.tar > /dev/null # into the page cache, for every contender alike
     # ringfeed's workers: workers=auto (a CPU left to nvJPEG's feeding thread where the GPU decodes)
