@@ -81,7 +81,7 @@ typedef struct cuda_state {
   bool starter_started;
   int pinned;       /* host slots the starter has pinned (or tried to), in pin_order (under l->mu) */
   bool *registered; /* per host slot (s * prefetch + i): cudaHostRegister took it */
-  double pin_ms, decoders_ms; /* the starter's time on each */
+  double pin_ms, decoders_ms; /* the time in cudaHostRegister, and decode=auto's nvJPEG start */
   /* The first batch, from dl_open (under l->mu): its slot pinned, and its copy queued (the copy
    * thread's calls into CUDA, beside nvJPEG's start for decode=auto) */
   double first_pinned_ms, first_queued_ms;
@@ -352,8 +352,9 @@ static void *decoders_run(void *arg) {
 
 /* Whether every copy thread is past its first batch; false: the loader stops. Registering memory
  * holds CUDA's calls in the process's other threads: pinning every slot at once held the first
- * batch's copy on an H100 host until the last was pinned (16-41 ms after the workers had filled
- * it, the first batch at 54-84 ms instead of 43-55). */
+ * batch's copy on an H100 host until the last was pinned, 8-41 ms after the workers had filled it
+ * in 10 of 24 runs. decode=auto's first batch on the q96 4:4:4 set came in 91-109 ms then, 64-72
+ * once the others waited. */
 static bool first_copies_wait(dl_loader *l) {
   cuda_state *c = l->cuda;
   pthread_mutex_lock(&l->mu);
