@@ -372,6 +372,8 @@ static void auto_starts_in_background(void) {
   double queued = stats_number(a, "first_queued_ms");
   ASSERT(filled > 0 && pinned > 0 && queued >= filled && queued >= pinned);
   ASSERT_LE(queued, stats_number(a, "first_batch_ms"));
+  // Pinning holds CUDA's calls in the other threads: the first copy waits for its own slot only.
+  ASSERT_EQ(stats_number(a, "first_copy_pinned_slots"), 1);
   double busy = stats_number(a, "gpu_stage_busy_frac");
   ASSERT(busy > 0 && busy <= 1);
   printf("decode=auto: batch 0 from the workers (%s), hybrid from batch %d (nvJPEG started in %.0f ms, slots "

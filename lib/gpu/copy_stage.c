@@ -85,7 +85,7 @@ typedef struct cuda_state {
   /* The first batch, from dl_open (under l->mu): its slot pinned, and its copy queued (the copy
    * thread's calls into CUDA, beside nvJPEG's start for decode=auto) */
   double first_pinned_ms, first_queued_ms;
-  int first_copies; /* copy threads past their first batch (under l->mu) */
+  int first_copy_pinned; /* host slots pinned when the first batch's copy was queued (under l->mu) */
 } cuda_state;
 
 /* Slots are pinned in the order the copy threads take them: the first slot of every device, then
@@ -358,8 +358,9 @@ static void *decoders_run(void *arg) {
 static bool first_copies_wait(dl_loader *l) {
   cuda_state *c = l->cuda;
   pthread_mutex_lock(&l->mu);
-  while (!l->stop && c->first_copies < c->n)
-    pthread_cond_wait(&l->ready_cv, &l->mu);
+  for (int s = 0; s < c->n && !l->stop; s++)
+    while (!l->stop && !c->g[s].first_past)
+      pthread_cond_wait(&l->ready_cv, &l->mu);
   bool go = !l->stop;
   pthread_mutex_unlock(&l->mu);
   return go;
@@ -570,7 +571,6 @@ static void first_copy_past_locked(gpu *g) {
   if (g->first_past)
     return;
   g->first_past = true;
-  ((cuda_state *)g->l->cuda)->first_copies++;
   pthread_cond_broadcast(&g->l->ready_cv);
 }
 
@@ -637,8 +637,11 @@ static void *copy_thread(void *arg) {
     if (queued && enqueue(g, host, slot, dev))
       goto failed;
     pthread_mutex_lock(&l->mu);
-    if (!k && !g->index)
-      ((cuda_state *)l->cuda)->first_queued_ms = (dl__now() - l->open_time) * 1e3;
+    if (!k && !g->index) {
+      cuda_state *c = l->cuda;
+      c->first_queued_ms = (dl__now() - l->open_time) * 1e3;
+      c->first_copy_pinned = c->pinned;
+    }
     first_copy_past_locked(g);
     dev->k = k;
     dev->epoch = host->epoch;
@@ -881,6 +884,7 @@ int dl__cuda_stats(dl_loader *l, char *buf, size_t cap) {
   size_t device_bytes = c->device_bytes;
   double pin_ms = c->pin_ms, decoders_ms = c->decoders_ms, first_pinned_ms = c->first_pinned_ms;
   double first_queued_ms = c->first_queued_ms;
+  int first_copy_pinned = c->first_copy_pinned;
   double first_filled_ms = l->st.first_filled_ms;
   pthread_mutex_unlock(&l->mu);
   /* The GPU stage's stream busy (its copies and JPEG decoding) over the loader's life, per
@@ -890,11 +894,11 @@ int dl__cuda_stats(dl_loader *l, char *buf, size_t cap) {
   char queues_why[400];
   int queues = queues_describe(queues_why, sizeof queues_why);
   return snprintf(buf, cap,
-                  ",\"cuda_queues\":%d,\"cuda_queues_reason\":\"%s\",\"gpu_stage_busy_frac\":%.4f,\"pin_ms\":%.3f,\"first_pinned_ms\":%.3f,\"first_filled_ms\":%.3f,\"first_queued_ms\":%.3f,\"gpu_decoders_start_ms\":%.3f,\"h2d_bytes\":%lld,\"h2d_gpu_ms\":%.3f,\"h2d_gb_s\":%.3f,\"device_slots\":%d"
+                  ",\"cuda_queues\":%d,\"cuda_queues_reason\":\"%s\",\"gpu_stage_busy_frac\":%.4f,\"pin_ms\":%.3f,\"first_pinned_ms\":%.3f,\"first_filled_ms\":%.3f,\"first_queued_ms\":%.3f,\"first_copy_pinned_slots\":%d,\"gpu_decoders_start_ms\":%.3f,\"h2d_bytes\":%lld,\"h2d_gpu_ms\":%.3f,\"h2d_gb_s\":%.3f,\"device_slots\":%d"
                   ",\"gpu_decode_ms\":%.3f,\"gpu_decode_host_ms\":%.3f,\"gpu_decode_pool_wait_ms\":%.3f,\"gpu_decode_batches\":%lld"
                   ",\"gpu_walks\":%lld,\"gpu_walks_damaged\":%lld,\"gpu_walk_wait_ms\":%.3f"
                   ",\"gpu_stage_wait_workers_ms\":%.3f,\"gpu_stage_wait_consumer_ms\":%.3f,\"pinned_mb\":%.1f,\"device_mb\":%.1f",
-                  queues, queues_why, busy, pin_ms, first_pinned_ms, first_filled_ms, first_queued_ms, decoders_ms, (long long)bytes, ms, ms > 0 ? bytes / ms / 1e6 : 0.0, l->o.device_slots,
+                  queues, queues_why, busy, pin_ms, first_pinned_ms, first_filled_ms, first_queued_ms, first_copy_pinned, decoders_ms, (long long)bytes, ms, ms > 0 ? bytes / ms / 1e6 : 0.0, l->o.device_slots,
                   decode_batches ? decode_ms / (double)decode_batches : 0.0,
                   decode_batches ? decode_host_ms / (double)decode_batches : 0.0,
                   decode_batches ? pool_wait_ms / (double)decode_batches : 0.0, (long long)decode_batches,
