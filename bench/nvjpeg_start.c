@@ -31,6 +31,9 @@
  *   --every MS              a pause of MS milliseconds between the rounds of any of the five above
  *   --delay MS              MS milliseconds between CUDA's start and nvJPEG's, as in a training
  *                           script that built its model before opening the loader
+ *   --gap MS                MS milliseconds between the handle and the state: whether the state's
+ *                           wait is a period counted from the handle's end, or a wake-up missed
+ *                           when the state is asked for at once
  *   --prefault MB           MB of memory touched and given back before nvJPEG starts, as the loader's
  *                           slots and workers touch theirs before decode=auto's start: whether the
  *                           start waits on the kernel handing out fresh pages
@@ -216,6 +219,8 @@ static void *info_run(void *arg) {
   return NULL;
 }
 
+static int gap_ms;
+
 static void *start_run(void *arg) {
   start *s = arg;
   cudaSetDevice(0);
@@ -232,6 +237,8 @@ static void *start_run(void *arg) {
     return NULL;
   if (s->info == INFO_BEFORE)
     info_run(s);
+  if (gap_ms > 0)
+    nanosleep(&(struct timespec){gap_ms / 1000, (long)(gap_ms % 1000) * 1000000}, NULL);
   pthread_t beside;
   bool two = s->info == INFO_BESIDE && pthread_create(&beside, NULL, info_run, s) == 0;
   if (s->sampled)
@@ -283,6 +290,8 @@ int main(int argc, char **argv) {
       spin = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--delay") && i + 1 < argc)
       delay_ms = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--gap") && i + 1 < argc)
+      gap_ms = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--sample"))
       sample = true;
     else if (!strcmp(argv[i], "--prefault") && i + 1 < argc)
@@ -308,7 +317,7 @@ int main(int argc, char **argv) {
     else {
       fprintf(stderr, "usage: nvjpeg_start [--backend hw|cuda|default] [--beside cuda|hw]\n"
                       "  [--twice|--again-alive] [--plain] [--info before|after|beside] [--busy] [--spin N]\n"
-                      "  [--delay MS] [--prefault MB] [--copies|--register|--queries|--blocking|--mallocs]\n"
+                      "  [--delay MS] [--gap MS] [--prefault MB] [--copies|--register|--queries|--blocking|--mallocs]\n"
                       "  [--every MS] [--sample]\n");
       return 2;
     }
@@ -380,10 +389,10 @@ int main(int argc, char **argv) {
     fprintf(stderr, "nvjpeg_start: %s\n", busy_why);
   const char *loading = getenv("CUDA_MODULE_LOADING");
   printf("{\"backend\":\"%s\",\"module_loading\":\"%s\",\"prefault_mb\":%d,\"prefault_ms\":%.1f,"
-         "\"delay_ms\":%d,\"chore\":%d,\"busy\":%d,\"spin\":%d,\"nvjpeg\":\"%s\",\"load_ms\":%.1f,"
+         "\"delay_ms\":%d,\"gap_ms\":%d,\"chore\":%d,\"busy\":%d,\"spin\":%d,\"nvjpeg\":\"%s\",\"load_ms\":%.1f,"
          "\"cuda_ms\":%.1f,\"hw_handle_ms\":%.1f,\"hw_state_ms\":%.1f,"
          "\"hw_info_ms\":%.1f,\"engines\":%u,\"hw_ms\":%.1f,\"status\":%d",
-         first, loading ? loading : "", prefault_mb, prefault_ms, delay_ms, (int)chore, busy, spin,
+         first, loading ? loading : "", prefault_mb, prefault_ms, delay_ms, gap_ms, (int)chore, busy, spin,
          nv->version, load_ms, cuda_ms, a.handle_ms, a.state_ms, a.info_ms, a.engines, a_ms, a.status);
   usage_print("hw_handle", a.handle_use);
   usage_print("hw_state", a.state_use);
