@@ -5,6 +5,7 @@ ahead so that no wait for it is counted. Each --binding (a folder holding a `rin
 an older version's) runs in its own process, in turn, ROUNDS times; the median of each run.
 
 Usage: python_batch_cost.py SOURCE [--binding DIR]... [--batch-size N] [--batches N] [--rounds N]
+                            [--device cuda:N]   (batches on a GPU: their stream wait and release too)
 (RINGFEED_LIBRARY names the library, as for the binding itself.)
 """
 import argparse
@@ -17,11 +18,12 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def one_run(source, batch_size, batches):
+def one_run(source, batch_size, batches, device):
     import ringfeed
     from ringfeed import _loader
+    extra = {"device": device} if device else {}
     loader = ringfeed.Loader(source, framework="torch", batch_size=batch_size, image_size=16, workers=1,
-                             prefetch=4)
+                             prefetch=4, **extra)
     take, spent = _loader.Loader._take, []
 
     def timed(self, *args):
@@ -47,10 +49,11 @@ def main():
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--batches", type=int, default=400)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--device", default="")
     p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.one:
-        print(one_run(a.source, a.batch_size, a.batches))
+        print(one_run(a.source, a.batch_size, a.batches, a.device))
         return
     bindings = a.binding or [os.path.join(HERE, "..", "bindings", "python")]
     medians = {b: [] for b in bindings}
@@ -58,7 +61,8 @@ def main():
         for b in bindings:
             env = dict(os.environ, PYTHONPATH=b)
             out = subprocess.run([sys.executable, __file__, a.source, "--one", "--batch-size", str(a.batch_size),
-                                  "--batches", str(a.batches)], env=env, check=True, capture_output=True, text=True)
+                                  "--batches", str(a.batches), "--device", a.device],
+                                 env=env, check=True, capture_output=True, text=True)
             medians[b].append(float(out.stdout.split()[-1]))
     for b, ms in medians.items():
         print(f"{b}: {', '.join(f'{m:.3f}' for m in ms)} ms a batch of {a.batch_size} in Loader._take")

@@ -278,6 +278,7 @@ class Loader:
             self._users = 0
         self._framework = _framework(framework)
         self._torch = _needs("torch") if self._framework == "torch" else None
+        self._batch_devices = {}  # device_index: where its batches live, (DLPack device type, id)
         if self._framework == "numpy":
             self._numpy = _needs("numpy")
         if self._framework == "numpy" and _format("dtype", options.get("dtype", "uint8")).lower() == "bfloat16":
@@ -461,7 +462,7 @@ class Loader:
             with self._use(closed) as handle:
                 rc = lib.dl_next_batch_timed(handle, device_index, _WAIT_SLICE_MS, ctypes.byref(b))
                 if rc == 0:
-                    return self._take(handle, b)
+                    return self._take(handle, b, device_index)
             if rc != _ETIMEDOUT:
                 break
             closed = (_DL_ECLOSED, "the loader was closed while waiting for a batch")
@@ -475,10 +476,10 @@ class Loader:
         _check(rc)
         return None  # DL_EOF
 
-    def _take(self, handle, b):
+    def _take(self, handle, b, device_index=0):
         """Batch B as a dict of tensors, then the loader-side hold released."""
         try:
-            stream = self._consumer_stream(b)
+            stream = self._consumer_stream(b, device_index)
             if stream is not None:
                 _check(lib.dl_batch_wait(b, stream))
             n = lib.dl_batch_size(b)
@@ -491,10 +492,10 @@ class Loader:
                 name, kind = lib.dl_batch_bytes_name(b, k), lib.dl_batch_bytes_kind(b, k)
                 out[_name(name)] = [_member(kind, lib.dl_batch_bytes(b, name, i, ctypes.byref(size)), size.value)
                                     for i in range(n)]
-            # One call for the keys, decoded as _name does: with a call through ctypes a key,
-            # taking a batch of 256 cost the training loop's thread 0.39-0.47 ms, now 0.32-0.38
-            # (2-core build machine, bench/python_batch_cost.py).
-            out["key"] = [k.decode("utf-8", "surrogateescape") for k in lib.dl_batch_keys(b)[:n]] if n else []
+            # One call for the keys, and one decode of them all, as _name decodes each: keys hold no
+            # NUL, which no UTF-8 sequence or escaped byte spans (bench/python_batch_cost.py).
+            keys = lib.dl_batch_keys(b)[:n] if n else None
+            out["key"] = b"\0".join(keys).decode("utf-8", "surrogateescape").split("\0") if n else []
             epoch, index = ctypes.c_int64(), ctypes.c_int64()
             lib.dl_batch_position(b, ctypes.byref(epoch), ctypes.byref(index))
             out["epoch"], out["index"] = epoch.value, index.value
@@ -515,27 +516,28 @@ class Loader:
             out = out if changed is None else changed
         return out
 
-    def _consumer_stream(self, b):
+    def _consumer_stream(self, b, device_index):
         if self._torch is None:
             return None
-        t = _dlpack._api  # noqa: F841 - keeps ctypes.pythonapi initialised
-        from ._lib import DLTensor
-        desc = DLTensor()
-        _check(lib.dl_batch_field(b, b"label", ctypes.byref(desc)))
-        if desc.device.device_type != K_DL_CUDA:
+        device = self._batch_devices.get(device_index)
+        if device is None:  # asked of the first batch: an index's batches stay on one device
+            from ._lib import DLTensor
+            desc = DLTensor()
+            _check(lib.dl_batch_field(b, b"label", ctypes.byref(desc)))
+            device = self._batch_devices[device_index] = (desc.device.device_type, desc.device.device_id)
+        if device[0] != K_DL_CUDA:
             return None
-        torch = self._torch
-        return ctypes.c_void_p(torch.cuda.current_stream(desc.device.device_id).cuda_stream)
+        return ctypes.c_void_p(self._torch.cuda.current_stream(device[1]).cuda_stream)
 
     def _export(self, b, field):
         """Field FIELD of batch B: a view of its slot, but the labels a copy (B integers: a loop
         that keeps them for its metrics, as DataLoader allows, then holds no slot)."""
         managed = ctypes.POINTER(DLManagedTensor)()
         _check(lib.dl_batch_export(b, field, ctypes.byref(managed)))
-        tensor = _dlpack.DLPackTensor(managed)
-        if self._framework == "torch":
-            view = self._torch.utils.dlpack.from_dlpack(tensor.__dlpack__())
+        if self._framework == "torch":  # the capsule straight to torch, which needs no wrapper
+            view = self._torch.utils.dlpack.from_dlpack(_dlpack.capsule(managed))
             return view.clone() if field == b"label" else view
+        tensor = _dlpack.DLPackTensor(managed)
         if self._framework == "numpy":
             view = self._numpy.from_dlpack(tensor)
             return view.copy() if field == b"label" else view

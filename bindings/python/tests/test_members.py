@@ -287,7 +287,8 @@ def test_names_that_are_not_utf8_come_back_whole(tmp_path):
     a field name that is not UTF-8 made every batch raise UnicodeDecodeError. Both come as
     Python's tarfile gives names: the bytes kept as surrogates."""
     path = tmp_path / "latin1.tar"
-    keys = [b"caf\xe9", b"caf\xe8", b"plain"]
+    # The last two: a key that ends inside a UTF-8 sequence, then one that begins with its tail.
+    keys = [b"caf\xe9", b"caf\xe8", b"plain", b"cut\xc3", b"\xa9tail\xc3\xa9"]
     with open(path, "wb") as raw, tarfile.open(fileobj=raw, mode="w", format=tarfile.GNU_FORMAT,
                                                encoding="utf-8", errors="surrogateescape") as t:
         for i, key in enumerate(keys):
@@ -297,11 +298,12 @@ def test_names_that_are_not_utf8_come_back_whole(tmp_path):
                 info = tarfile.TarInfo((key + b"." + ext).decode("utf-8", "surrogateescape"))
                 info.size = len(data)
                 t.addfile(info, io.BytesIO(data))
-    with ringfeed.Loader(str(path), batch_size=3, image_size=16, shuffle=False, framework="numpy") as loader:
+    with ringfeed.Loader(str(path), batch_size=5, image_size=16, shuffle=False, framework="numpy") as loader:
         batch = next(iter(loader))
     assert [k.encode("utf-8", "surrogateescape") for k in batch["key"]] == keys
-    assert batch["label"].tolist() == [0, 1, 2]
-    assert batch["n\udce9te"] == [b"note 0", b"note 1", b"note 2"]
+    assert batch["key"][3:] == ["cut\udcc3", "\udca9tail\xe9"]
+    assert batch["label"].tolist() == [0, 1, 2, 3, 4]
+    assert batch["n\udce9te"] == [b"note %d" % i for i in range(5)]
 
 
 def test_labels_are_read_as_pythons_int_reads_them(tmp_path):
