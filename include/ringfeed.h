@@ -293,7 +293,8 @@ DL_EXTERN int dl_writer_end(dl_writer *w);
 
 /* The names of the shard's classes, label i naming class i (N of them, each 1..65535 bytes), as
  * an ImageFolder's sorted folders name them: readers give them back through dl_class_name(). Any
- * time before dl_writer_close; a second call replaces the first, and N = 0 writes none. */
+ * time before dl_writer_close; a second call replaces the first, N = 0 writes none, and a call that
+ * fails leaves the table as it was. */
 DL_EXTERN int dl_writer_classes(dl_writer *w, const char *const *names, size_t n);
 
 /* Writes the index and trailer, renames PATH.part to PATH and frees W (also on failure). */

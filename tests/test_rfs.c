@@ -392,7 +392,8 @@ static void class_names_travel(void) {
   ASSERT_STR_EQ(class_names(src, names, sizeof names), "");
   snprintf(cmd, sizeof cmd, "'%s' ls '%s/fcls-000001.rfs' | grep -qx '  classes 4: c0 c1 c2 c3'", dlshard, dir);
   ASSERT_EQ(system(cmd), 0);
-  /* The writer's call: a second replaces the first, none clears, a bad name is refused. */
+  /* The writer's call: a second replaces the first, none clears, a bad name is refused and leaves
+   * the table as it was. */
   const char *two[] = {"a", "b"}, *one[] = {"x"}, *empty[] = {""};
   snprintf(src, sizeof src, "%s/named.rfs", dir);
   dl_writer *w;
@@ -402,7 +403,9 @@ static void class_names_travel(void) {
   ASSERT_EQ(dl_writer_classes(w, empty, 1), DL_ELIMIT);
   ASSERT_CONTAINS(dl_last_error(), "class name 0");
   ASSERT_EQ(dl_writer_classes(w, NULL, 3), -EINVAL);
-  ASSERT_EQ(dl_writer_classes(w, one, 1), 0);
+  const char *late[] = {"y", ""}; /* refused at its second name */
+  ASSERT_EQ(dl_writer_classes(w, late, 2), DL_ELIMIT);
+  ASSERT_CONTAINS(dl_last_error(), "class name 1");
   ASSERT_EQ(dl_writer_begin(w, "k", 0), 0); /* a label alone */
   ASSERT_EQ(dl_writer_end(w), 0);
   ASSERT_EQ(dl_writer_close(w), 0);

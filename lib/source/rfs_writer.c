@@ -279,27 +279,30 @@ int dl_writer_classes(dl_writer *w, const char *const *names, size_t n) {
     return dl__fail(-EINVAL, "dl_writer_classes: the writer is NULL (closed already?)");
   if (!names && n)
     return dl__fail(-EINVAL, "%s: dl_writer_classes: NAMES is NULL", w->path);
+  if (n > DL__RFS_CLASS_TABLE_MAX / 3) /* each name takes 3 bytes or more */
+    return dl__fail(DL_ELIMIT, "%s: %zu classes pass the class table's 64 MiB", w->path, n);
+  /* Every name checked and the room taken before the table changes: a call that fails leaves the
+   * table the last call made. */
+  size_t len = n ? 12 : 0; /* "RFCLASS1", the count, then each name's length and bytes */
+  for (size_t i = 0; i < n; i++) {
+    size_t one = names[i] ? strlen(names[i]) : 0;
+    if (one == 0 || one > UINT16_MAX)
+      return dl__fail(DL_ELIMIT, "%s: class name %zu not accepted (1..65535 bytes)", w->path, i);
+    if ((len += 2 + one) + 8 > DL__RFS_CLASS_TABLE_MAX)
+      return dl__fail(DL_ELIMIT, "%s: class name %zu passes the class table's 64 MiB", w->path, i);
+  }
+  if (dl__buf_reserve(&w->classes, len))
+    return dl__fail(-ENOMEM, "out of memory");
   w->classes_len = 0;
   if (!n)
     return 0;
-  if (n > DL__RFS_CLASS_TABLE_MAX / 3) /* each name takes 3 bytes or more */
-    return dl__fail(DL_ELIMIT, "%s: %zu classes pass the class table's 64 MiB", w->path, n);
   uint32_t count = (uint32_t)n;
-  int r = put(&w->classes, &w->classes_len, "RFCLASS1", 8) || put(&w->classes, &w->classes_len, &count, 4);
-  for (size_t i = 0; i < n && !r; i++) {
-    size_t len = names[i] ? strlen(names[i]) : 0;
-    uint16_t len16 = (uint16_t)len;
-    if (len == 0 || len > UINT16_MAX || w->classes_len + 2 + len + 8 > DL__RFS_CLASS_TABLE_MAX) {
-      w->classes_len = 0;
-      bool bad_len = len == 0 || len > UINT16_MAX;
-      return dl__fail(DL_ELIMIT, "%s: class name %zu %s", w->path, i,
-                      bad_len ? "not accepted (1..65535 bytes)" : "passes the class table's 64 MiB");
-    }
-    r = put(&w->classes, &w->classes_len, &len16, 2) || put(&w->classes, &w->classes_len, names[i], len);
-  }
-  if (r) {
-    w->classes_len = 0;
-    return dl__fail(-ENOMEM, "out of memory");
+  put(&w->classes, &w->classes_len, "RFCLASS1", 8); /* within the room taken: these cannot fail */
+  put(&w->classes, &w->classes_len, &count, 4);
+  for (size_t i = 0; i < n; i++) {
+    uint16_t len16 = (uint16_t)strlen(names[i]);
+    put(&w->classes, &w->classes_len, &len16, 2);
+    put(&w->classes, &w->classes_len, names[i], len16);
   }
   return 0;
 }
