@@ -450,7 +450,9 @@ fi
 # 4e. decode=auto (the default) against hybrid over 5 epochs, each in a fresh process as a training
 #    script starts one: steady (from the first batch) and with start-up (from dl_open, which for
 #    hybrid waits for nvJPEG's start while auto decodes on the CPU meanwhile); with BASE=DIR, the
-#    version before in turn. AUTO_SETS (default "q90 q96"), AUTO_ROUNDS (default 2).
+#    version before in turn. AUTO_SETS (default "q90 q96"), AUTO_ROUNDS (default 2); AUTO_FIRST_AFTER=MS
+#    takes each run's first batch MS ms after dl_open, as a training script that opens its loader
+#    before building its model (nvJPEG then starts while the model is made).
 if has autostart; then
   runs="new"
   [ -x "${BASE:-}/dlbench" ] && runs="base new"
@@ -458,6 +460,7 @@ if has autostart; then
     eval src=\${$set:-} # q96 is made only where FIRST_SETS names it (or is unset)
     [ -n "$src" ] || continue
     args="$src ${RF_WORKERS:+--workers $RF_WORKERS} --batch 256 --size 224 --flip --device cuda:0 --json --epochs 5"
+    late=${AUTO_FIRST_AFTER:+, first batch taken ${AUTO_FIRST_AFTER} ms after dl_open}
     "$build/dlbench" $args --decode hybrid > /dev/null 2>&1 # the index cached, the scans' verdicts kept
     round=1
     while [ $round -le "${AUTO_ROUNDS:-2}" ]; do
@@ -466,11 +469,12 @@ if has autostart; then
         [ $run = base ] && bin=$BASE
         for mode in hybrid auto; do
           j="$out/$set-start-$mode-$run-$round.json"
-          guarded 120 "$j" "$out/$set-start-$mode-$run-$round.err" env DL_LOG_LEVEL=4 "$bin/dlbench" $args --decode $mode
+          guarded 120 "$j" "$out/$set-start-$mode-$run-$round.err" env DL_LOG_LEVEL=4 "$bin/dlbench" $args --decode $mode \
+            ${AUTO_FIRST_AFTER:+--first-after $AUTO_FIRST_AFTER}
           keep "$j"
         done
         h="$out/$set-start-hybrid-$run-$round.json" a="$out/$set-start-auto-$run-$round.json"
-        row "$set auto / hybrid, 5 epochs, $run, round $round" "steady $(ratio "$(num "$a" steady_samples_per_s)" "$(num "$h" steady_samples_per_s)") ($(num "$a" steady_samples_per_s) / $(num "$h" steady_samples_per_s)), with start-up $(ratio "$(num "$a" samples_per_s)" "$(num "$h" samples_per_s)") ($(num "$a" samples_per_s) / $(num "$h" samples_per_s)); hybrid's dl_open $(num "$h" open_ms) ms ($(grep -o 'nvJPEG on cuda:0 started in [0-9]* ms' "$out/$set-start-hybrid-$run-$round.err" | head -1)); auto's first batch $(num "$a" first_batch_ms) ms, nvJPEG ready $(num "$a" gpu_decoders_start_ms) ms after the starter began, $(num "$a" gpu_decoded) of $(num "$a" samples) images on the GPU"
+        row "$set auto / hybrid, 5 epochs$late, $run, round $round" "steady $(ratio "$(num "$a" steady_samples_per_s)" "$(num "$h" steady_samples_per_s)") ($(num "$a" steady_samples_per_s) / $(num "$h" steady_samples_per_s)), with start-up $(ratio "$(num "$a" samples_per_s)" "$(num "$h" samples_per_s)") ($(num "$a" samples_per_s) / $(num "$h" samples_per_s)); hybrid's dl_open $(num "$h" open_ms) ms ($(grep -o 'nvJPEG on cuda:0 started in [0-9]* ms' "$out/$set-start-hybrid-$run-$round.err" | head -1)); auto's first batch $(num "$a" first_batch_ms) ms, nvJPEG ready $(num "$a" gpu_decoders_start_ms) ms after the starter began, $(num "$a" gpu_decoded) of $(num "$a" samples) images on the GPU"
       done
       round=$((round + 1))
     done

@@ -129,6 +129,8 @@ static void usage(FILE *f) {
           "  --step-kernel-ms K   ... in kernels of K ms each, holding every SM (1)\n"
           "  --resume TOKEN    continue after a saved state\n"
           "  --stop-after K    stop after K batches and print the resume token\n"
+          "  --first-after MS  take the first batch MS ms after dl_open, as a training script that opens\n"
+          "                    its loader before building its model (steady rates count from that batch)\n"
           "  --option K=V      any other loader option (repeatable)\n"
           "  --synthetic N     samples in the synthetic set (10000)\n"
           "  --quality Q --subsampling 420|444   how the synthetic set is encoded (90, 420;\n"
@@ -148,7 +150,7 @@ typedef struct args {
   char opts[4096]; /* the loader's options */
   const char *device;
   bool json, digest, keys, make_only;
-  long synthetic, stop_after;
+  long synthetic, stop_after, first_after_ms;
   synthetic_coding coding;
   double step_ms, step_kernel_ms;
 } args;
@@ -158,7 +160,7 @@ static int parse_args(int argc, char **argv, args *a) {
   enum { O_BATCH = 256, O_SIZE, O_CROP, O_PREFETCH, O_EPOCHS, O_SEED, O_IO, O_ONERR, O_RANK, O_WORLD,
          O_DEVICE, O_DTYPE, O_STEP, O_RESUME, O_STOP, O_OPTION, O_SYNTH, O_JSON, O_DIGEST, O_KEYS,
          O_FLIP, O_WORKERS, O_HELP, O_MAKE, O_DECODE, O_QUALITY, O_SUBSAMPLING, O_SHARED_TABLES, O_VERSION,
-         O_STEP_KERNEL, O_LIST_OPTIONS };
+         O_STEP_KERNEL, O_LIST_OPTIONS, O_FIRST_AFTER };
   static const struct option longopts[] = {
       {"workers", 1, 0, O_WORKERS}, {"batch", 1, 0, O_BATCH},      {"size", 1, 0, O_SIZE},
       {"crop", 1, 0, O_CROP},       {"prefetch", 1, 0, O_PREFETCH}, {"epochs", 1, 0, O_EPOCHS},
@@ -170,7 +172,7 @@ static int parse_args(int argc, char **argv, args *a) {
       {"flip", 0, 0, O_FLIP},       {"help", 0, 0, O_HELP},        {"make-synthetic", 0, 0, O_MAKE},
       {"decode", 1, 0, O_DECODE},   {"quality", 1, 0, O_QUALITY},  {"subsampling", 1, 0, O_SUBSAMPLING},
       {"step-kernel-ms", 1, 0, O_STEP_KERNEL}, {"list-options", 2, 0, O_LIST_OPTIONS},
-      {"shared-tables", 0, 0, O_SHARED_TABLES},
+      {"shared-tables", 0, 0, O_SHARED_TABLES}, {"first-after", 1, 0, O_FIRST_AFTER},
       {"version", 0, 0, O_VERSION}, {0, 0, 0, 0}};
   *a = (args){.device = "cpu", .synthetic = 10000, .stop_after = -1, .coding = SYNTHETIC_DEFAULT, .step_kernel_ms = 1};
   size_t olen = 0;
@@ -212,6 +214,10 @@ static int parse_args(int argc, char **argv, args *a) {
       break;
     case O_STOP:
       if (!cli_whole_number("dlbench", "--stop-after", optarg, 0, &a->stop_after))
+        return 2;
+      break;
+    case O_FIRST_AFTER:
+      if (!cli_whole_number("dlbench", "--first-after", optarg, 0, &a->first_after_ms))
         return 2;
       break;
     case O_SYNTH:
@@ -631,6 +637,8 @@ int main(int argc, char **argv) {
   r.all = XXH3_createState();
   r.one = XXH3_createState();
   XXH3_64bits_reset(r.all);
+  if (a.first_after_ms > 0) /* the loader works meanwhile: nvJPEG's start, the first batches */
+    nanosleep(&(struct timespec){a.first_after_ms / 1000, a.first_after_ms % 1000 * 1000000}, NULL);
   while (a.stop_after < 0 || r.batches < a.stop_after) {
     dl_batch *b;
     int e = dl_next_batch(l, &b);

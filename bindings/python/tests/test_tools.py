@@ -115,13 +115,23 @@ def test_step_kernel_length_must_be_a_positive_number():
 
 @needs_tools
 def test_counts_are_whole_numbers_and_the_synthetic_set_takes_no_source():
-    for flag, bad, least in (("--stop-after", "-3", 0), ("--stop-after", "1.5", 0), ("--synthetic", "10abc", 1),
+    for flag, bad, least in (("--stop-after", "-3", 0), ("--stop-after", "1.5", 0), ("--first-after", "-5", 0),
+                             ("--first-after", "0.5", 0), ("--synthetic", "10abc", 1),
                              ("--synthetic", "0", 1), ("--quality", "9x", 1), ("--synthetic", "0x10", 1)):
-        out = run(DLBENCH, *((WDS,) if flag == "--stop-after" else ()), flag, bad, "--make-synthetic", ok=False)
+        out = run(DLBENCH, *((WDS,) if flag in ("--stop-after", "--first-after") else ()), flag, bad,
+                  "--make-synthetic", ok=False)
         assert out.returncode == 2 and f"{flag} {bad}: expected a whole number of at least {least}" in out.stderr
     for flags in (("--synthetic", "20"), ("--quality", "96"), ("--subsampling", "444"), ("--shared-tables",)):
         out = run(DLBENCH, WDS, *SMALL, *flags, ok=False)  # they would be ignored: refused instead
         assert out.returncode == 2 and "give them without a SOURCE" in out.stderr, out.stderr
+
+
+@needs_tools
+def test_first_after_takes_the_first_batch_that_late_and_the_same_batches():
+    now = json.loads(run(DLBENCH, WDS, *SMALL, "--json", "--digest").stdout)
+    late = json.loads(run(DLBENCH, WDS, *SMALL, "--json", "--digest", "--first-after", "600").stdout)
+    assert now["first_batch_ms"] < 600 <= late["first_batch_ms"], (now["first_batch_ms"], late["first_batch_ms"])
+    assert late["digest"] == now["digest"] and late["samples"] == now["samples"]
 
 
 def huffman_tables(jpeg):
