@@ -452,7 +452,8 @@ fi
 #    hybrid waits for nvJPEG's start while auto decodes on the CPU meanwhile); with BASE=DIR, the
 #    version before in turn. AUTO_SETS (default "q90 q96"), AUTO_ROUNDS (default 2); AUTO_FIRST_AFTER=MS
 #    takes each run's first batch MS ms after dl_open, as a training script that opens its loader
-#    before building its model (nvJPEG then starts while the model is made).
+#    before building its model (nvJPEG then starts while the model is made; BASE's dlbench must
+#    know --first-after, 5bf1252 or later).
 if has autostart; then
   runs="new"
   [ -x "${BASE:-}/dlbench" ] && runs="base new"
