@@ -476,7 +476,7 @@ class Loader:
         _check(rc)
         return None  # DL_EOF
 
-    def _take(self, handle, b, device_index=0):
+    def _take(self, handle, b, device_index):
         """Batch B as a dict of tensors, then the loader-side hold released."""
         try:
             stream = self._consumer_stream(b, device_index)
