@@ -54,7 +54,11 @@ def main():
                    help="after the warm-up, blocks of N steps held and fed in turn in this one process, each timed: "
                         "the fed/held ratio without what moves from one process or host to the next, for a model "
                         "that pauses between its fed blocks (needs --steps)")
+    p.add_argument("--model-first", action="store_true",
+                   help="build the model before opening the loader, as many scripts do: what opening it first "
+                        "saves (decode=auto starts nvJPEG at the open, and the model's build hides that start)")
     args = p.parse_args()
+    start = time.perf_counter()
     if (args.held or args.alternate) and not args.steps:
         p.error("--held and --alternate need --steps")
     if args.held and args.alternate:
@@ -68,16 +72,21 @@ def main():
     torch.cuda.set_device(local)
     if world > 1:
         dist.init_process_group("nccl")
-    import torchvision
-    if args.model == "vit_tiny":
-        net = torchvision.models.VisionTransformer(image_size=224, patch_size=16, num_layers=12, num_heads=3,
-                                                   hidden_dim=192, mlp_dim=768, num_classes=args.classes)
-    else:
-        net = torchvision.models.resnet50(num_classes=args.classes)
-    model = net.cuda().to(memory_format=torch.channels_last)
-    if world > 1:
-        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local])
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=5e-5)
+
+    def build_model():
+        import torchvision
+        if args.model == "vit_tiny":
+            net = torchvision.models.VisionTransformer(image_size=224, patch_size=16, num_layers=12, num_heads=3,
+                                                       hidden_dim=192, mlp_dim=768, num_classes=args.classes)
+        else:
+            net = torchvision.models.resnet50(num_classes=args.classes)
+        model = net.cuda().to(memory_format=torch.channels_last)
+        if world > 1:
+            model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local])
+        return model
+
+    if args.model_first:
+        model = build_model()
     state = json.load(open(args.resume)) if args.resume else None
     options = dict(batch_size=args.batch_size, workers=args.workers, image_size=224, crop="random_resized",
                    flip=True, epochs=args.epochs, device="cuda", dtype="bfloat16", layout="channels_last", seed=0,
@@ -86,7 +95,12 @@ def main():
                    # shape once (0.2 s for a ViT on an H200) and weighs its few images as a full batch
                    drop_last=True)
     options.update(o.split("=", 1) for o in args.option)  # --option decode=cpu wins over --decode's default
+    # The loader opens before the model is built: its workers fill the first batches and nvJPEG
+    # starts (decode=auto) while the model builds, instead of after it (docs/gpu.md)
     loader = ringfeed.Loader(args.data, **options)
+    if not args.model_first:
+        model = build_model()
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=5e-5)
     keys = open(args.keys_out.replace("%RANK%", str(rank)), "w") if args.keys_out else None
     step, seen, t0 = 0, 0, time.perf_counter()
     warm, warm_seen, warm_t = 30, 0, None  # the steady rate counts from step 30 on
@@ -141,6 +155,7 @@ def main():
     last_t = None
     warm_wait = None  # the loader's count of the consumer's waits, at step `warm`
     warm_usage = None  # this thread's CPU time and context switches, at step `warm`
+    first_step_s = None  # from the arguments read to the end of the first step
     while not done:  # each `for` over the loader is one epoch; none left: it yields nothing
         batches = 0
         it = iter(held(loader) if args.held else alternating(loader, args.alternate) if args.alternate else loader)
@@ -164,6 +179,9 @@ def main():
                 keys.write("\n".join(batch["key"]) + "\n")
             step += 1
             seen += images.shape[0]
+            if step == 1:
+                torch.cuda.synchronize()
+                first_step_s = time.perf_counter() - start
             now = time.perf_counter()
             if warm_t is not None:
                 step_ms.append((step, (now - last_t) * 1e3))
@@ -201,7 +219,11 @@ def main():
               "final_loss": float(loss.item()), "decode": args.decode, "model": args.model,
               "decode_backend": stats["decode_backend"], "gpu_share": stats["gpu_share"],
               "gpu_decoded": stats["gpu_decoded"], "cpu_decoded": stats["cpu_decoded"],
-              "held": args.held, "beside": args.beside,
+              "held": args.held, "beside": args.beside, "model_first": args.model_first,
+              # the start-up: from the arguments read to the first step's end, and the loader's own
+              # times from its open (its first batch taken, nvJPEG ready under decode=auto)
+              "first_step_s": first_step_s, "first_batch_ms": stats["first_batch_ms"],
+              "gpu_decoders_start_ms": stats.get("gpu_decoders_start_ms"),
               "next_ms_per_step": next_s * 1e3 / max(1, step - warm),
               "step_ms": (time.perf_counter() - warm_t) * 1e3 / per_step if warm_t else None, **thread,
               "slowest_steps": [[k, round(ms, 2)] for k, ms in slowest],
