@@ -13,8 +13,8 @@
 #   traces alone; REPEAT=R: R pairs of held and fed runs, the ratio of each and their median;
 #   ALTERNATE=N: one more run (ALTERNATE_STEPS long, STEPS by default) of N-step blocks held and fed
 #   in turn in one process (each fed block follows a pause of the loader's consumer); ORDER=R: R
-#   pairs of short fed runs (ORDER_STEPS, 60), the loader opened before the model is built (the
-#   example's order) and after it (--model-first), for the start-up each order gives
+#   pairs of fed runs (ORDER_STEPS, 60), the loader opened before the model is built
+#   (--loader-first) and after it (the example's order), for the start-up and rate each gives
 set -u
 data=$1
 out=${2:-out}
@@ -73,18 +73,18 @@ for model in ${MODELS:-resnet50 vit_tiny}; do
     r=1
     while [ $r -le "${ORDER:-0}" ]; do
       for o in $([ $((r % 2)) = 1 ] && echo "loader model" || echo "model loader"); do
-        if [ $o = model ]; then
-          rc_model=$(run order-model-$r --steps "${ORDER_STEPS:-60}" --model-first)
+        if [ $o = loader ]; then
+          rc_loader=$(run order-loader-$r --steps "${ORDER_STEPS:-60}" --loader-first)
         else
-          rc_loader=$(run order-loader-$r --steps "${ORDER_STEPS:-60}")
+          rc_model=$(run order-model-$r --steps "${ORDER_STEPS:-60}")
         fi
       done
       l="$out/train-$model-order-loader-$r.log" m="$out/train-$model-order-model-$r.log"
-      printf '| %s start-up, loader opened first / model built first, pair %s (exit %s / %s) | first step %s / %s s after the arguments; the loader'"'"'s first batch %s / %s ms after its open, nvJPEG ready %s / %s ms; %s / %s images decoded on the GPU, %s / %s on the CPU |\n' \
+      printf '| %s start-up, loader opened first / model built first, pair %s (exit %s / %s) | first step %s / %s s after the arguments; the loader'"'"'s first batch %s / %s ms after its open, nvJPEG ready %s / %s ms; %s / %s images decoded on the GPU, %s / %s on the CPU; steady %s / %s images/s |\n' \
         $model $r $rc_loader $rc_model "$(field "$l" first_step_s)" "$(field "$m" first_step_s)" \
         "$(field "$l" first_batch_ms)" "$(field "$m" first_batch_ms)" "$(field "$l" gpu_decoders_start_ms)" \
         "$(field "$m" gpu_decoders_start_ms)" "$(field "$l" gpu_decoded)" "$(field "$m" gpu_decoded)" \
-        "$(field "$l" cpu_decoded)" "$(field "$m" cpu_decoded)"
+        "$(field "$l" cpu_decoded)" "$(field "$m" cpu_decoded)" "$(steady "$l")" "$(steady "$m")"
       r=$((r + 1))
     done
     held=$(steady "$out/train-$model-held.log")
