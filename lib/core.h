@@ -143,7 +143,7 @@ typedef struct dl__stats {
    * work slowed the copy thread's nvJPEG calls, and the split moved 16-17 times instead of 0-2,
    * GPU idle 0.025-0.059 against 0.018-0.022). */
   double consumer_stream_wait_s;
-  _Atomic int64_t release_wait_ns; /* copy threads waiting for the consumer's GPU to free a slot */
+  _Atomic int64_t release_wait_ns; /* copy threads waiting for the consumer (thread or GPU) to free a slot */
   _Atomic int64_t copy_wait_workers_ns; /* copy threads waiting for the workers' next host batch */
   double first_batch_ms, first_filled_ms; /* the first batch handed out, and filled by the workers (under mu) */
   double first_wait_s; /* of consumer_wait_s, waiting for the first batch (start-up) */

@@ -12,6 +12,7 @@
 // - The other crops, sizes, one channel, NCHW and a rank's share agree with the CPU's too; a resume
 //   token continues with the uninterrupted run's bytes.
 // - Float outputs and layouts from the kernel agree with its uint8 output.
+// - A consumer held back by its host thread leaves the hybrid split drifting to the workers.
 #include "cuda_batches.h"
 #include "entropy_damaged.h"
 #include "ringfeed.h"
@@ -21,6 +22,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <time.h>
 
 typedef struct manifest_row {
   char member[32], path[1024], check[512];
@@ -525,6 +527,38 @@ static void kept_decoders(const char *dir) {
   free_copy(&after);
 }
 
+// A consumer held back by its host thread, not its GPU (a host-bound model's step): it keeps each
+// batch 15 ms and queues no work on it. The copy stage then waits with every device slot handed
+// out, and the split drifts from its first share to the workers, as it does behind a busy GPU;
+// it held at that share before, the engines' driver calls slowing such a model's thread.
+static void host_bound_consumer(const char *dir) {
+  char source[600];
+  snprintf(source, sizeof source, "%s/q90-420-{0..2}.tar", dir);
+  dl_loader *l;
+  OPEN_OK(l, source, "batch_size=8 image_size=64 seed=3 workers=3 epochs=6 device=cuda:0 decode=hybrid");
+  cudaStream_t s;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  dl_batch *b;
+  int r, batches = 0;
+  const struct timespec step = {0, 15 * 1000 * 1000};
+  while ((r = dl_next_batch(l, &b)) == 0) {
+    ASSERT_EQ(dl_batch_wait(b, s), 0);
+    nanosleep(&step, NULL);
+    dl_batch_release(b, s);
+    batches++;
+  }
+  ASSERT_EQ(r, DL_EOF);
+  stream_copy run;
+  ASSERT_GT(dl_stats_json(l, run.stats, sizeof run.stats), 0);
+  dl_close(l);
+  CHECK_CUDA(cudaStreamDestroy(s));
+  double share = stat_of(&run, "gpu_share");
+  printf("a consumer held back by its thread: GPU share 0.75 -> %.3f over %d batches (%.0f images on the GPU, "
+         "%.0f on the workers)\n", share, batches, stat_of(&run, "gpu_decoded"), stat_of(&run, "cpu_decoded"));
+  ASSERT_EQ(batches, 72);
+  ASSERT(share >= 0 && share <= 0.25);
+}
+
 // The kernel's float outputs are its uint8 pixels, normalised, in either layout.
 static void float_outputs(const char *dir) {
   char source[600];
@@ -571,6 +605,7 @@ int main(void) {
   float_outputs(dir);
   pool_halves(dir);
   kept_decoders(dir);
+  host_bound_consumer(dir);
   char cmd[700];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
   ASSERT_EQ(system(cmd), 0);

@@ -437,7 +437,7 @@ static void split(void) {
 
   /* The split moves half the way toward the balance of the two sides' measured rates (in 32nds of
    * a batch, one at least) after three batches that agree, and only then; a consumer that never
-   * waits moves it to the CPU while the copy stage waits for the consumer's GPU over a quarter of
+   * waits moves it to the CPU while the copy stage waits for the consumer over a quarter of
    * the time (AHEAD: that share of the time since the update before, PERIOD ms apart), by 1/8 while
    * over half, else it holds; and only as far as both sides' parts of a batch at the new split stay
    * within 0.8 of that period.

@@ -212,8 +212,9 @@ void dl__gpu_share_update(dl_loader *l, int gpu_samples, double gpu_ms) {
   int64_t plan_ns = atomic_load_explicit(&l->st.gpu_plan_ns, memory_order_relaxed);
   int64_t pn = planned - s->planned, pns = plan_ns - s->plan_ns;
   bool starved = l->st.starved > s->starved;
-  /* The copy threads' share of the time since the last update spent waiting for the consumer's
-   * GPU to give a slot back: how far ahead of the consumer the loader runs. */
+  /* The copy threads' share of the time since the last update spent waiting for the consumer to
+   * give a slot back (its GPU still reading it, or its thread holding them all): how far ahead of
+   * the consumer the loader runs. */
   int64_t rw = atomic_load_explicit(&l->st.release_wait_ns, memory_order_relaxed);
   double now = dl__now(), span = s->t > 0 ? now - s->t : 0;
   double ahead = span > 0 ? (double)(rw - s->release_wait_ns) * 1e-9 / span / l->nstreams : 0;
@@ -249,7 +250,7 @@ void dl__gpu_share_update(dl_loader *l, int gpu_samples, double gpu_ms) {
      * q90: 23.3 thousand images/s on the GPU side at share 0.7, 17.9 at 0.59). Which side waited
      * for the other, the rule before, settled at such a local balance (0.59, 26,000 images/s
      * where a fixed 0.7 gave 30,700). A consumer that never waits leaves the split drifting to
-     * the CPU while the copy stage waits for the consumer's GPU over a quarter of the time (the
+     * the CPU while the copy stage waits for the consumer over a quarter of the time (the
      * loader is well ahead): the GPU's time is then better left to training, as far as the
      * loader would stay ahead (keeps_ahead). Short of that it holds, rather than drift until the
      * consumer waits. */
