@@ -10,7 +10,8 @@
 #   VARIANTS: loader options (KEY=VALUE ..., KEY=VALUE+KEY=VALUE for several in one run), each also
 #   run fed and beside (fed only with VARIANTS_FED_ONLY=1); TRACE_FED_FLAGS: the
 #   traced fed run's flags (such as "--decode cpu"), TRACE_STEPS its steps (80); TRACE_ONLY=1: the
-#   traces alone; REPEAT=R: R pairs of held and fed runs, the ratio of each and their median;
+#   traces alone; REPEAT=R: R pairs of held and fed runs, the ratio of each, their median and where
+#   each fed run's split ended;
 #   ALTERNATE=N: one more run (ALTERNATE_STEPS long, STEPS by default) of N-step blocks held and fed
 #   in turn in one process (each fed block follows a pause of the loader's consumer); ORDER=R: R
 #   pairs of fed runs (ORDER_STEPS, 60), the loader opened before the model is built
@@ -50,16 +51,20 @@ for model in ${MODELS:-resnet50 vit_tiny}; do
     # from run to run (a host-bound model's rate moves by several percent between runs)
     pairs=$(awk -v a="$(steady "$out/train-$model-fed.log")" -v b="$(steady "$out/train-$model-held.log")" \
       'BEGIN{ if (b > 0 && a > 0) printf "%.4f", a / b }')
+    splits="$(field "$out/train-$model-fed.log" gpu_share)"  # where each fed run's split ended
     r=2
     while [ $r -le "${REPEAT:-1}" ]; do
       run held-$r --held > /dev/null
       run fed-$r > /dev/null
       pairs="$pairs $(awk -v a="$(steady "$out/train-$model-fed-$r.log")" -v b="$(steady "$out/train-$model-held-$r.log")" \
         'BEGIN{ if (b > 0 && a > 0) printf "%.4f", a / b; else print "-" }')"
+      splits="$splits $(field "$out/train-$model-fed-$r.log" gpu_share)"
       r=$((r + 1))
     done
-    [ "${REPEAT:-1}" -gt 1 ] && printf '| %s fed / held, pair by pair (held then fed) | %s; median %s |\n' $model "$pairs" \
-      "$(echo $pairs | tr ' ' '\n' | sort -n | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }')"
+    [ "${REPEAT:-1}" -gt 1 ] && printf '| %s fed / held, pair by pair (held then fed) | %s; median %s; the fed runs'"'"' split at the end %s |\n' \
+      $model "$pairs" \
+      "$(echo $pairs | tr ' ' '\n' | sort -n | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }')" \
+      "$splits"
     if [ -n "${ALTERNATE:-}" ]; then
       rc_alt=$(run alternate --alternate "$ALTERNATE" --steps "${ALTERNATE_STEPS:-$steps}")
       printf '| %s fed / held in %s-step blocks of one process (exit %s) | median step held / fed %s; blocks: median of the pairs %s, ratio of the medians %s; pairs %s |\n' \
@@ -98,11 +103,12 @@ for model in ${MODELS:-resnet50 vit_tiny}; do
     done
     for name in $names; do
       log="$out/train-$model-$name.log"
-      printf '| %s %s / held | %s | step %s ms: the training thread on a CPU %s ms, off it %s times waiting and %s times taken off; next() %s ms a step (waiting for the loader %s), copy thread per batch: waits for the consumer %s ms, queues nvJPEG %s ms; bottleneck %s |\n' $model $name \
+      printf '| %s %s / held | %s | step %s ms: the training thread on a CPU %s ms, off it %s times waiting and %s times taken off; next() %s ms a step (waiting for the loader %s), copy thread per batch: waits for the consumer %s ms, queues nvJPEG %s ms; bottleneck %s; the split'"'"'s GPU share at the end %s, images on the GPU %s, on the CPU %s |\n' $model $name \
         "$(awk -v a="$(steady "$log")" -v b="$held" 'BEGIN{ if (b > 0 && a > 0) printf "%.4f", a / b; else print "-" }')" \
         "$(field "$log" step_ms)" "$(field "$log" thread_cpu_ms_per_step)" "$(field "$log" thread_waits_per_step)" \
         "$(field "$log" thread_preempted_per_step)" "$(field "$log" next_ms_per_step)" "$(field "$log" loader_wait_ms_per_step)" \
-        "$(field "$log" gpu_stage_wait_consumer_ms)" "$(field "$log" gpu_decode_host_ms)" "$(field "$log" bottleneck)"
+        "$(field "$log" gpu_stage_wait_consumer_ms)" "$(field "$log" gpu_decode_host_ms)" "$(field "$log" bottleneck)" \
+        "$(field "$log" gpu_share)" "$(field "$log" gpu_decoded)" "$(field "$log" cpu_decoded)"
       printf '| %s %s, slowest steps [step, ms]; Python collector | %s; %s ms a step in %s runs (gen 0, 1, 2) |\n' $model $name \
         "$(sed -n 's/.*"slowest_steps": *\(\[[^a-z]*\]\),.*/\1/p' "$log" | tail -1)" "$(field "$log" gc_ms_per_step)" \
         "$(sed -n 's/.*"gc_runs": *\(\[[0-9, ]*\]\).*/\1/p' "$log" | tail -1)"
