@@ -24,6 +24,7 @@ steps=${STEPS:-300}
 traces=$(mktemp -d /tmp/ringfeed-train-trace.XXXXXX)  # large: left on the machine
 steady() { sed -n 's/.*"steady_images_per_s_per_gpu": *\([0-9.]*\).*/\1/p' "$1" | tail -1; }
 field() { sed -n "s/.*\"$2\": *\([^,}]*\).*/\1/p" "$1" | tail -1; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN{ if (b > 0 && a > 0) printf "%.4f", a / b; else print "-" }'; }  # A / B
 for model in ${MODELS:-resnet50 vit_tiny}; do
   eval batch=\${BATCH_$model:-}
   [ -n "$batch" ] || { [ $model = vit_tiny ] && batch=128 || batch=256; }
@@ -49,15 +50,13 @@ for model in ${MODELS:-resnet50 vit_tiny}; do
     done
     # REPEAT=R: R-1 more pairs of held and fed, one after the other, for the spread of the ratio
     # from run to run (a host-bound model's rate moves by several percent between runs)
-    pairs=$(awk -v a="$(steady "$out/train-$model-fed.log")" -v b="$(steady "$out/train-$model-held.log")" \
-      'BEGIN{ if (b > 0 && a > 0) printf "%.4f", a / b }')
+    pairs=$(ratio "$(steady "$out/train-$model-fed.log")" "$(steady "$out/train-$model-held.log")")
     splits="$(field "$out/train-$model-fed.log" gpu_share)"  # where each fed run's split ended
     r=2
     while [ $r -le "${REPEAT:-1}" ]; do
       run held-$r --held > /dev/null
       run fed-$r > /dev/null
-      pairs="$pairs $(awk -v a="$(steady "$out/train-$model-fed-$r.log")" -v b="$(steady "$out/train-$model-held-$r.log")" \
-        'BEGIN{ if (b > 0 && a > 0) printf "%.4f", a / b; else print "-" }')"
+      pairs="$pairs $(ratio "$(steady "$out/train-$model-fed-$r.log")" "$(steady "$out/train-$model-held-$r.log")")"
       splits="$splits $(field "$out/train-$model-fed-$r.log" gpu_share)"
       r=$((r + 1))
     done
@@ -104,7 +103,7 @@ for model in ${MODELS:-resnet50 vit_tiny}; do
     for name in $names; do
       log="$out/train-$model-$name.log"
       printf '| %s %s / held | %s | step %s ms: the training thread on a CPU %s ms, off it %s times waiting and %s times taken off; next() %s ms a step (waiting for the loader %s), copy thread per batch: waits for the consumer %s ms, queues nvJPEG %s ms; bottleneck %s; the split'"'"'s GPU share at the end %s, images on the GPU %s, on the CPU %s |\n' $model $name \
-        "$(awk -v a="$(steady "$log")" -v b="$held" 'BEGIN{ if (b > 0 && a > 0) printf "%.4f", a / b; else print "-" }')" \
+        "$(ratio "$(steady "$log")" "$held")" \
         "$(field "$log" step_ms)" "$(field "$log" thread_cpu_ms_per_step)" "$(field "$log" thread_waits_per_step)" \
         "$(field "$log" thread_preempted_per_step)" "$(field "$log" next_ms_per_step)" "$(field "$log" loader_wait_ms_per_step)" \
         "$(field "$log" gpu_stage_wait_consumer_ms)" "$(field "$log" gpu_decode_host_ms)" "$(field "$log" bottleneck)" \

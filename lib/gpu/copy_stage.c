@@ -626,14 +626,11 @@ static void *copy_thread(void *arg) {
        * thread here and the split at its first share in most runs (an H100 host): its training
        * thread then left its CPU 42-45 times a step and trained 9-11% slower than held, against
        * 1-1.5% slower in the runs where the split had gone to the workers. */
-      if (host_ok) {
-        double waited = dl__now() - t0;
+      double waited = dl__now() - t0;
+      if (host_ok)
         g->wait_consumer_ms += waited * 1e3;
-        atomic_fetch_add_explicit(&l->st.release_wait_ns, (int64_t)(waited * 1e9), memory_order_relaxed);
-      } else {
-        atomic_fetch_add_explicit(&l->st.copy_wait_workers_ns, (int64_t)((dl__now() - t0) * 1e9),
-                                  memory_order_relaxed);
-      }
+      atomic_fetch_add_explicit(host_ok ? &l->st.release_wait_ns : &l->st.copy_wait_workers_ns,
+                                (int64_t)(waited * 1e9), memory_order_relaxed);
     }
     if (stop)
       break;
