@@ -453,7 +453,8 @@ fi
 #    version before in turn. AUTO_SETS (default "q90 q96"), AUTO_ROUNDS (default 2); AUTO_FIRST_AFTER=MS
 #    takes each run's first batch MS ms after dl_open, as a training script that opens its loader
 #    before building its model (nvJPEG then starts while the model is made; BASE's dlbench must
-#    know --first-after, 5bf1252 or later).
+#    know --first-after, 5bf1252 or later); AUTO_SECOND=1 measures each run's second loader
+#    (dlbench --second-loader), as a training loop's later epochs find their process.
 if has autostart; then
   runs="new"
   [ -x "${BASE:-}/dlbench" ] && runs="base new"
@@ -461,7 +462,7 @@ if has autostart; then
     eval src=\${$set:-} # q96 is made only where FIRST_SETS names it (or is unset)
     [ -n "$src" ] || continue
     args="$src ${RF_WORKERS:+--workers $RF_WORKERS} --batch 256 --size 224 --flip --device cuda:0 --json --epochs 5"
-    late=${AUTO_FIRST_AFTER:+, first batch taken ${AUTO_FIRST_AFTER} ms after dl_open}
+    late=${AUTO_FIRST_AFTER:+, first batch taken ${AUTO_FIRST_AFTER} ms after dl_open}${AUTO_SECOND:+, the process's second loader}
     "$build/dlbench" $args --decode hybrid > /dev/null 2>&1 # the index cached, the scans' verdicts kept
     round=1
     while [ $round -le "${AUTO_ROUNDS:-2}" ]; do
@@ -471,7 +472,7 @@ if has autostart; then
         for mode in hybrid auto; do
           j="$out/$set-start-$mode-$run-$round.json"
           guarded 120 "$j" "$out/$set-start-$mode-$run-$round.err" env DL_LOG_LEVEL=4 "$bin/dlbench" $args --decode $mode \
-            ${AUTO_FIRST_AFTER:+--first-after $AUTO_FIRST_AFTER}
+            ${AUTO_FIRST_AFTER:+--first-after $AUTO_FIRST_AFTER} ${AUTO_SECOND:+--second-loader}
           keep "$j"
         done
         h="$out/$set-start-hybrid-$run-$round.json" a="$out/$set-start-auto-$run-$round.json"

@@ -131,6 +131,9 @@ static void usage(FILE *f) {
           "  --stop-after K    stop after K batches and print the resume token\n"
           "  --first-after MS  take the first batch MS ms after dl_open, as a training script that opens\n"
           "                    its loader before building its model (steady rates count from that batch)\n"
+          "  --second-loader   first open a loader of the same source and options, take one batch and close\n"
+          "                    it, as a training loop's later epochs find their process (CUDA and nvJPEG\n"
+          "                    started, decoders kept); the figures are the second loader's\n"
           "  --option K=V      any other loader option (repeatable)\n"
           "  --synthetic N     samples in the synthetic set (10000)\n"
           "  --quality Q --subsampling 420|444   how the synthetic set is encoded (90, 420;\n"
@@ -149,7 +152,7 @@ static void usage(FILE *f) {
 typedef struct args {
   char opts[4096]; /* the loader's options */
   const char *device;
-  bool json, digest, keys, make_only;
+  bool json, digest, keys, make_only, second_loader;
   long synthetic, stop_after, first_after_ms;
   synthetic_coding coding;
   double step_ms, step_kernel_ms;
@@ -160,7 +163,7 @@ static int parse_args(int argc, char **argv, args *a) {
   enum { O_BATCH = 256, O_SIZE, O_CROP, O_PREFETCH, O_EPOCHS, O_SEED, O_IO, O_ONERR, O_RANK, O_WORLD,
          O_DEVICE, O_DTYPE, O_STEP, O_RESUME, O_STOP, O_OPTION, O_SYNTH, O_JSON, O_DIGEST, O_KEYS,
          O_FLIP, O_WORKERS, O_HELP, O_MAKE, O_DECODE, O_QUALITY, O_SUBSAMPLING, O_SHARED_TABLES, O_VERSION,
-         O_STEP_KERNEL, O_LIST_OPTIONS, O_FIRST_AFTER };
+         O_STEP_KERNEL, O_LIST_OPTIONS, O_FIRST_AFTER, O_SECOND_LOADER };
   static const struct option longopts[] = {
       {"workers", 1, 0, O_WORKERS}, {"batch", 1, 0, O_BATCH},      {"size", 1, 0, O_SIZE},
       {"crop", 1, 0, O_CROP},       {"prefetch", 1, 0, O_PREFETCH}, {"epochs", 1, 0, O_EPOCHS},
@@ -173,7 +176,7 @@ static int parse_args(int argc, char **argv, args *a) {
       {"decode", 1, 0, O_DECODE},   {"quality", 1, 0, O_QUALITY},  {"subsampling", 1, 0, O_SUBSAMPLING},
       {"step-kernel-ms", 1, 0, O_STEP_KERNEL}, {"list-options", 2, 0, O_LIST_OPTIONS},
       {"shared-tables", 0, 0, O_SHARED_TABLES}, {"first-after", 1, 0, O_FIRST_AFTER},
-      {"version", 0, 0, O_VERSION}, {0, 0, 0, 0}};
+      {"second-loader", 0, 0, O_SECOND_LOADER}, {"version", 0, 0, O_VERSION}, {0, 0, 0, 0}};
   *a = (args){.device = "cpu", .synthetic = 10000, .stop_after = -1, .coding = SYNTHETIC_DEFAULT, .step_kernel_ms = 1};
   size_t olen = 0;
 #define ADD(...) olen += (size_t)snprintf(a->opts + olen, sizeof a->opts - olen, __VA_ARGS__)
@@ -241,6 +244,7 @@ static int parse_args(int argc, char **argv, args *a) {
     case O_DIGEST: a->digest = true; break;
     case O_KEYS: a->keys = true; break;
     case O_MAKE: a->make_only = true; break;
+    case O_SECOND_LOADER: a->second_loader = true; break;
     case O_HELP: case 'h': usage(stdout); return 0;
     case O_LIST_OPTIONS: dl_tool_options(stdout, optarg && !strcmp(optarg, "md")); return 0;
     case O_VERSION: printf("dlbench (ringfeed) %s\n", dl_version()); return 0;
@@ -587,6 +591,25 @@ static void conclude(dl_loader *l, run *r, outcome *o, double cpu0) {
   o->steady = after > 0 ? (r->samples - r->first_samples) / after : 0;
 }
 
+/* --second-loader: a loader of the same source and options opened, one batch taken, and closed, so
+ * that the measured one finds what a training loop's later epochs find. 0, or the exit status. */
+static int first_loader(const char *source, const char *opts) {
+  dl_loader *l;
+  dl_batch *b;
+  int rc = dl_open(&l, source, opts);
+  if (rc) {
+    fprintf(stderr, "dlbench: the first loader: %s: %s\n", dl_errname(rc), dl_last_error());
+    return 1;
+  }
+  rc = dl_next_batch(l, &b);
+  if (rc == 0)
+    dl_batch_release(b, NULL);
+  else if (rc != DL_EOF)
+    fprintf(stderr, "dlbench: the first loader: %s: %s\n", dl_errname(rc), dl_last_error());
+  dl_close(l);
+  return rc == 0 || rc == DL_EOF ? 0 : 1;
+}
+
 int main(int argc, char **argv) {
   args a;
   int status = parse_args(argc, argv, &a);
@@ -599,6 +622,10 @@ int main(int argc, char **argv) {
     printf("%s\n", source);
     free(source);
     return 0;
+  }
+  if (a.second_loader && (status = first_loader(source, a.opts))) {
+    free(source);
+    return status;
   }
   /* The device memory the loader takes: in use before it opens (CUDA started), after, and at the end. */
   outcome o = {.mem_before = -1, .mem_open = -1, .mem_end = -1};

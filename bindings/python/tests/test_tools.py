@@ -134,6 +134,17 @@ def test_first_after_takes_the_first_batch_that_late_and_the_same_batches():
     assert late["digest"] == now["digest"] and late["samples"] == now["samples"]
 
 
+@needs_tools
+def test_second_loader_reports_the_second_of_two_loaders_in_one_process(tmp_path):
+    once = json.loads(run(DLBENCH, WDS, *SMALL, "--json", "--digest").stdout)
+    second = json.loads(run(DLBENCH, WDS, *SMALL, "--json", "--digest", "--second-loader").stdout)
+    assert second["digest"] == once["digest"] and second["samples"] == once["samples"]
+    bad = tmp_path / "bad.tar"
+    bad.write_bytes(b"not a tar" * 100)
+    out = run(DLBENCH, bad, *SMALL, "--second-loader", ok=False)
+    assert out.returncode == 1 and "the first loader: " in out.stderr and str(bad) in out.stderr, out.stderr
+
+
 def huffman_tables(jpeg):
     """The (class, id) of every Huffman table a JPEG's markers define before its scan."""
     tables, i = [], 2
