@@ -462,7 +462,7 @@ if has autostart; then
     eval src=\${$set:-} # q96 is made only where FIRST_SETS names it (or is unset)
     [ -n "$src" ] || continue
     args="$src ${RF_WORKERS:+--workers $RF_WORKERS} --batch 256 --size 224 --flip --device cuda:0 --json --epochs 5"
-    late=${AUTO_FIRST_AFTER:+, first batch taken ${AUTO_FIRST_AFTER} ms after dl_open}${AUTO_SECOND:+, the process's second loader}
+    late=${AUTO_FIRST_AFTER:+, first batch taken ${AUTO_FIRST_AFTER} ms after dl_open}${AUTO_SECOND:+, the second loader of each process (--second-loader)}
     "$build/dlbench" $args --decode hybrid > /dev/null 2>&1 # the index cached, the scans' verdicts kept
     round=1
     while [ $round -le "${AUTO_ROUNDS:-2}" ]; do
