@@ -622,10 +622,9 @@ static void *copy_thread(void *arg) {
       pthread_mutex_unlock(&l->mu);
       /* With the host batch ready, every device slot is the consumer's: handed out, or waiting to
        * be. The split counts this as the loader running ahead, as it counts a wait for the
-       * consumer's GPU. Uncounted, a ViT whose step is bound by its host threads left the copy
-       * thread here and the split at its first share in most runs (an H100 host): its training
-       * thread then left its CPU 42-45 times a step and trained 9-11% slower than held, against
-       * 1-1.5% slower in the runs where the split had gone to the workers. */
+       * consumer's GPU: behind a consumer its host thread holds back, the copy thread waits here
+       * and nowhere else, and uncounted, the split stayed at its first share behind a ViT bound by
+       * its host threads in most runs (H100 hosts). */
       double waited = dl__now() - t0;
       if (host_ok)
         g->wait_consumer_ms += waited * 1e3;
