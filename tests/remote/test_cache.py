@@ -3,6 +3,7 @@ warm (then no sample is requested), with the global and the block shuffle; a fol
 within its limit; two processes sharing it that download each shard once and see whole shards
 only; a download cut off by a killed process that is never used; and the GPU check's verdicts on a
 shard over HTTP, kept by its URL and version."""
+import fcntl
 import glob
 import hashlib
 import json
@@ -86,9 +87,13 @@ def test_the_cache_stays_within_its_limit(nginx, tmp_path):
     peak, done = [0], threading.Event()
 
     def watch():
+        # Summed under the folder's lock, which the cache holds while it evicts and reserves: without
+        # it, a sum could count an entry just before its eviction and its successor just after.
         while not done.is_set():
             try:
-                peak[0] = max(peak[0], sum(os.path.getsize(folder / n) for n in os.listdir(folder)))
+                with open(folder / ".lock", "a") as lock:
+                    fcntl.flock(lock, fcntl.LOCK_EX)
+                    peak[0] = max(peak[0], sum(os.path.getsize(folder / n) for n in os.listdir(folder)))
             except FileNotFoundError:
                 pass
             time.sleep(0.002)
