@@ -62,10 +62,7 @@ typedef struct gpu {
   double decode_ms;  /* GPU time of the JPEG decodes (engine, kernels) */
   double decode_host_ms; /* the copy thread's time queueing them (nvJPEG parses on the host, and waits) */
   int64_t decode_batches;
-  /* The copy thread's time waiting for a device slot the consumer had not given back (its
-   * release, then its GPU's work on it; its wait for the workers is l->st's); batches taken. */
-  double wait_consumer_ms;
-  int64_t batches;
+  int64_t batches; /* taken from the workers (its waits for them and for the consumer are l->st's) */
   bool first_past; /* past its first batch, or ended without one (under l->mu) */
   char error[256];
 } gpu;
@@ -507,7 +504,6 @@ static int enqueue(gpu *g, dl_batch *host, int slot, dl_batch *dev) {
     double t = dl__now();
     e = cudaEventSynchronize(gs->released);
     atomic_fetch_add_explicit(&l->st.release_wait_ns, (int64_t)((dl__now() - t) * 1e9), memory_order_relaxed);
-    g->wait_consumer_ms += (dl__now() - t) * 1e3;
   } else if (gs->release_pending) {
     e = cudaStreamWaitEvent(g->copy, gs->released, 0);
   }
@@ -626,8 +622,6 @@ static void *copy_thread(void *arg) {
        * and nowhere else, and uncounted, the split stayed at its first share behind a ViT bound by
        * its host threads in most runs (H100 hosts). */
       double waited = dl__now() - t0;
-      if (host_ok)
-        g->wait_consumer_ms += waited * 1e3;
       atomic_fetch_add_explicit(host_ok ? &l->st.release_wait_ns : &l->st.copy_wait_workers_ns,
                                 (int64_t)(waited * 1e9), memory_order_relaxed);
     }
@@ -870,8 +864,9 @@ bool dl__cuda_consumer_busy_locked(dl_loader *l, int stream) {
 
 int dl__cuda_stats(dl_loader *l, char *buf, size_t cap) {
   cuda_state *c = l->cuda;
-  double ms = 0, decode_ms = 0, decode_host_ms = 0, pool_wait_ms = 0, walk_wait_ms = 0, wait_consumer_ms = 0;
+  double ms = 0, decode_ms = 0, decode_host_ms = 0, pool_wait_ms = 0, walk_wait_ms = 0;
   double wait_workers_ms = (double)atomic_load_explicit(&l->st.copy_wait_workers_ns, memory_order_relaxed) * 1e-6;
+  double wait_consumer_ms = (double)atomic_load_explicit(&l->st.release_wait_ns, memory_order_relaxed) * 1e-6;
   int64_t bytes = 0, decode_batches = 0, batches = 0, walks = 0, walks_damaged = 0;
   for (int i = 0; i < c->n; i++) {
     ms += c->g[i].copy_ms;
@@ -881,7 +876,6 @@ int dl__cuda_stats(dl_loader *l, char *buf, size_t cap) {
     decode_batches += c->g[i].decode_batches;
     pool_wait_ms += c->g[i].dec ? dl__gpu_decoder_pool_wait_ms(c->g[i].dec) : 0;
     walk_wait_ms += c->g[i].dec ? dl__gpu_decoder_walks(c->g[i].dec, &walks, &walks_damaged) : 0;
-    wait_consumer_ms += c->g[i].wait_consumer_ms;
     batches += c->g[i].batches;
   }
   size_t pinned = l->host_mem_bytes;
