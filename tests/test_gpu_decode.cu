@@ -530,8 +530,9 @@ static void kept_decoders(const char *dir) {
 // A consumer held back by its host thread, not its GPU (a host-bound model's step): it keeps each
 // batch 20 ms and queues no work on it. The copy stage then waits with every device slot handed
 // out, and the split drifts from its first share to the workers, as it does behind a busy GPU.
-// It held at that share before, as it did behind a ViT bound by its host threads; that ViT trained
-// at 0.89-0.99 of held whichever way its split went (H100 hosts, docs/measurements.md).
+// It held at that share before, as it did behind a ViT bound by its host threads: held there, that
+// ViT trained at 0.956 of held, against 0.989-0.991 at 0 (fed and held blocks of one process on a
+// quiet H100 host; docs/measurements.md).
 static void host_bound_consumer(const char *dir) {
   char source[600];
   snprintf(source, sizeof source, "%s/q90-420-{0..2}.tar", dir);
