@@ -61,6 +61,8 @@ typedef struct gpu {
   int64_t copy_bytes;
   double decode_ms;  /* GPU time of the JPEG decodes (engine, kernels) */
   double decode_host_ms; /* the copy thread's time queueing them (nvJPEG parses on the host, and waits) */
+  double decode_cpu_ms;  /* ... of it on a CPU, and the times it was taken off one meanwhile */
+  long decode_preempted;
   int64_t decode_batches;
   int64_t batches; /* taken from the workers (its waits for them and for the consumer are l->st's) */
   bool first_past; /* past its first batch, or ended without one (under l->mu) */
@@ -514,11 +516,19 @@ static int enqueue(gpu *g, dl_batch *host, int slot, dl_batch *dev) {
   f->gpu_samples = -1;
   if (!e && has_gpu_jobs(host) && g->dec) { /* jobs come only after the decoders (under l->mu) */
     e = cudaEventRecord(f->d0, g->copy);
+    /* nvJPEG's call holds the copy thread about as long as the GPU decodes: its time on a CPU
+     * and its preemptions say whether a run whose GPU part is slow waited for the engines or for
+     * a CPU the workers had. */
+    struct rusage u0, u1;
+    getrusage(RUSAGE_THREAD, &u0);
     double t0 = dl__now();
     if (!e && (f->gpu_samples = dl__gpu_decode(g->dec, l, host, slot, gs->image, g->copy, g->error,
                                                sizeof g->error)) < 0)
       return -1;
     g->decode_host_ms += (dl__now() - t0) * 1e3;
+    getrusage(RUSAGE_THREAD, &u1);
+    g->decode_cpu_ms += dl__rusage_cpu_ms(&u1) - dl__rusage_cpu_ms(&u0);
+    g->decode_preempted += u1.ru_nivcsw - u0.ru_nivcsw;
     if (!e)
       e = cudaEventRecord(f->d1, g->copy);
   }
@@ -865,7 +875,8 @@ bool dl__cuda_consumer_busy_locked(dl_loader *l, int stream) {
 
 int dl__cuda_stats(dl_loader *l, char *buf, size_t cap) {
   cuda_state *c = l->cuda;
-  double ms = 0, decode_ms = 0, decode_host_ms = 0, pool_wait_ms = 0, walk_wait_ms = 0;
+  double ms = 0, decode_ms = 0, decode_host_ms = 0, decode_cpu_ms = 0, pool_wait_ms = 0, walk_wait_ms = 0;
+  long preempted = 0;
   double wait_workers_ms = (double)atomic_load_explicit(&l->st.copy_wait_workers_ns, memory_order_relaxed) * 1e-6;
   double wait_consumer_ms = (double)atomic_load_explicit(&l->st.release_wait_ns, memory_order_relaxed) * 1e-6;
   int64_t bytes = 0, decode_batches = 0, batches = 0, walks = 0, walks_damaged = 0;
@@ -874,6 +885,8 @@ int dl__cuda_stats(dl_loader *l, char *buf, size_t cap) {
     bytes += c->g[i].copy_bytes;
     decode_ms += c->g[i].decode_ms;
     decode_host_ms += c->g[i].decode_host_ms;
+    decode_cpu_ms += c->g[i].decode_cpu_ms;
+    preempted += c->g[i].decode_preempted;
     decode_batches += c->g[i].decode_batches;
     pool_wait_ms += c->g[i].dec ? dl__gpu_decoder_pool_wait_ms(c->g[i].dec) : 0;
     walk_wait_ms += c->g[i].dec ? dl__gpu_decoder_walks(c->g[i].dec, &walks, &walks_damaged) : 0;
@@ -895,12 +908,15 @@ int dl__cuda_stats(dl_loader *l, char *buf, size_t cap) {
   int queues = queues_describe(queues_why, sizeof queues_why);
   return snprintf(buf, cap,
                   ",\"cuda_queues\":%d,\"cuda_queues_reason\":\"%s\",\"gpu_stage_busy_frac\":%.4f,\"pin_ms\":%.3f,\"first_pinned_ms\":%.3f,\"first_filled_ms\":%.3f,\"first_queued_ms\":%.3f,\"first_copy_pinned_slots\":%d,\"gpu_decoders_start_ms\":%.3f,\"h2d_bytes\":%lld,\"h2d_gpu_ms\":%.3f,\"h2d_gb_s\":%.3f,\"device_slots\":%d"
-                  ",\"gpu_decode_ms\":%.3f,\"gpu_decode_host_ms\":%.3f,\"gpu_decode_pool_wait_ms\":%.3f,\"gpu_decode_batches\":%lld"
+                  ",\"gpu_decode_ms\":%.3f,\"gpu_decode_host_ms\":%.3f,\"gpu_decode_host_cpu_ms\":%.3f,\"gpu_decode_preempted\":%.2f"
+                  ",\"gpu_decode_pool_wait_ms\":%.3f,\"gpu_decode_batches\":%lld"
                   ",\"gpu_walks\":%lld,\"gpu_walks_damaged\":%lld,\"gpu_walk_wait_ms\":%.3f"
                   ",\"gpu_stage_wait_workers_ms\":%.3f,\"gpu_stage_wait_consumer_ms\":%.3f,\"pinned_mb\":%.1f,\"device_mb\":%.1f",
                   queues, queues_why, busy, pin_ms, first_pinned_ms, first_filled_ms, first_queued_ms, first_copy_pinned, decoders_ms, (long long)bytes, ms, ms > 0 ? bytes / ms / 1e6 : 0.0, l->o.device_slots,
                   decode_batches ? decode_ms / (double)decode_batches : 0.0,
                   decode_batches ? decode_host_ms / (double)decode_batches : 0.0,
+                  decode_batches ? decode_cpu_ms / (double)decode_batches : 0.0,
+                  decode_batches ? (double)preempted / (double)decode_batches : 0.0,
                   decode_batches ? pool_wait_ms / (double)decode_batches : 0.0, (long long)decode_batches,
                   (long long)walks, (long long)walks_damaged, decode_batches ? walk_wait_ms / (double)decode_batches : 0.0,
                   batches ? wait_workers_ms / (double)batches : 0.0, batches ? wait_consumer_ms / (double)batches : 0.0,

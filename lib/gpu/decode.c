@@ -231,12 +231,6 @@ static bool engines_start(dl__gpu_decoder *d, bool *interpolates) {
   return false;
 }
 
-/* A thread's user and system time in R, in milliseconds. */
-static double cpu_ms(const struct rusage *r) {
-  return (double)(r->ru_utime.tv_sec + r->ru_stime.tv_sec) * 1e3 +
-         (double)(r->ru_utime.tv_usec + r->ru_stime.tv_usec) / 1e3;
-}
-
 int dl__gpu_decoder_create(dl_loader *l, int device, dl__gpu_decoder **out, size_t *device_bytes, char *why,
                            size_t cap) {
   *out = NULL;
@@ -323,7 +317,7 @@ int dl__gpu_decoder_create(dl_loader *l, int device, dl__gpu_decoder **out, size
   dl__log(DL__LOG_DEBUG, "nvJPEG on cuda:%d started in %.0f ms: the engines' handle and state %.0f (on the CPU "
           "%.0f, %ld waits, %ld page faults), CUDA backend (without engines) %.0f, parameters and buffers %.0f, "
           "the engine's batch buffers %.0f", device, (t[4] - t[0]) * 1e3, (t[1] - t[0]) * 1e3,
-          cpu_ms(&u1) - cpu_ms(&u0), u1.ru_nvcsw - u0.ru_nvcsw, u1.ru_minflt - u0.ru_minflt, (t[2] - t[1]) * 1e3,
+          dl__rusage_cpu_ms(&u1) - dl__rusage_cpu_ms(&u0), u1.ru_nvcsw - u0.ru_nvcsw, u1.ru_minflt - u0.ru_minflt, (t[2] - t[1]) * 1e3,
           (t[3] - t[2]) * 1e3, (t[4] - t[3]) * 1e3);
   *out = d;
   return 0;

@@ -9,7 +9,15 @@
 #include "gpu/gpu.h"
 #include "gpu/kernels.h"
 
+#include <sys/resource.h>
+
 typedef struct dl__gpu_decoder dl__gpu_decoder;
+
+/* A thread's user and system time in R (getrusage's RUSAGE_THREAD), in milliseconds. */
+static inline double dl__rusage_cpu_ms(const struct rusage *r) {
+  return (double)(r->ru_utime.tv_sec + r->ru_stime.tv_sec) * 1e3 +
+         (double)(r->ru_utime.tv_usec + r->ru_stime.tv_usec) / 1e3;
+}
 
 /* nvJPEG on DEVICE: the hardware engine when the card has one, the CUDA decoder always, a pool of
  * l->o.gpu_decode_mb for decoded images and the kernel's job lists, all fixed here. Adds the
