@@ -145,6 +145,24 @@ def test_second_loader_reports_the_second_of_two_loaders_in_one_process(tmp_path
     assert out.returncode == 1 and "the first loader: " in out.stderr and str(bad) in out.stderr, out.stderr
 
 
+@needs_tools
+def test_the_first_loader_runs_a_whole_epoch_and_says_where_it_failed(tmp_path):
+    """A damaged image in an epoch's last batch fails the first loader (on_error=fail), named: so
+    the first loader drew the whole epoch, as a training loop's first epoch does, not one batch."""
+    late = tmp_path / "late.tar"
+    with tarfile.open(WDS) as src, tarfile.open(late, "w") as t:
+        members = [m for m in src.getmembers() if m.isfile()][:2 * 87]  # 87 samples, a .cls and a .png each
+        for m in members:
+            t.addfile(m, src.extractfile(m))
+        for name, body in (("zz.cls", b"1\n"), ("zz.png", b"\x89PNG\r\n\x1a\n" + b"not a png" * 50)):
+            info = tarfile.TarInfo(name)
+            info.size = len(body)
+            t.addfile(info, io.BytesIO(body))
+    flags = [*SMALL, "--option", "shuffle=0", "--option", "on_error=fail", "--epochs", "1"]
+    out = run(DLBENCH, late, *flags, "--second-loader", ok=False)
+    assert out.returncode == 1 and "the first loader: " in out.stderr and "zz.png" in out.stderr, out.stderr
+
+
 def huffman_tables(jpeg):
     """The (class, id) of every Huffman table a JPEG's markers define before its scan."""
     tables, i = [], 2
