@@ -317,8 +317,8 @@ int dl__gpu_decoder_create(dl_loader *l, int device, dl__gpu_decoder **out, size
   dl__log(DL__LOG_DEBUG, "nvJPEG on cuda:%d started in %.0f ms: the engines' handle and state %.0f (on the CPU "
           "%.0f, %ld waits, %ld page faults), CUDA backend (without engines) %.0f, parameters and buffers %.0f, "
           "the engine's batch buffers %.0f", device, (t[4] - t[0]) * 1e3, (t[1] - t[0]) * 1e3,
-          dl__rusage_cpu_ms(&u1) - dl__rusage_cpu_ms(&u0), u1.ru_nvcsw - u0.ru_nvcsw, u1.ru_minflt - u0.ru_minflt, (t[2] - t[1]) * 1e3,
-          (t[3] - t[2]) * 1e3, (t[4] - t[3]) * 1e3);
+          dl__rusage_cpu_ms(&u1) - dl__rusage_cpu_ms(&u0), u1.ru_nvcsw - u0.ru_nvcsw, u1.ru_minflt - u0.ru_minflt,
+          (t[2] - t[1]) * 1e3, (t[3] - t[2]) * 1e3, (t[4] - t[3]) * 1e3);
   *out = d;
   return 0;
 }
