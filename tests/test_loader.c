@@ -828,8 +828,27 @@ static int threads_at_nice(int nice) {
   return n;
 }
 
+/* Whether one of this process's threads is called NAME (its comm, as top -H and gdb show it). */
+static bool thread_named(const char *name) {
+  DIR *d = opendir("/proc/self/task");
+  ASSERT(d);
+  bool found = false;
+  struct dirent *e;
+  while (!found && (e = readdir(d))) {
+    char path[300], comm[32] = "";
+    snprintf(path, sizeof path, "/proc/self/task/%s/comm", e->d_name);
+    FILE *f = e->d_name[0] == '.' ? NULL : fopen(path, "r");
+    if (f && fgets(comm, sizeof comm, f))
+      found = strcspn(comm, "\n") == strlen(name) && !strncmp(comm, name, strlen(name));
+    if (f)
+      fclose(f);
+  }
+  closedir(d);
+  return found;
+}
+
 /* The workers run below the process's priority, so a training loop's thread wins a shared core;
- * the thread that opened the loader keeps its own. */
+ * the thread that opened the loader keeps its own. Each worker carries its name. */
 static void workers_below_the_process(void) {
   errno = 0;
   int base = getpriority(PRIO_PROCESS, 0);
@@ -844,6 +863,7 @@ static void workers_below_the_process(void) {
     usleep(10000);
   ASSERT_EQ(threads_at_nice(base + 7), 3);
   ASSERT_EQ(getpriority(PRIO_PROCESS, 0), base);
+  ASSERT(thread_named("rf-worker-0") && thread_named("rf-worker-2") && !thread_named("rf-worker-3"));
   dl_batch_release(b, NULL);
   dl_close(l);
   OPEN_OK(l, source, "batch_size=4 workers=2 worker_nice=0 log=quiet");
@@ -851,7 +871,7 @@ static void workers_below_the_process(void) {
   ASSERT_EQ(threads_at_nice(base + 7), 0);
   dl_batch_release(b, NULL);
   dl_close(l);
-  printf("workers at nice +7 (worker_nice=7), the opening thread at %d\n", base);
+  printf("workers at nice +7 (worker_nice=7) and named rf-worker-N, the opening thread at %d\n", base);
 }
 
 int main(void) {

@@ -329,6 +329,7 @@ int dl__gpu_decoders_take_kept(dl_loader *l, char *why, size_t cap) {
  * (an H200: 51-68 ms against 449-458), and handed to the copy stage as soon as they are ready. */
 static void *decoders_run(void *arg) {
   decoder_start *d = arg;
+  pthread_setname_np(pthread_self(), "rf-nvjpeg-start");
   dl_loader *l = d[0].l;
   cuda_state *c = l->cuda;
   double t0 = dl__now();
@@ -371,6 +372,7 @@ static bool first_copies_wait(dl_loader *l) {
  * every JPEG. */
 static void *starter(void *arg) {
   dl_loader *l = arg;
+  pthread_setname_np(pthread_self(), "rf-gpu-start");
   cuda_state *c = l->cuda;
   cudaSetDevice(c->g[0].id);
   double pin_ms = 0;
@@ -583,6 +585,9 @@ static void first_copy_past_locked(gpu *g) {
 static void *copy_thread(void *arg) {
   gpu *g = arg;
   dl_loader *l = g->l;
+  char name[16];
+  snprintf(name, sizeof name, "rf-copy-%d", g->index);
+  pthread_setname_np(pthread_self(), name);
   dl__stream *s = &l->streams[g->index];
   cudaSetDevice(g->id);
   const dl_batch *last_dev = NULL;

@@ -426,6 +426,7 @@ static void release_unwanted(struct dl__shard_cache *c) {
 
 static void *fetch_loop(void *arg) {
   struct dl__shard_cache *c = arg;
+  pthread_setname_np(pthread_self(), "rf-fetch");
   const dl__io_env *env = c->env;
   pthread_mutex_lock(&c->mu);
   while (!c->stop) {

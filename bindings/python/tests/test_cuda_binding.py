@@ -51,6 +51,24 @@ def test_cuda_tensors_equal_cpu_batches(shard):
     assert n == len(cpu) == 5
 
 
+def test_the_loaders_threads_carry_their_names(shard):
+    """top -H, gdb and /proc show which thread is the copy thread and which the workers."""
+    def names():
+        out = set()
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{tid}/comm") as f:
+                    out.add(f.read().strip())
+            except OSError:
+                pass  # ended meanwhile
+        return out
+
+    with ringfeed.Loader(shard, device="cuda:0", batch_size=16, image_size=64, workers=2) as loader:
+        next(iter(loader))
+        seen = names()
+    assert {"rf-copy-0", "rf-worker-0", "rf-worker-1"} <= seen and "rf-worker-2" not in seen, seen
+
+
 def test_float_batches_of_the_cpu_equal_the_gpus(shard):
     """The workers' normalisation (device=cpu) and the GPU's kernel give the same values: float32
     exactly (both multiply, then add, each rounded), bfloat16 and float16 to within one unit of

@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tarfile
 
 import pytest
@@ -327,3 +328,21 @@ def test_dlshard_ls_fails_on_a_file_that_is_no_shard_or_a_damaged_one(tmp_path):
     rfs.write_bytes(rfs.read_bytes()[:5000])  # its index and trailer gone: damaged, not "no tar"
     out = run(DLSHARD, "ls", rfs, ok=False)
     assert out.returncode == 1 and f"{rfs}: damaged ringfeed shard: trailer magic missing" in out.stderr, out
+
+
+@needs_tools
+def test_thread_cpus_names_the_workers_and_passes_the_commands_output_and_exit(tmp_path):
+    script = os.path.join(os.path.dirname(__file__), "..", "..", "..", "bench", "thread_cpus.py")
+    report = tmp_path / "cpus.json"
+    out = subprocess.run([sys.executable, script, "--watch", "rf-worker-0", "--every-ms", "5", "--out", report, "--",
+                          DLBENCH, WDS, *SMALL, "--epochs", "400", "--json"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["samples"] == 400 * 90  # dlbench's own JSON, untouched
+    r = json.loads(report.read_text())
+    assert r["watch"] == "rf-worker-0" and 0 < r["runnable"] <= r["looks"]
+    workers = {k: v for k, v in r["threads"].items() if k.startswith("rf-worker-")}
+    assert set(workers) == {"rf-worker-0", "rf-worker-1"}
+    assert all(v["cpu_ms"] > 0 and v["threads"] == 1 for v in workers.values())
+    failed = subprocess.run([sys.executable, script, "--out", tmp_path / "x.json", "--", DLBENCH, "--workers", "0"],
+                            capture_output=True, text=True, timeout=60)
+    assert failed.returncode != 0 and (tmp_path / "x.json").exists()
