@@ -357,7 +357,8 @@ static void *run(void *arg) {
       /* Hybrid (from its first batch: decode=auto starts nvJPEG later): the workers yield to the
        * copy thread and nvJPEG's host work, which keep the JPEG engines busy; an engine left
        * waiting costs more than a core does (on an H200 the engines' time per image was a third
-       * longer in hybrid runs, every core decoding, than with the workers idle). */
+       * longer in hybrid runs, every core decoding, than with the workers idle). Nice 10 did no
+       * better on an H100 host: the same median rate and two slow runs in twelve either way. */
       if (c.hybrid && !yielded) {
         lower_priority(HYBRID_NICE - l->o.worker_nice);
         yielded = true;
