@@ -7,7 +7,7 @@ and its GPU decode time per batch.
     RINGFEED_LIBRARY=build/libringfeed.so bench/gpu_decode_settle.py SHARDS [--loaders 4] [--keep 0]
 
 --keep 0 makes every loader start nvJPEG anew (keep_gpu_decoders=0); with 1 (the default) they share
-the decoders the first one made. Run it a few times: on H100 hosts, one run in about seven of
+the decoders the first one made. Run it a few times: on H100 hosts, one process in 14 of
 decode=gpu ran a third slower for its whole run with every CPU idle (docs/measurements.md).
 """
 

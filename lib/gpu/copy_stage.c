@@ -586,7 +586,7 @@ static void *copy_thread(void *arg) {
   gpu *g = arg;
   dl_loader *l = g->l;
   char name[16];
-  snprintf(name, sizeof name, "rf-copy-%d", g->index);
+  snprintf(name, sizeof name, "rf-copy-%d", g->id); /* the CUDA device it feeds */
   pthread_setname_np(pthread_self(), name);
   dl__stream *s = &l->streams[g->index];
   cudaSetDevice(g->id);
