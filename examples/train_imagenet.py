@@ -222,6 +222,7 @@ def main():
               # the start-up: from the arguments read to the first step's end, and the loader's own
               # times from its open (its first batch taken, nvJPEG ready under decode=auto)
               "first_step_s": first_step_s, "first_batch_ms": stats["first_batch_ms"],
+              "open_index_ms": stats["open_index_ms"],  # of it: the shards' index (built at a first open)
               "gpu_decoders_start_ms": stats.get("gpu_decoders_start_ms"),
               "next_ms_per_step": next_s * 1e3 / max(1, step - warm),
               "step_ms": (time.perf_counter() - warm_t) * 1e3 / per_step if warm_t else None, **thread,
