@@ -31,6 +31,9 @@ extern int dl__log_level;
 /* Sets the calling thread's last-error message and returns CODE. */
 int dl__fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void dl__log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* On this thread, dl__log counts its messages of info level and above in *HELD instead of writing
+ * them (NULL: writes again): for work done ahead, whose messages the work proper says later. */
+void dl__log_hold(unsigned *held);
 /* Whether NAME is nearer than *LEAST edits (which it lowers) to what a user TYPED and near enough
  * to suggest ("did you mean NAME?"): within two letters added, left out, changed or swapped, and
  * a third of NAME's length; case, and '-' for '_', are free. Start *LEAST at DL__NEAR_EDITS. */

@@ -53,12 +53,17 @@ static int fallback_path(const char *shard, char *buf, size_t cap) {
   return n > 0 && (size_t)n < cap ? 0 : -1;
 }
 
+/* Whether the first 48 bytes of an index file P name the shard ID. */
+static bool made_from(const uint8_t *p, const dl__shard_id *id) {
+  return !memcmp(p, DL__INDEX_FILE_MAGIC, 8) && get64(p + 8) == id->size && (int64_t)get64(p + 16) == id->mtime_ns &&
+         (int64_t)get64(p + 24) == id->ctime_ns && get64(p + 32) == id->ino && get64(p + 40) == id->edges;
+}
+
 int dl__index_file_parse(dl__dataset *ds, uint32_t file, const uint8_t *p, size_t len, const dl__shard_id *id) {
   if (len < HEADER_BYTES + 8)
     return -1;
   uint64_t size = id->data_size ? id->data_size : id->size; /* where the samples lie */
-  if (memcmp(p, DL__INDEX_FILE_MAGIC, 8) || get64(p + 8) != id->size || (int64_t)get64(p + 16) != id->mtime_ns ||
-      (int64_t)get64(p + 24) != id->ctime_ns || get64(p + 32) != id->ino || get64(p + 40) != id->edges)
+  if (!made_from(p, id))
     return -1;
   uint64_t n = get64(p + 48), pool = get64(p + 56), recs = get64(p + 64);
   if (n > len / RECORD_BYTES || pool > len || recs > len || HEADER_BYTES + recs + pool + 8 != len)
@@ -134,12 +139,31 @@ bool dl__is_index_file(const char *path, char *why, size_t cap) {
   return true;
 }
 
+/* Where the index of shard PATH may be: beside it (ATTEMPT 0) or in the cache folder (1). */
+static int index_path(const char *path, int attempt, char *cpath, size_t cap) {
+  if (attempt == 0)
+    return snprintf(cpath, cap, "%s.rfidx", path) < (int)cap ? 0 : -1;
+  return fallback_path(path, cpath, cap);
+}
+
+bool dl__index_file_current(const char *path, const dl__shard_id *id) {
+  char cpath[PATH_MAX + 64];
+  bool current = false;
+  for (int attempt = dl__is_url(path); attempt < 2 && !current && !index_path(path, attempt, cpath, sizeof cpath);
+       attempt++) {
+    uint8_t head[48];
+    int fd = open(cpath, O_RDONLY | O_CLOEXEC);
+    current = fd >= 0 && dl__pread_full(fd, head, sizeof head, 0) == (int64_t)sizeof head && made_from(head, id);
+    if (fd >= 0)
+      close(fd);
+  }
+  return current;
+}
+
 int dl__index_file_read(dl__dataset *ds, uint32_t file, const char *path, const dl__shard_id *id) {
   char cpath[PATH_MAX + 64];
   for (int attempt = dl__is_url(path); attempt < 2; attempt++) {
-    if (attempt == 0)
-      snprintf(cpath, sizeof cpath, "%s.rfidx", path);
-    else if (fallback_path(path, cpath, sizeof cpath))
+    if (index_path(path, attempt, cpath, sizeof cpath))
       return -1;
     uint8_t *p;
     size_t len;

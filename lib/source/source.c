@@ -3,6 +3,9 @@
 
 #include <errno.h>
 #include <glob.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -141,6 +144,18 @@ static bool foreign_scheme(const char *path) {
   return n && (!strncmp(path + n, "://", 3) || !strncmp(path, "pipe:", 5));
 }
 
+/* *F: the format of local PATH (ST its stat), by its name, else by its first bytes. */
+static int format_of_local(const char *path, const struct stat *st, const dl__format **f) {
+  if ((*f = dl__format_of(path, st, NULL, 0)))
+    return 0;
+  uint8_t head[512]; /* a tar header's */
+  size_t n = 0;
+  int r = read_head(path, head, sizeof head, &n);
+  if (!r)
+    *f = dl__format_of(path, st, head, n);
+  return r;
+}
+
 static int load_path(dl__dataset *ds, const char *path, const dl__options *o) {
   /* The shards' own indexes, saved beside them, which a glob over their folder matches (or the
    * shell's, or Python's, before the list reaches us): no samples, and nothing wrong. */
@@ -157,16 +172,9 @@ static int load_path(dl__dataset *ds, const char *path, const dl__options *o) {
                           : "only http://, https://, s3:// and hf:// URLs are read (and local paths)");
     return dl__fail(-e, "source %s: %s", path, strerror(e));
   }
-  const dl__format *f = dl__format_of(path, &st, NULL, 0);
-  if (!f) {
-    uint8_t head[512]; /* a tar header's */
-    size_t n = 0;
-    int r = read_head(path, head, sizeof head, &n);
-    if (r)
-      return r;
-    f = dl__format_of(path, &st, head, n);
-  }
-  return f->open(ds, path, o);
+  const dl__format *f;
+  int r = format_of_local(path, &st, &f);
+  return r ? r : f->open(ds, path, o);
 }
 
 /* The next "::" that separates sources, or NULL; one inside the brackets of a URL's host is an
@@ -316,6 +324,74 @@ static void name_repeated_files(const dl__dataset *ds) {
           spelt_apart ? ")" : "", repeats, repeats == 1 ? "" : "s");
 }
 
+/* ---- indexes made ahead ---- */
+
+typedef struct ahead {
+  strlist paths;
+  atomic_size_t next;
+  const dl__options *o;
+} ahead;
+
+static void *index_ahead_run(void *arg) {
+  ahead *a = arg;
+  for (size_t i; (i = atomic_fetch_add(&a->next, 1)) < a->paths.n;) {
+    const char *path = a->paths.v[i];
+    struct stat st;
+    const dl__format *f;
+    if (!dl__is_index_file(path, NULL, 0) && !stat(path, &st) && S_ISREG(st.st_mode) &&
+        !format_of_local(path, &st, &f) && f == &dl__tar_format)
+      dl__tar_index_ahead(path, a->o);
+  }
+  return NULL;
+}
+
+/* The local tars of SOURCE without an index file get one first, several shards at once: a tar's
+ * scan reads it whole (its headers lie between the members), so a first open of many shards on
+ * one thread would read them one after another. The load that follows reads those indexes, and
+ * says what their scans found only where it scans again (a shard with something to say). */
+static void index_ahead(const char *source, const dl__options *o) {
+  ahead a = {.o = o};
+  for (const char *p = source; p;) {
+    const char *sep = dl__next_separator(p);
+    char *part = strndup(p, sep ? (size_t)(sep - p) : strlen(p)), **paths = NULL;
+    size_t n = 0;
+    if (part && !dl__expand_braces(part, &paths, &n)) {
+      for (size_t i = 0; i < n; i++) {
+        dl__strip_file_scheme(paths[i]);
+        glob_t g;
+        if (strstr(paths[i], "://")) /* a URL: its load indexes it */
+          free(paths[i]);
+        else if (!dl__is_pattern(paths[i]))
+          push(&a.paths, paths[i]);
+        else {
+          if (glob(paths[i], 0, NULL, &g) == 0) {
+            for (size_t j = 0; j < g.gl_pathc; j++)
+              push(&a.paths, strdup(g.gl_pathv[j]));
+            globfree(&g);
+          }
+          free(paths[i]);
+        }
+      }
+      free(paths);
+    }
+    free(part);
+    p = sep ? sep + 2 : NULL;
+  }
+  cpu_set_t cpus;
+  int threads = sched_getaffinity(0, sizeof cpus, &cpus) ? 1 : CPU_COUNT(&cpus);
+  threads = threads > 8 ? 8 : threads;
+  threads = (size_t)threads > a.paths.n ? (int)a.paths.n : threads;
+  if (threads > 1) {
+    pthread_t t[8];
+    int started = 0;
+    while (started < threads && !pthread_create(&t[started], NULL, index_ahead_run, &a))
+      started++;
+    while (started--)
+      pthread_join(t[started], NULL);
+  }
+  strlist_free(&a.paths);
+}
+
 int dl__source_load(dl__dataset *ds, const char *source, const dl__options *o) {
   if (!source || !*source)
     return dl__fail(DL_EOPTION, "no source given");
@@ -327,6 +403,7 @@ int dl__source_load(dl__dataset *ds, const char *source, const dl__options *o) {
       name_repeated_files(ds);
     return r;
   }
+  index_ahead(source, o);
   const char *p = source;
   for (;;) {
     const char *sep = dl__next_separator(p);

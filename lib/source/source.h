@@ -120,6 +120,8 @@ const char *dl__tar_compression(const uint8_t *h, size_t n);
  * kept copy serves (a remote shard, downloaded), a descriptor the copy's maker closes. */
 int dl__tar_load_fetched(dl__dataset *ds, uint32_t file, const char *how, dl__shard_id *id,
                          int (*fetch)(void *arg), void *arg, const dl__options *o);
+/* Writes the index file of local tar PATH where it has none and its scan finds nothing to say. */
+void dl__tar_index_ahead(const char *path, const dl__options *o);
 /* Scans a tar shard into DS (no cache); used by dl__tar_load and by tools. */
 int dl__tar_scan(dl__dataset *ds, uint32_t file, int fd, uint64_t file_size, int on_error);
 /* The integer label of a .cls member's N bytes (spaces around it allowed); *WHY NULL, or why it is
@@ -269,6 +271,8 @@ int dl__dataset_verify(const char *path, int fd, uint64_t size, dl__checker *c, 
  * whenever a shard's index would come out otherwise (08: sparse members are left out). */
 #define DL__INDEX_FILE_MAGIC "RFTIDX08"
 int dl__index_file_read(dl__dataset *ds, uint32_t file, const char *path, const dl__shard_id *id);
+/* Whether shard PATH has an index file made from it (ID), by its header alone. */
+bool dl__index_file_current(const char *path, const dl__shard_id *id);
 void dl__index_file_write(const dl__dataset *ds, size_t first, const char *path, const dl__shard_id *id);
 /* The samples of cache bytes P (LEN of them) into DS as file FILE, when they match ID; -1 when not
  * (the cache is untrusted: every field is checked). */

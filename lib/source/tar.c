@@ -774,6 +774,25 @@ static int load_copy(dl__dataset *ds, uint32_t file, packed *p, dl__shard_id *id
   return index_tar(ds, file, p->path, id, size, damaged, o);
 }
 
+/* PATH's index file written ahead of its load, on a helper thread of dl__source_load, where PATH is
+ * an uncompressed tar without one: scanned here, saying nothing, and saved only from a scan that had
+ * nothing to say (no damage, links, holes or notes), so that the load still says what it finds. */
+void dl__tar_index_ahead(const char *path, const dl__options *o) {
+  dl__dataset ds = {0};
+  uint32_t file;
+  uint64_t size;
+  dl__shard_id id;
+  unsigned said = 0;
+  dl__log_hold(&said);
+  if (!dl__dataset_open_file(&ds, path, &file, &size, &id) && !compression_of(ds.fds[file]) &&
+      !dl__index_file_current(path, &id)) {
+    if (!dl__tar_scan(&ds, file, ds.fds[file], size, o->on_error) && !said && !ds.skipped_shard[0])
+      dl__index_file_write(&ds, 0, path, &id);
+  }
+  dl__log_hold(NULL);
+  dl__dataset_free(&ds);
+}
+
 int dl__tar_load(dl__dataset *ds, const char *path, const dl__options *o) {
   uint32_t file;
   uint64_t size;

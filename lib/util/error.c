@@ -139,8 +139,16 @@ int dl__err_prefix(dl__err *e, const char *fmt, ...) {
   return e->code;
 }
 
+static _Thread_local unsigned *log_held;
+
+void dl__log_hold(unsigned *held) { log_held = held; }
+
 void dl__log(int level, const char *fmt, ...) {
   static const char *names[] = {"", "error", "warning", "info", "debug"};
+  if (log_held) {
+    *log_held += level <= DL__LOG_INFO;
+    return;
+  }
   if (level > dl__log_level)
     return;
   char line[DL__MSG_MAX + 64];

@@ -332,6 +332,38 @@ def test_a_damaged_compressed_shard_keeps_what_comes_before_the_damage(tmp_path,
 
 
 @needs_testdata
+def test_a_first_open_indexes_its_shards_ahead_and_still_says_what_each_holds(tmp_path, capfd):
+    """Several shards without an index are scanned at once before the load; what a scan finds (a
+    link member, a cut) is said once, by the load, and such a shard keeps no index, so that every
+    open says it."""
+    with open(WDS, "rb") as f:
+        tar = f.read()
+    for i in range(3):
+        (tmp_path / f"plain-{i}.tar").write_bytes(tar)
+    linked = tmp_path / "linked.tar"
+    with tarfile.open(linked, "w", format=tarfile.USTAR_FORMAT) as t, tarfile.open(WDS) as src:
+        for m in src.getmembers():
+            t.addfile(m, src.extractfile(m))
+        link = tarfile.TarInfo("extra/link.jpg")
+        link.type, link.linkname = tarfile.SYMTYPE, "elsewhere.jpg"
+        t.addfile(link)
+    with tarfile.open(WDS) as src:
+        middle = src.getmembers()[len(src.getmembers()) // 2]
+    cut = tmp_path / "cut.tar"
+    cut.write_bytes(tar[:middle.offset_data + middle.size // 2])  # in a member's data
+    said = (f"shard {linked}: 1 members are links", f"shard {cut}: member data runs past the end of the file")
+    got = _everything(str(tmp_path / "*.tar"), on_error="skip")
+    err = capfd.readouterr().err
+    assert [err.count(s) for s in said] == [1, 1], err
+    assert all(os.path.exists(tmp_path / f"plain-{i}.tar.rfidx") for i in range(3))
+    assert not os.path.exists(f"{cut}.rfidx") and not os.path.exists(f"{linked}.rfidx")
+    # The indexes give the samples the scans gave, and the two shards are said again.
+    assert _same(_everything(str(tmp_path / "*.tar"), on_error="skip"), got)
+    again = capfd.readouterr().err
+    assert [again.count(s) for s in said] == [1, 1], again
+
+
+@needs_testdata
 def test_an_image_folder_names_the_entries_it_cannot_read(tmp_path, capfd):
     # A link to nothing (a dataset of links into a mount that is gone) was left out in silence.
     jpg = os.path.join(TESTDATA, "libjpeg-turbo", "testimages", "testorig.jpg")
