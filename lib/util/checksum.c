@@ -6,6 +6,7 @@
  */
 #include "util/util.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -19,10 +20,13 @@ void dl__hash_update_avx2(void *state, const void *p, size_t n);
 
 static bool use_avx2(void) {
 #if defined(__x86_64__) && defined(DL_HAVE_AVX2_BUILD)
-  static int have = -1;
-  if (have < 0)
-    have = __builtin_cpu_supports("avx2");
-  return have;
+  static _Atomic int have = -1; /* asked first by several threads at once: a first open's index scans */
+  int h = atomic_load_explicit(&have, memory_order_relaxed);
+  if (h < 0) {
+    __builtin_cpu_init();
+    atomic_store_explicit(&have, h = __builtin_cpu_supports("avx2") != 0, memory_order_relaxed);
+  }
+  return h;
 #else
   return false;
 #endif
