@@ -786,7 +786,7 @@ void dl__tar_index_ahead(const char *path, const dl__options *o) {
   dl__log_hold(&said);
   if (!dl__dataset_open_file(&ds, path, &file, &size, &id) && !compression_of(ds.fds[file]) &&
       !dl__index_file_current(path, &id)) {
-    if (!dl__tar_scan(&ds, file, ds.fds[file], size, o->on_error) && !said && !ds.skipped_shard[0])
+    if (!dl__tar_scan(&ds, file, ds.fds[file], size, o->on_error) && !said) /* 1: damaged, or notes */
       dl__index_file_write(&ds, 0, path, &id);
   }
   dl__log_hold(NULL);
