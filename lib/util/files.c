@@ -51,6 +51,12 @@ int64_t dl__pread_full(int fd, void *buf, size_t n, uint64_t off) {
   return dl__preadv_full(fd, &one, 1, off);
 }
 
+int64_t dl__pread_cached(int fd, void *buf, size_t n, uint64_t off) {
+  struct iovec one = {buf, n};
+  ssize_t r = preadv2(fd, &one, 1, (off_t)off, RWF_NOWAIT);
+  return dl__io_fault(r < 0 ? -errno : (int64_t)r);
+}
+
 int dl__open_regular(const char *path, const char *what, struct stat *st) {
   /* O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer, forever. */
   int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);

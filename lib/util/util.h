@@ -42,6 +42,9 @@ uint64_t dl__hasher_digest(dl__hasher *h);
 int64_t dl__pread_full(int fd, void *buf, size_t n, uint64_t off);
 /* The same into the N pieces of IOV, in order (at most DL__MAX_IOV). */
 int64_t dl__preadv_full(int fd, const struct iovec *iov, int n, uint64_t off);
+/* Reads N bytes at OFF only as far as the page cache holds them, never waiting for the disk: N,
+ * fewer, -EAGAIN (none cached) or another -errno (-EOPNOTSUPP: the file system cannot tell). */
+int64_t dl__pread_cached(int fd, void *buf, size_t n, uint64_t off);
 /* The pieces of IOV (N of them) that follow its first SKIP bytes, into REST; returns how many. */
 int dl__iov_after(const struct iovec *iov, int n, size_t skip, struct iovec *rest);
 /* Opens PATH for reading if it is a regular file, never blocking on a FIFO: the descriptor, or a
