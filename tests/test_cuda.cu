@@ -226,9 +226,12 @@ static void stream_wait(const char *decode) {
     cudaEventDestroy(after[i]);
   }
   double loader = stats_number(l, "consumer_stream_wait_s");
-  // Each batch's figure may differ by the few microseconds the GPU takes from the copy's end to the
-  // consumer's next event (compute-sanitizer's instrumentation stretches those: not checked there).
-  if (!getenv("RINGFEED_UNDER_SANITIZER") && fabs(loader - own) > 0.05 * own + 50e-6 * k)
+  // The consumer's events also count, for each batch, the GPU's time from the copy's end (where the
+  // loader's figure ends) to its next event: 8-30 us a batch with nothing to wait for (decode=cpu,
+  // the loader 0) and 9-50 us under decode=gpu on an H100 (fifteen runs). So the loader may count
+  // less by up to 100 us a batch, and never more (compute-sanitizer's instrumentation stretches
+  // those times: not checked there).
+  if (!getenv("RINGFEED_UNDER_SANITIZER") && (loader > own * 1.05 + 10e-6 * k || loader < own * 0.95 - 100e-6 * k))
     FAIL_AT("stream wait (%s): the loader counted %.6f s, the consumer's events %.6f s before the last 2 (%.6f in "
             "all) over %d batches, the longest %.6f s (batch %d)", decode, loader, own, all, k, longest, longest_at);
   if (!strcmp(decode, "decode=gpu")) /* nvJPEG's work on every batch: the stream waits for each */
