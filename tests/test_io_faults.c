@@ -8,7 +8,9 @@
  *   - eio and early ends (zero) fail dl_open naming the file, or become per-sample errors that
  *     the stats count; every other sample has exactly its pixels. No crash, hang or silent loss.
  *   - every read failing (a disk or a mount gone) stops the run once 32 reads in a row failed,
- *     whatever on_error says, instead of handing out batches of zeros.
+ *     whatever on_error says, instead of handing out batches of zeros;
+ *   - the tar's index made with the shard dropped from the page cache (read whole) is the one
+ *     made with it cached (its headers read alone).
  */
 #include "ringfeed.h"
 #include "synthetic.h"
