@@ -346,9 +346,10 @@ static void *index_ahead_run(void *arg) {
 }
 
 /* The local tars of SOURCE without an index file get one first, several shards at once: a tar's
- * scan reads it whole (its headers lie between the members), so a first open of many shards on
- * one thread would read them one after another. The load that follows reads those indexes, and
- * says what their scans found only where it scans again (a shard with something to say). */
+ * headers lie between its members, so its scan reads it whole where it is not cached and reads
+ * from header to header where it is; a first open of many shards on one thread would scan them
+ * one after another. The load that follows reads those indexes, and says what their scans found
+ * only where it scans again (a shard with something to say). */
 static void index_ahead(const char *source, const dl__options *o) {
   ahead a = {.o = o};
   for (const char *p = source; p;) {
