@@ -212,6 +212,41 @@ void dl__strip_file_scheme(char *path) {
     memmove(path, path + 7, strlen(path + 7) + 1);
 }
 
+int dl__source_paths(const char *source, char ***out, size_t *n) {
+  strlist l = {0};
+  int r = 0;
+  for (const char *p = source; p && !r;) {
+    const char *sep = dl__next_separator(p);
+    char *part = strndup(p, sep ? (size_t)(sep - p) : strlen(p)), **braced = NULL;
+    size_t nb = 0;
+    r = !part ? dl__fail(-ENOMEM, "out of memory") : *part ? dl__expand_braces(part, &braced, &nb) : 0;
+    for (size_t i = 0; i < nb; i++) {
+      dl__strip_file_scheme(braced[i]);
+      glob_t g;
+      if (r) {
+        free(braced[i]);
+      } else if (dl__is_url(braced[i]) || !dl__is_pattern(braced[i]) || glob(braced[i], 0, NULL, &g)) {
+        r = push(&l, braced[i]); /* which frees it where it cannot keep it */
+      } else {
+        for (size_t j = 0; j < g.gl_pathc && !r; j++)
+          r = push(&l, strdup(g.gl_pathv[j]));
+        globfree(&g);
+        free(braced[i]);
+      }
+    }
+    free(braced);
+    free(part);
+    p = sep ? sep + 2 : NULL;
+  }
+  if (r) {
+    strlist_free(&l);
+    return r == -ENOMEM ? dl__fail(r, "out of memory expanding source %s", source) : r;
+  }
+  *out = l.v;
+  *n = l.n;
+  return 0;
+}
+
 static int load_part(dl__dataset *ds, const char *part, const dl__options *o) {
   char **paths = NULL;
   size_t n = 0;
@@ -327,18 +362,19 @@ static void name_repeated_files(const dl__dataset *ds) {
 /* ---- indexes made ahead ---- */
 
 typedef struct ahead {
-  strlist paths;
+  char **paths;
+  size_t n;
   atomic_size_t next;
   const dl__options *o;
 } ahead;
 
 static void *index_ahead_run(void *arg) {
   ahead *a = arg;
-  for (size_t i; (i = atomic_fetch_add(&a->next, 1)) < a->paths.n;) {
-    const char *path = a->paths.v[i];
+  for (size_t i; (i = atomic_fetch_add(&a->next, 1)) < a->n;) {
+    const char *path = a->paths[i];
     struct stat st;
     const dl__format *f;
-    if (!dl__is_index_file(path, NULL, 0) && !stat(path, &st) && S_ISREG(st.st_mode) &&
+    if (!dl__is_url(path) && !dl__is_index_file(path, NULL, 0) && !stat(path, &st) && S_ISREG(st.st_mode) &&
         !format_of_local(path, &st, &f) && f == &dl__tar_format)
       dl__tar_index_ahead(path, a->o);
   }
@@ -349,39 +385,16 @@ static void *index_ahead_run(void *arg) {
  * headers lie between its members, so its scan reads it whole where it is not cached and reads
  * from header to header where it is; a first open of many shards on one thread would scan them
  * one after another. The load that follows reads those indexes, and says what their scans found
- * only where it scans again (a shard with something to say). */
+ * only where it scans again (a shard with something to say). URLs are left to their load, and a
+ * source that does not expand to its message there. */
 static void index_ahead(const char *source, const dl__options *o) {
   ahead a = {.o = o};
-  for (const char *p = source; p;) {
-    const char *sep = dl__next_separator(p);
-    char *part = strndup(p, sep ? (size_t)(sep - p) : strlen(p)), **paths = NULL;
-    size_t n = 0;
-    if (part && !dl__expand_braces(part, &paths, &n)) {
-      for (size_t i = 0; i < n; i++) {
-        dl__strip_file_scheme(paths[i]);
-        glob_t g;
-        if (strstr(paths[i], "://")) /* a URL: its load indexes it */
-          free(paths[i]);
-        else if (!dl__is_pattern(paths[i]))
-          push(&a.paths, paths[i]);
-        else {
-          if (glob(paths[i], 0, NULL, &g) == 0) {
-            for (size_t j = 0; j < g.gl_pathc; j++)
-              push(&a.paths, strdup(g.gl_pathv[j]));
-            globfree(&g);
-          }
-          free(paths[i]);
-        }
-      }
-      free(paths);
-    }
-    free(part);
-    p = sep ? sep + 2 : NULL;
-  }
+  if (dl__source_paths(source, &a.paths, &a.n))
+    return;
   cpu_set_t cpus;
   int threads = sched_getaffinity(0, sizeof cpus, &cpus) ? 1 : CPU_COUNT(&cpus);
   threads = threads > 8 ? 8 : threads;
-  threads = (size_t)threads > a.paths.n ? (int)a.paths.n : threads;
+  threads = (size_t)threads > a.n ? (int)a.n : threads;
   if (threads > 1) {
     pthread_t t[8];
     int started = 0;
@@ -390,7 +403,9 @@ static void index_ahead(const char *source, const dl__options *o) {
     while (started--)
       pthread_join(t[started], NULL);
   }
-  strlist_free(&a.paths);
+  for (size_t i = 0; i < a.n; i++)
+    free(a.paths[i]);
+  free(a.paths);
 }
 
 int dl__source_load(dl__dataset *ds, const char *source, const dl__options *o) {

@@ -102,6 +102,10 @@ int dl__expand_braces(const char *pattern, char ***out, size_t *count);
 const char *dl__next_separator(const char *s);
 bool dl__is_pattern(const char *path);
 void dl__strip_file_scheme(char *path);
+/* The paths SOURCE names, in order: its "::" parts (empty ones left out), brace ranges expanded, file:// taken off, local
+ * globs matched (one that matches nothing kept as written, for its open to name); URLs as written.
+ * *OUT (*N paths) is the caller's to free, each path and the array. */
+int dl__source_paths(const char *source, char ***out, size_t *n);
 
 /* Reads one tar shard's samples (through the cached index when it is valid); a compressed one
  * through an uncompressed copy (o->cache_dir). */
