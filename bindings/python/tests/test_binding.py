@@ -251,6 +251,11 @@ def test_a_compressed_or_foreign_shard_says_what_it_is(tmp_path):
     windows = {"dtype": "uint16", "seq_len": 8, "batch_size": 1}
     plain = len(ringfeed.Loader(f"tokens:{tmp_path}/a.bin", **windows))
     assert len(ringfeed.Loader(f"tokens:file://{tmp_path}/a.b*::file://{tmp_path}/a.bin", **windows)) == 2 * plain > 0
+    # A glob that matches nothing is named by its open; an empty part is no part, as for shards.
+    assert len(ringfeed.Loader(f"tokens:{tmp_path}/a.bin::", **windows)) == plain
+    with pytest.raises(ringfeed.Error) as e:
+        ringfeed.Loader(f"tokens:{tmp_path}/a.bin::{tmp_path}/none*.bin", **windows)
+    assert e.value.name == "ENOENT" and f"{tmp_path}/none*.bin" in e.value.message
 
 
 def _everything(source, **kw):
