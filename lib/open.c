@@ -71,13 +71,6 @@ static int usable_cpus(void) {
   return n > 0 ? (int)n : 1;
 }
 
-/* torchrun's LOCAL_WORLD_SIZE: the ranks of this job on this host, which share its CPUs and memory. */
-static int local_ranks(void) {
-  const char *v = getenv("LOCAL_WORLD_SIZE");
-  int n = v ? atoi(v) : 0;
-  return n > 0 ? n : 1;
-}
-
 /* workers=auto (the default), chosen once the JPEG decoding is known, and said why: the CPUs this
  * process may use, shared with the other ranks of the host, less one for each GPU that decodes
  * JPEGs. Its copy thread spends most of its time in nvJPEG's host calls (8-16 ms a batch on an
@@ -88,7 +81,7 @@ static void choose_workers(dl_loader *l) {
     snprintf(l->workers_reason, sizeof l->workers_reason, "workers=%d as given", l->o.workers);
     return;
   }
-  int cpus = usable_cpus(), ranks = local_ranks(), share = cpus / ranks > 0 ? cpus / ranks : 1;
+  int cpus = usable_cpus(), ranks = l->o.host_ranks, share = cpus / ranks > 0 ? cpus / ranks : 1;
   bool gpu_decodes = dl__decode_feeds_gpu(l);
   int left = gpu_decodes ? (l->o.ndevices < share ? l->o.ndevices : share - 1) : 0;
   l->o.workers = share - left;
@@ -116,7 +109,7 @@ static int64_t memory_budget(const dl_loader *l, int ranks) {
  * copied or consumed, the rest filling), fewer when memory_budget (auto: an eighth of the host's
  * memory, shared by its ranks) does not hold them, never fewer than two. */
 static void choose_prefetch(dl_loader *l) {
-  int ranks = local_ranks();
+  int ranks = l->o.host_ranks;
   size_t image = l->has_image ? (size_t)l->o.height * l->o.width * (size_t)l->o.channels *
                                     (size_t)(l->o.ndevices ? 1 : dl__dtype_bytes(l->o.dtype)) * (size_t)l->o.batch_size
                               : 0;
@@ -332,7 +325,7 @@ int dl_open(dl_loader **out, const char *source, const char *options) {
    * million, and they take no more than an eighth of the memory budget. Without them, JPEGs are
    * decoded as they always were (and gpu_check reads a scan through at every GPU decode). */
   if (l->has_image) {
-    int64_t rows_budget = memory_budget(l, local_ranks()) / 8;
+    int64_t rows_budget = memory_budget(l, l->o.host_ranks) / 8;
     l->jpeg_rows = dl__jpeg_rows_new(l->ds.n > UINT32_MAX ? UINT32_MAX : (uint32_t)l->ds.n,
                                      rows_budget < (INT64_C(512) << 20) ? (uint64_t)rows_budget : UINT64_C(512) << 20);
     if (dl__decode_may_use_gpu(l))

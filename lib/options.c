@@ -22,6 +22,9 @@ static void set_defaults(dl__options *o) {
   o->shuffle = 1;
   o->epochs = 1;
   o->world_size = 1;
+  const char *ranks = getenv("LOCAL_WORLD_SIZE"), *rank = getenv("LOCAL_RANK");
+  o->host_ranks = ranks && atoi(ranks) > 0 ? atoi(ranks) : 1;
+  o->host_rank = rank && atoi(rank) > 0 && atoi(rank) < o->host_ranks ? atoi(rank) : 0;
   o->dtype = DL__DTYPE_UINT8;
   const float mean[3] = {0.485f, 0.456f, 0.406f}, std[3] = {0.229f, 0.224f, 0.225f};
   memcpy(o->mean, mean, sizeof mean);

@@ -35,6 +35,8 @@ typedef struct dl__options {
   int64_t start_epoch; /* the run's first epoch (without a resume token) */
   int drop_last;
   int rank, world_size;
+  int host_ranks, host_rank; /* torchrun's LOCAL_WORLD_SIZE and LOCAL_RANK (1 and 0 without): the ranks
+                              * of this job that share the host's CPUs and memory, and this one's place */
   int ndevices; /* 0: host batches */
   int device_ids[DL__MAX_DEVICES];
   int dtype;
