@@ -363,20 +363,20 @@ static void name_repeated_files(const dl__dataset *ds) {
 
 typedef struct ahead {
   char **paths;
-  size_t n;
-  atomic_size_t next;
+  size_t n, first; /* FIRST: where this rank begins, so that the host's ranks begin apart */
+  atomic_size_t next, scanned;
   const dl__options *o;
 } ahead;
 
 static void *index_ahead_run(void *arg) {
   ahead *a = arg;
   for (size_t i; (i = atomic_fetch_add(&a->next, 1)) < a->n;) {
-    const char *path = a->paths[i];
+    const char *path = a->paths[(a->first + i) % a->n];
     struct stat st;
     const dl__format *f;
     if (!dl__is_url(path) && !dl__is_index_file(path, NULL, 0) && !stat(path, &st) && S_ISREG(st.st_mode) &&
-        !format_of_local(path, &st, &f) && f == &dl__tar_format)
-      dl__tar_index_ahead(path, a->o);
+        !format_of_local(path, &st, &f) && f == &dl__tar_format && dl__tar_index_ahead(path, a->o))
+      atomic_fetch_add(&a->scanned, 1);
   }
   return NULL;
 }
@@ -386,16 +386,24 @@ static void *index_ahead_run(void *arg) {
  * from header to header where it is; a first open of many shards on one thread would scan them
  * one after another. The load that follows reads those indexes, and says what their scans found
  * only where it scans again (a shard with something to say). URLs are left to their load, and a
- * source that does not expand to its message there. */
+ * source that does not expand to its message there.
+ * The ranks of a host (torchrun's LOCAL_WORLD_SIZE) open the same shards at once: each takes its
+ * share of the CPUs, and begins at its own part of the list, so that a shard another rank has
+ * indexed meanwhile is found current and skipped, not scanned once a rank. With one CPU a rank,
+ * its scans run here, on the opening thread, for that head start. */
 static void index_ahead(const char *source, const dl__options *o) {
   ahead a = {.o = o};
   if (dl__source_paths(source, &a.paths, &a.n))
     return;
+  a.first = a.n * (size_t)o->host_rank / (size_t)o->host_ranks;
+  double t0 = dl__now();
   cpu_set_t cpus;
-  int threads = sched_getaffinity(0, sizeof cpus, &cpus) ? 1 : CPU_COUNT(&cpus);
-  threads = threads > 8 ? 8 : threads;
+  int threads = sched_getaffinity(0, sizeof cpus, &cpus) ? 1 : CPU_COUNT(&cpus) / o->host_ranks;
+  threads = threads > 8 ? 8 : threads < 1 ? 1 : threads;
   threads = (size_t)threads > a.n ? (int)a.n : threads;
-  if (threads > 1) {
+  if (threads == 1 && o->host_ranks > 1)
+    index_ahead_run(&a);
+  else if (threads > 1) {
     pthread_t t[8];
     int started = 0;
     while (started < threads && !pthread_create(&t[started], NULL, index_ahead_run, &a))
@@ -403,6 +411,14 @@ static void index_ahead(const char *source, const dl__options *o) {
     while (started--)
       pthread_join(t[started], NULL);
   }
+  size_t scanned = atomic_load(&a.scanned);
+  if (scanned && o->host_ranks > 1)
+    dl__log(DL__LOG_DEBUG, "source: %zu of %zu shards indexed ahead in %.1f ms on %d thread%s, beginning "
+            "with %s (LOCAL_RANK=%d of LOCAL_WORLD_SIZE=%d)", scanned, a.n, (dl__now() - t0) * 1e3, threads,
+            threads == 1 ? "" : "s", a.paths[a.first], o->host_rank, o->host_ranks);
+  else if (scanned)
+    dl__log(DL__LOG_DEBUG, "source: %zu of %zu shards indexed ahead in %.1f ms on %d thread%s", scanned, a.n,
+            (dl__now() - t0) * 1e3, threads, threads == 1 ? "" : "s");
   for (size_t i = 0; i < a.n; i++)
     free(a.paths[i]);
   free(a.paths);

@@ -124,8 +124,9 @@ const char *dl__tar_compression(const uint8_t *h, size_t n);
  * kept copy serves (a remote shard, downloaded), a descriptor the copy's maker closes. */
 int dl__tar_load_fetched(dl__dataset *ds, uint32_t file, const char *how, dl__shard_id *id,
                          int (*fetch)(void *arg), void *arg, const dl__options *o);
-/* Writes the index file of local tar PATH where it has none and its scan finds nothing to say. */
-void dl__tar_index_ahead(const char *path, const dl__options *o);
+/* Writes the index file of local tar PATH where it has none and its scan finds nothing to say; true
+ * where it scanned PATH. */
+bool dl__tar_index_ahead(const char *path, const dl__options *o);
 /* Scans a tar shard into DS (no cache); used by dl__tar_load and by tools. */
 int dl__tar_scan(dl__dataset *ds, uint32_t file, int fd, uint64_t file_size, int on_error);
 /* The integer label of a .cls member's N bytes (spaces around it allowed); *WHY NULL, or why it is

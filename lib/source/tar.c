@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -793,23 +794,36 @@ static int load_copy(dl__dataset *ds, uint32_t file, packed *p, dl__shard_id *id
   return index_tar(ds, file, p->path, id, size, damaged, o);
 }
 
+/* Whether another process scans the shard open on FD ahead now: true where its lock is held (the
+ * host's ranks open the same shards at once); a file system without flock says no. The lock goes
+ * with the descriptor. */
+static bool scanned_elsewhere(int fd) {
+  return flock(fd, LOCK_EX | LOCK_NB) && errno == EWOULDBLOCK;
+}
+
 /* PATH's index file written ahead of its load, on a helper thread of dl__source_load, where PATH is
  * an uncompressed tar without one: scanned here, saying nothing, and saved only from a scan that had
- * nothing to say (no damage, links, holes or notes), so that the load still says what it finds. */
-void dl__tar_index_ahead(const char *path, const dl__options *o) {
+ * nothing to say (no damage, links, holes or notes), so that the load still says what it finds.
+ * A shard another process scans ahead at the moment is left to it (its index is found current by
+ * the load, or the load scans it as without one). True where it scanned PATH. */
+bool dl__tar_index_ahead(const char *path, const dl__options *o) {
   dl__dataset ds = {0};
   uint32_t file;
   uint64_t size;
   dl__shard_id id;
   unsigned said = 0;
+  bool scanned = false;
   dl__log_hold(&said);
   if (!dl__dataset_open_file(&ds, path, &file, &size, &id) && !compression_of(ds.fds[file]) &&
-      !dl__index_file_current(path, &id)) {
+      !dl__index_file_current(path, &id) && !scanned_elsewhere(ds.fds[file]) &&
+      !dl__index_file_current(path, &id)) { /* again: written between the first look and the lock */
+    scanned = true;
     if (!dl__tar_scan(&ds, file, ds.fds[file], size, o->on_error) && !said) /* 1: damaged, or notes */
       dl__index_file_write(&ds, 0, path, &id);
   }
   dl__log_hold(NULL);
   dl__dataset_free(&ds);
+  return scanned;
 }
 
 int dl__tar_load(dl__dataset *ds, const char *path, const dl__options *o) {

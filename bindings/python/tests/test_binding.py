@@ -369,6 +369,40 @@ def test_a_first_open_indexes_its_shards_ahead_and_still_says_what_each_holds(tm
 
 
 @needs_testdata
+def test_the_ranks_of_a_host_begin_their_index_scans_apart(tmp_path, capfd, monkeypatch):
+    """torchrun's ranks of one host open the same shards at once: each begins its scans at its own
+    part of the list (LOCAL_RANK of LOCAL_WORLD_SIZE) and skips a shard indexed meanwhile or being
+    scanned by another process (its lock held), with its share of the CPUs (here under one a rank:
+    the scans run on the opening thread)."""
+    import fcntl
+    with open(WDS, "rb") as f:
+        tar = f.read()
+    shards = [tmp_path / f"s-{i}.tar" for i in range(4)]
+    for s in shards:
+        s.write_bytes(tar)
+    source = str(tmp_path / "s-{0..3}.tar")
+    want = _everything(source)  # indexes made by one process
+    made = {s: s.with_name(s.name + ".rfidx").read_bytes() for s in shards}
+    for s in shards:
+        os.remove(f"{s}.rfidx")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1000")
+    monkeypatch.setenv("LOCAL_RANK", "750")  # a rank three quarters along: shard 3 first
+    _everything(str(shards[1]))  # as if another rank had indexed it already
+    capfd.readouterr()
+    with open(shards[2], "rb") as busy:  # ... and were scanning this one: the load indexes it
+        fcntl.flock(busy, fcntl.LOCK_EX)
+        assert _same(_everything(source, log="debug"), want)
+    err = capfd.readouterr().err
+    assert (f"source: 2 of 4 shards indexed ahead in " in err and
+            f" on 1 thread, beginning with {shards[3]} (LOCAL_RANK=750 of LOCAL_WORLD_SIZE=1000)" in err), err
+    assert {s: s.with_name(s.name + ".rfidx").read_bytes() for s in shards} == made
+    # Opened again, every index is current: nothing is scanned ahead.
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert _same(_everything(source, log="debug"), want)
+    assert "indexed ahead" not in capfd.readouterr().err
+
+
+@needs_testdata
 def test_an_image_folder_names_the_entries_it_cannot_read(tmp_path, capfd):
     # A link to nothing (a dataset of links into a mount that is gone) was left out in silence.
     jpg = os.path.join(TESTDATA, "libjpeg-turbo", "testimages", "testorig.jpg")
