@@ -752,17 +752,41 @@ int dl__tar_uncompressed(int in, const char *path, const dl__shard_id *id, const
 
 /* FILE's sample table: from the index cache where it holds version ID, else scanned from its
  * descriptor (SIZE bytes) and cached, unless DAMAGED (so that every open says what is wrong). */
+/* A shard is scanned under its flock, so that the host's ranks, which open the same shards at once,
+ * scan each once: the one that finds it held reads the index its holder writes. A file system
+ * without flock locks nothing, and every rank scans, as before. */
+static bool scanned_elsewhere(int fd) {
+  return flock(fd, LOCK_EX | LOCK_NB) && errno == EWOULDBLOCK;
+}
+
+/* FD's lock, waited for while another process holds it, though no longer than a minute (a scan takes
+ * far less, even of a shard read whole from a disk): false where it is not had. */
+static bool lock_for_scan(int fd) {
+  for (double t0 = dl__now(); scanned_elsewhere(fd);) {
+    if (dl__now() - t0 > 60)
+      return false;
+    usleep(1000);
+  }
+  return true;
+}
+
 static int index_tar(dl__dataset *ds, uint32_t file, const char *path, const dl__shard_id *id, uint64_t size,
                      bool damaged, const dl__options *o) {
   if (!damaged && dl__index_file_read(ds, file, path, id) == 0)
     return 0;
+  int fd = ds->fds[file];
+  bool locked = !damaged && lock_for_scan(fd);
+  if (locked && dl__index_file_read(ds, file, path, id) == 0) { /* its holder's index */
+    flock(fd, LOCK_UN);
+    return 0;
+  }
   size_t first = ds->n;
-  int rc = dl__tar_scan(ds, file, ds->fds[file], size, o->on_error);
-  if (rc < 0)
-    return rc;
+  int rc = dl__tar_scan(ds, file, fd, size, o->on_error);
   if (rc == 0 && !damaged)
     dl__index_file_write(ds, first, path, id);
-  return 0;
+  if (locked)
+    flock(fd, LOCK_UN); /* the descriptor stays open for the loader's reads */
+  return rc < 0 ? rc : 0;
 }
 
 /* FILE read through the uncompressed copy of P: the index cache is kept by the compressed
@@ -794,18 +818,11 @@ static int load_copy(dl__dataset *ds, uint32_t file, packed *p, dl__shard_id *id
   return index_tar(ds, file, p->path, id, size, damaged, o);
 }
 
-/* Whether another process scans the shard open on FD ahead now: true where its lock is held (the
- * host's ranks open the same shards at once); a file system without flock says no. The lock goes
- * with the descriptor. */
-static bool scanned_elsewhere(int fd) {
-  return flock(fd, LOCK_EX | LOCK_NB) && errno == EWOULDBLOCK;
-}
-
 /* PATH's index file written ahead of its load, on a helper thread of dl__source_load, where PATH is
  * an uncompressed tar without one: scanned here, saying nothing, and saved only from a scan that had
  * nothing to say (no damage, links, holes or notes), so that the load still says what it finds.
- * A shard another process scans ahead at the moment is left to it (its index is found current by
- * the load, or the load scans it as without one). True where it scanned PATH. */
+ * A shard another process scans at the moment is left to it: the load waits for its index. True
+ * where it scanned PATH. */
 bool dl__tar_index_ahead(const char *path, const dl__options *o) {
   dl__dataset ds = {0};
   uint32_t file;

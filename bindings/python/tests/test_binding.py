@@ -371,9 +371,10 @@ def test_a_first_open_indexes_its_shards_ahead_and_still_says_what_each_holds(tm
 @needs_testdata
 def test_the_ranks_of_a_host_begin_their_index_scans_apart(tmp_path, capfd, monkeypatch):
     """torchrun's ranks of one host open the same shards at once: each begins its scans at its own
-    part of the list (LOCAL_RANK of LOCAL_WORLD_SIZE) and skips a shard indexed meanwhile or being
-    scanned by another process (its lock held), with its share of the CPUs (here under one a rank:
-    the scans run on the opening thread)."""
+    part of the list (LOCAL_RANK of LOCAL_WORLD_SIZE), with its share of the CPUs (here under one a
+    rank: the scans run on the opening thread), and skips a shard indexed meanwhile; one another
+    process scans at the moment (its flock held) is left to it, and the load reads the index it
+    writes instead of scanning the shard again."""
     import fcntl
     with open(WDS, "rb") as f:
         tar = f.read()
@@ -389,9 +390,20 @@ def test_the_ranks_of_a_host_begin_their_index_scans_apart(tmp_path, capfd, monk
     monkeypatch.setenv("LOCAL_RANK", "750")  # a rank three quarters along: shard 3 first
     _everything(str(shards[1]))  # as if another rank had indexed it already
     capfd.readouterr()
-    with open(shards[2], "rb") as busy:  # ... and were scanning this one: the load indexes it
+    index2 = shards[2].with_name(shards[2].name + ".rfidx")
+    written = []
+    with open(shards[2], "rb") as busy:  # ... and were scanning this one
         fcntl.flock(busy, fcntl.LOCK_EX)
+
+        def finish():  # that rank's scan ends: its index written, then its lock let go
+            index2.write_bytes(made[shards[2]])
+            written.append(os.stat(index2).st_ino)
+            fcntl.flock(busy, fcntl.LOCK_UN)
+        threading.Timer(0.3, finish).start()
+        t0 = time.monotonic()
         assert _same(_everything(source, log="debug"), want)
+        waited = time.monotonic() - t0
+    assert waited >= 0.25 and written == [os.stat(index2).st_ino]  # read, not scanned and written again
     err = capfd.readouterr().err
     assert (f"source: 2 of 4 shards indexed ahead in " in err and
             f" on 1 thread, beginning with {shards[3]} (LOCAL_RANK=750 of LOCAL_WORLD_SIZE=1000)" in err), err
