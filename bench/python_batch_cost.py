@@ -11,8 +11,7 @@ Usage: python_batch_cost.py SOURCE [--binding DIR]... [--batch-size N] [--batche
 Loader._take goes, each C call and Python step it makes timed apart, the median a batch of each, in
 one process; "the rest" is _take's own code: the dict, the keys' decode. --step: what the thread
 does for the 30 ms between batches: sleep (the default), or launch small torch operations all along,
-on the GPU where --device names one, as a host-bound training step does; after a sleep the first
-torch calls find their code and data out of the CPU's caches.)
+on the GPU where --device names one, as a host-bound training step does.)
 (RINGFEED_LIBRARY names the library, as for the binding itself.)
 """
 import argparse
