@@ -389,8 +389,9 @@ static void *index_ahead_run(void *arg) {
  * source that does not expand to its message there.
  * The ranks of a host (torchrun's LOCAL_WORLD_SIZE) open the same shards at once: each takes its
  * share of the CPUs, and begins at its own part of the list, so that a shard another rank has
- * indexed meanwhile is found current and skipped, not scanned once a rank. With one CPU a rank,
- * its scans run here, on the opening thread, for that head start. */
+ * indexed meanwhile is found current and skipped, and one it scans at the moment (under the shard's
+ * flock) left to it, not scanned once a rank. With one CPU a rank, its scans run here, on the
+ * opening thread, for that head start. */
 static void index_ahead(const char *source, const dl__options *o) {
   ahead a = {.o = o};
   if (dl__source_paths(source, &a.paths, &a.n))

@@ -750,19 +750,18 @@ int dl__tar_uncompressed(int in, const char *path, const dl__shard_id *id, const
   return p.how ? uncompressed_copy(&p, id, o, copy, size) : 0;
 }
 
-/* FILE's sample table: from the index cache where it holds version ID, else scanned from its
- * descriptor (SIZE bytes) and cached, unless DAMAGED (so that every open says what is wrong). */
 /* A shard is scanned under its flock, so that the host's ranks, which open the same shards at once,
  * scan each once: the one that finds it held reads the index its holder writes. A file system
- * without flock locks nothing, and every rank scans, as before. */
-static bool scanned_elsewhere(int fd) {
+ * without flock locks nothing, and every rank scans, as before. This takes FD's lock where it is
+ * free, and says whether another process holds it. */
+static bool held_elsewhere(int fd) {
   return flock(fd, LOCK_EX | LOCK_NB) && errno == EWOULDBLOCK;
 }
 
 /* FD's lock, waited for while another process holds it, though no longer than a minute (a scan takes
  * far less, even of a shard read whole from a disk): false where it is not had. */
 static bool lock_for_scan(int fd) {
-  for (double t0 = dl__now(); scanned_elsewhere(fd);) {
+  for (double t0 = dl__now(); held_elsewhere(fd);) {
     if (dl__now() - t0 > 60)
       return false;
     usleep(1000);
@@ -770,6 +769,9 @@ static bool lock_for_scan(int fd) {
   return true;
 }
 
+/* FILE's sample table: from the index cache where it holds version ID, else scanned from its
+ * descriptor (SIZE bytes) and cached, unless DAMAGED (so that every open says what is wrong).
+ * The scan waits for a rank that scans it at the moment, and reads that rank's index instead. */
 static int index_tar(dl__dataset *ds, uint32_t file, const char *path, const dl__shard_id *id, uint64_t size,
                      bool damaged, const dl__options *o) {
   if (!damaged && dl__index_file_read(ds, file, path, id) == 0)
@@ -832,7 +834,7 @@ bool dl__tar_index_ahead(const char *path, const dl__options *o) {
   bool scanned = false;
   dl__log_hold(&said);
   if (!dl__dataset_open_file(&ds, path, &file, &size, &id) && !compression_of(ds.fds[file]) &&
-      !dl__index_file_current(path, &id) && !scanned_elsewhere(ds.fds[file]) &&
+      !dl__index_file_current(path, &id) && !held_elsewhere(ds.fds[file]) &&
       !dl__index_file_current(path, &id)) { /* again: written between the first look and the lock */
     scanned = true;
     if (!dl__tar_scan(&ds, file, ds.fds[file], size, o->on_error) && !said) /* 1: damaged, or notes */
