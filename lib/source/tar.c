@@ -770,25 +770,34 @@ static bool lock_for_scan(int fd) {
 }
 
 /* FILE's sample table: from the index cache where it holds version ID, else scanned from its
- * descriptor (SIZE bytes) and cached, unless DAMAGED (so that every open says what is wrong).
- * The scan waits for a rank that scans it at the moment, and reads that rank's index instead. */
+ * descriptor (SIZE bytes) and cached, unless DAMAGED (so that every open says what is wrong). */
 static int index_tar(dl__dataset *ds, uint32_t file, const char *path, const dl__shard_id *id, uint64_t size,
                      bool damaged, const dl__options *o) {
   if (!damaged && dl__index_file_read(ds, file, path, id) == 0)
     return 0;
-  int fd = ds->fds[file];
-  bool locked = !damaged && lock_for_scan(fd);
-  if (locked && dl__index_file_read(ds, file, path, id) == 0) { /* its holder's index */
-    flock(fd, LOCK_UN);
-    return 0;
-  }
   size_t first = ds->n;
-  int rc = dl__tar_scan(ds, file, fd, size, o->on_error);
+  int rc = dl__tar_scan(ds, file, ds->fds[file], size, o->on_error);
+  if (rc < 0)
+    return rc;
   if (rc == 0 && !damaged)
     dl__index_file_write(ds, first, path, id);
+  return 0;
+}
+
+/* A local tar's sample table, as index_tar gives it, but scanned under the shard's lock: where a
+ * rank scans it at the moment, its index is waited for and read instead. Only the shard itself is
+ * locked so: an uncompressed copy in cache_dir carries the cache's shared lock for as long as it is
+ * read, which this lock would wait for and then drop. */
+static int index_local_tar(dl__dataset *ds, uint32_t file, const char *path, const dl__shard_id *id,
+                           uint64_t size, const dl__options *o) {
+  if (dl__index_file_read(ds, file, path, id) == 0)
+    return 0;
+  int fd = ds->fds[file];
+  bool locked = lock_for_scan(fd);
+  int rc = index_tar(ds, file, path, id, size, false, o); /* reads the holder's index, if it wrote one */
   if (locked)
     flock(fd, LOCK_UN); /* the descriptor stays open for the loader's reads */
-  return rc < 0 ? rc : 0;
+  return rc;
 }
 
 /* FILE read through the uncompressed copy of P: the index cache is kept by the compressed
@@ -853,7 +862,7 @@ int dl__tar_load(dl__dataset *ds, const char *path, const dl__options *o) {
   if (rc)
     return rc;
   packed p = {.fd = ds->fds[file], .how = compression_of(ds->fds[file]), .path = path};
-  return p.how ? load_copy(ds, file, &p, &id, o) : index_tar(ds, file, path, &id, size, false, o);
+  return p.how ? load_copy(ds, file, &p, &id, o) : index_local_tar(ds, file, path, &id, size, o);
 }
 
 int dl__tar_load_fetched(dl__dataset *ds, uint32_t file, const char *how, dl__shard_id *id,

@@ -412,6 +412,39 @@ def test_the_ranks_of_a_host_begin_their_index_scans_apart(tmp_path, capfd, monk
     monkeypatch.setenv("LOCAL_RANK", "0")
     assert _same(_everything(source, log="debug"), want)
     assert "indexed ahead" not in capfd.readouterr().err
+    # Values torchrun would not give are read as one rank alone, as workers=auto reads them.
+    for s in shards:
+        os.remove(f"{s}.rfidx")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "two")
+    monkeypatch.setenv("LOCAL_RANK", "-1")
+    assert _same(_everything(source, log="debug"), want)
+    err = capfd.readouterr().err
+    assert "LOCAL_RANK=" not in err and ("source: 4 of 4 shards indexed ahead in " in err or
+                                         len(os.sched_getaffinity(0)) == 1), err  # one CPU: no helpers
+
+
+@needs_testdata
+def test_a_kept_uncompressed_copy_stays_read_locked_while_loaders_index_it(tmp_path):
+    """A copy kept in cache_dir is held with a shared flock by every loader reading it, so that no
+    process evicts it meanwhile; indexing it takes no lock of its own, which would wait for the other
+    readers' shared locks and drop the loader's own."""
+    import fcntl
+    import gzip
+    with open(WDS, "rb") as f:
+        (tmp_path / "a.tar.gz").write_bytes(gzip.compress(f.read()))
+    cache = tmp_path / "cache"
+    opts = dict(batch_size=8, image_size=16, shuffle=False, workers=1, framework="numpy", cache_dir=str(cache))
+    with ringfeed.Loader(str(tmp_path / "a.tar.gz"), **opts) as first:
+        want = [list(b["key"]) for b in first]
+        kept = [p for p in cache.iterdir() if not p.name.startswith(".")]
+        os.remove(tmp_path / "a.tar.gz.rfidx")  # the next loader scans the copy the first one reads
+        t0 = time.monotonic()
+        with ringfeed.Loader(str(tmp_path / "a.tar.gz"), **opts) as second:
+            assert time.monotonic() - t0 < 10
+            assert [list(b["key"]) for b in second] == want
+        with open(kept[0], "rb") as f, pytest.raises(BlockingIOError):  # the first one's still held
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    assert len(kept) == 1 and os.path.exists(tmp_path / "a.tar.gz.rfidx")
 
 
 @needs_testdata
