@@ -64,7 +64,7 @@ def one_run(source, batch_size, batches, device, workers, step_kind):
 
 # What Loader._take calls, each timed apart by --parts.
 LIB_CALLS = ("dl_batch_wait", "dl_batch_size", "dl_batch_field_count", "dl_batch_field_name", "dl_batch_export",
-             "dl_batch_bytes_count", "dl_batch_keys", "dl_batch_position", "dl_batches_per_epoch",
+             "dl_batch_copy", "dl_batch_bytes_count", "dl_batch_keys", "dl_batch_position", "dl_batches_per_epoch",
              "dl_batch_errors", "dl_batch_release")
 
 
@@ -85,10 +85,11 @@ def parts_run(source, batch_size, batches, device, workers, step_kind):
             finally:
                 spent[name] = spent.get(name, 0.0) + time.perf_counter() - t
         return call
-    for name in LIB_CALLS:
-        setattr(_loader.lib, name, timed(name, getattr(_loader.lib, name)))
-    _loader.Loader._consumer_stream = timed("consumer stream (torch.cuda.current_stream)",
-                                            _loader.Loader._consumer_stream)
+    for name in LIB_CALLS:  # (an older binding may not call them all)
+        if hasattr(_loader.lib, name):
+            setattr(_loader.lib, name, timed(name, getattr(_loader.lib, name)))
+    _loader.Loader._consumer_stream = timed("consumer stream", _loader.Loader._consumer_stream)
+    torch.empty = timed("labels' tensor (torch.empty)", torch.empty)
     _dlpack.capsule = timed("capsule (PyCapsule_New)", _dlpack.capsule)
     torch.utils.dlpack.from_dlpack = timed("torch from_dlpack", torch.utils.dlpack.from_dlpack)
     torch.Tensor.clone = timed("labels' clone", torch.Tensor.clone)

@@ -453,6 +453,30 @@ int dl_batch_export(dl_batch *b, const char *name, DLManagedTensor **out) {
   return 0;
 }
 
+int dl_batch_copy(dl_batch *b, const char *name, void *dst, size_t cap, void *stream) {
+  if (!dst)
+    return dl__fail(-EINVAL, "dl_batch_copy: no place for the copy (DST is NULL)");
+  DLTensor t;
+  int r = dl_batch_field(b, name, &t);
+  if (r)
+    return r;
+  size_t bytes = (size_t)t.dtype.bits / 8 * t.dtype.lanes;
+  for (int d = 0; d < t.ndim; d++)
+    bytes *= (size_t)t.shape[d];
+  if (bytes > cap)
+    return dl__fail(-EINVAL, "dl_batch_copy: field '%s' is %zu bytes, more than the %zu of DST", name, bytes,
+                    cap);
+  pthread_mutex_lock(&b->l->mu);
+  bool held = consumer_holds(b);
+  pthread_mutex_unlock(&b->l->mu);
+  if (!held)
+    return dl__fail(-EINVAL, "dl_batch_copy: the batch was released already; copy before releasing it");
+  if (b->is_device)
+    return dl__cuda_copy(b, dst, t.data, bytes, stream);
+  memcpy(dst, t.data, bytes);
+  return 0;
+}
+
 int dl_batch_wait(dl_batch *b, void *stream) {
   if (!b)
     return dl__fail(-EINVAL, "no batch");

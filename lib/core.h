@@ -346,12 +346,12 @@ int dl__cuda_start(dl_loader *l);
 void dl__cuda_stop(dl_loader *l);
 /* Frees device memory, streams, events and decoders. NULL l->cuda is a no-op. */
 void dl__cuda_close(dl_loader *l);
-/* Host memory for the slots: pinned (after dl__cuda_start, in the background) when a device is
- * in use. */
+/* Host memory for the slots: pinned (after dl__cuda_start, in the background) when a device is in use. */
 void *dl__host_alloc(dl_loader *l, size_t bytes);
 void dl__host_free(dl_loader *l, void *p, size_t bytes);
 int dl__cuda_field(const dl_batch *b, const char *name, DLTensor *out);
 int dl__cuda_wait(dl_batch *b, void *stream);
+int dl__cuda_copy(dl_batch *b, void *dst, const void *src, size_t bytes, void *stream);
 /* Under l->mu, when a device batch's last reference goes: records the consumer's event. */
 void dl__cuda_release_locked(dl_batch *b);
 /* Under l->mu: whether the consumer's GPU is still running work it queued before its last

@@ -504,6 +504,18 @@ static void slots_and_lifetimes(void) {
   ASSERT_EQ(dl_batch_export(c, "nonesuch", &none), DL_ENOFIELD);
   ASSERT(none == NULL);
   ASSERT_EQ(dl_batch_export(c, "label", &lab2), 0);
+  /* A copy is the caller's own, equal to the field, and asked of a held batch only. */
+  int64_t labels[4], two[2];
+  uint8_t *pixels = malloc(4 * 16 * 16 * 3);
+  ASSERT_EQ(dl_batch_copy(c, "label", labels, sizeof labels, NULL), 0);
+  ASSERT(memcmp(labels, lab->dl_tensor.data, sizeof labels) == 0);
+  ASSERT_EQ(dl_batch_copy(c, "image", pixels, 4 * 16 * 16 * 3, NULL), 0);
+  ASSERT(memcmp(pixels, img->dl_tensor.data, 4 * 16 * 16 * 3) == 0);
+  free(pixels);
+  ASSERT_EQ(dl_batch_copy(c, "label", two, sizeof two, NULL), -EINVAL);
+  ASSERT_CONTAINS(dl_last_error(), "field 'label' is 32 bytes, more than the 16 of DST");
+  ASSERT_EQ(dl_batch_copy(c, "label", NULL, sizeof labels, NULL), -EINVAL);
+  ASSERT_EQ(dl_batch_copy(c, "nonesuch", labels, sizeof labels, NULL), DL_ENOFIELD);
   dl_batch_release(c, NULL);
   dl_batch_release(b, NULL);
   uint8_t first = ((uint8_t *)img->dl_tensor.data)[0];
@@ -582,6 +594,9 @@ static void released_twice(void) {
   ASSERT_EQ(dl_batch_export(a, "image", &t), -EINVAL);
   ASSERT(t == NULL);
   ASSERT_CONTAINS(dl_last_error(), "released already");
+  int64_t labels[4];
+  ASSERT_EQ(dl_batch_copy(a, "label", labels, sizeof labels, NULL), -EINVAL);
+  ASSERT_CONTAINS(dl_last_error(), "copy before releasing it");
   dl_batch_release(b, NULL);
   for (int64_t want = 2; want < 5; want++) {
     int64_t epoch, index;
@@ -609,6 +624,8 @@ static void null_arguments(void) {
   ASSERT_EQ(dl_batch_field(b, "image", NULL), -EINVAL);
   ASSERT_EQ(dl_batch_field(NULL, "image", &t), -EINVAL);
   ASSERT_EQ(dl_batch_export(b, "image", NULL), -EINVAL);
+  int64_t label;
+  ASSERT_EQ(dl_batch_copy(NULL, "label", &label, sizeof label, NULL), -EINVAL);
   ASSERT_EQ(dl_batch_field(b, "image", &t), 0); /* the batch is still the consumer's */
   dl_batch_release(b, NULL);
   dl_close(l);

@@ -857,6 +857,16 @@ int dl__cuda_wait(dl_batch *b, void *stream) {
   return e ? cuda_fail(e, "waiting for the batch's copy") : 0;
 }
 
+int dl__cuda_copy(dl_batch *b, void *dst, const void *src, size_t bytes, void *stream) {
+  /* After the batch's copy on STREAM, as dl__cuda_wait orders it: a copy asked without that wait
+   * still reads the batch whole. */
+  gpu_slot *gs = b->gpu;
+  cudaError_t e = cudaStreamWaitEvent((cudaStream_t)stream, gs->copied, 0);
+  if (!e)
+    e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, (cudaStream_t)stream);
+  return e ? cuda_fail(e, "copying a field of the batch out of its slot") : 0;
+}
+
 void dl__cuda_release_locked(dl_batch *b) {
   gpu_slot *gs = b->gpu;
   cuda_state *c = b->l->cuda;

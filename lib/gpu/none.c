@@ -29,6 +29,10 @@ int dl__cuda_wait(dl_batch *b, void *stream) {
   (void)b, (void)stream;
   return 0;
 }
+int dl__cuda_copy(dl_batch *b, void *dst, const void *src, size_t bytes, void *stream) {
+  (void)b, (void)dst, (void)src, (void)bytes, (void)stream;
+  return DL_ENODEVICE;
+}
 void dl__cuda_release_locked(dl_batch *b) { (void)b; }
 bool dl__cuda_consumer_busy_locked(dl_loader *l, int stream) {
   (void)l, (void)stream;

@@ -90,6 +90,7 @@ _sig = {
     "dl_batch_field": (_c.c_int, [_c.c_void_p, _c.c_char_p, _c.POINTER(DLTensor)]),
     "dl_batch_export": (_c.c_int, [_c.c_void_p, _c.c_char_p, _c.POINTER(_c.POINTER(DLManagedTensor))]),
     "dl_batch_wait": (_c.c_int, [_c.c_void_p, _c.c_void_p]),
+    "dl_batch_copy": (_c.c_int, [_c.c_void_p, _c.c_char_p, _c.c_void_p, _c.c_size_t, _c.c_void_p]),
     "dl_batch_release": (None, [_c.c_void_p, _c.c_void_p]),
     "dl_batches_per_epoch": (_c.c_int64, [_c.c_void_p]),
     "dl_epoch_batches": (_c.c_int64, [_c.c_void_p, _c.c_int64]),

@@ -20,6 +20,7 @@ _DL_ECLOSED = -1011
 _ETIMEDOUT = -110
 _WAIT_SLICE_MS = 50
 _CREDENTIALS = re.compile(r"(://)[^/@\s]*@")  # the user:password@ of a URL, kept out of what is printed
+_raw_stream = None  # torch's call for the current stream's handle, once torch has set CUDA up
 
 
 class Error(RuntimeError):
@@ -278,7 +279,7 @@ class Loader:
             self._users = 0
         self._framework = _framework(framework)
         self._torch = _needs("torch") if self._framework == "torch" else None
-        self._batch_devices = {}  # device_index: where its batches live, (DLPack device type, id)
+        self._batch_devices = {}  # device_index: where its batches live (see _batch_device)
         if self._framework == "numpy":
             self._numpy = _needs("numpy")
         if self._framework == "numpy" and _format("dtype", options.get("dtype", "uint8")).lower() == "bfloat16":
@@ -332,8 +333,10 @@ class Loader:
         # The epoch the next batch belongs to (the token names where the run starts), and the
         # next batch's index within it: past those handed out before a resumed state was saved.
         self._epoch = int(self.state_dict()["token"].split(".")[2])
+        self._layout = None  # the batches' field names, read of the first batch
         with self._use() as handle:
-            self._next_index = lib.dl_batches_per_epoch(handle) - lib.dl_epoch_batches(handle, self._epoch)
+            self._per_epoch = lib.dl_batches_per_epoch(handle)
+            self._next_index = self._per_epoch - lib.dl_epoch_batches(handle, self._epoch)
             names = []
             while (name := lib.dl_class_name(handle, len(names))) is not None:
                 names.append(os.fsdecode(name))
@@ -478,20 +481,22 @@ class Loader:
 
     def _take(self, handle, b, device_index):
         """Batch B as a dict of tensors, then the loader-side hold released."""
+        stream = None
         try:
-            stream = self._consumer_stream(b, device_index)
+            device = self._batch_device(b, device_index)
+            stream = self._consumer_stream(device)
             if stream is not None:
                 _check(lib.dl_batch_wait(b, stream))
             n = lib.dl_batch_size(b)
-            size = ctypes.c_size_t()
+            tensors, members = self._layout or self._read_layout(b)
             out = {}
-            for i in range(lib.dl_batch_field_count(b)):
-                name = lib.dl_batch_field_name(b, i)
-                out[_name(name)] = self._export(b, name)
-            for k in range(lib.dl_batch_bytes_count(b)):
-                name, kind = lib.dl_batch_bytes_name(b, k), lib.dl_batch_bytes_kind(b, k)
-                out[_name(name)] = [_member(kind, lib.dl_batch_bytes(b, name, i, ctypes.byref(size)), size.value)
-                                    for i in range(n)]
+            for key, name in tensors:
+                out[key] = self._labels(b, n, device, stream) if name == b"label" and device else self._export(b, name)
+            if members:
+                size = ctypes.c_size_t()
+                for key, name, kind in members:
+                    out[key] = [_member(kind, lib.dl_batch_bytes(b, name, i, ctypes.byref(size)), size.value)
+                                for i in range(n)]
             # One call for the keys, and one decode of them all, as _name decodes each: keys hold no
             # NUL, which no UTF-8 sequence or escaped byte spans (bench/python_batch_cost.py).
             keys = lib.dl_batch_keys(b)[:n] if n else None
@@ -499,7 +504,7 @@ class Loader:
             epoch, index = ctypes.c_int64(), ctypes.c_int64()
             lib.dl_batch_position(b, ctypes.byref(epoch), ctypes.byref(index))
             out["epoch"], out["index"] = epoch.value, index.value
-            last = index.value == lib.dl_batches_per_epoch(handle) - 1
+            last = index.value == self._per_epoch - 1
             self._epoch = epoch.value + 1 if last else epoch.value
             self._next_index = 0 if last else index.value + 1
             if lib.dl_batch_errors(b):  # one call a batch: B calls cost the training loop's thread
@@ -507,7 +512,7 @@ class Loader:
         finally:
             # The tensors hold the batch; releasing here only ends the loader-side hold. On CUDA
             # the release is recorded on the consumer's stream, so queued work still sees the data.
-            lib.dl_batch_release(b, stream if "stream" in locals() else None)
+            lib.dl_batch_release(b, stream)
         self._handed += 1  # after the release: a failure to log cannot keep the batch's slot
         if self._log_every and self._handed % self._log_every == 0:
             self._log_stats()
@@ -516,27 +521,57 @@ class Loader:
             out = out if changed is None else changed
         return out
 
-    def _consumer_stream(self, b, device_index):
+    def _read_layout(self, b):
+        """The names of the batch's tensors and members (with what each member holds): the same in
+        every batch of a loader, so read of its first batch only."""
+        tensors = [lib.dl_batch_field_name(b, i) for i in range(lib.dl_batch_field_count(b))]
+        members = [(lib.dl_batch_bytes_name(b, k), lib.dl_batch_bytes_kind(b, k))
+                   for k in range(lib.dl_batch_bytes_count(b))]
+        self._layout = [(_name(n), n) for n in tensors], [(_name(n), n, kind) for n, kind in members]
+        return self._layout
+
+    def _batch_device(self, b, device_index):
+        """Where the batches of DEVICE_INDEX live, for torch: (DLPack device type, id, torch.device),
+        asked of the first batch (an index's batches stay on one device); None for other frameworks."""
         if self._torch is None:
             return None
         device = self._batch_devices.get(device_index)
-        if device is None:  # asked of the first batch: an index's batches stay on one device
+        if device is None:
             from ._lib import DLTensor
             desc = DLTensor()
             _check(lib.dl_batch_field(b, b"label", ctypes.byref(desc)))
-            device = self._batch_devices[device_index] = (desc.device.device_type, desc.device.device_id)
-        if device[0] != K_DL_CUDA:
+            kind, number = desc.device.device_type, desc.device.device_id
+            where = self._torch.device("cuda", number) if kind == K_DL_CUDA else self._torch.device("cpu")
+            device = self._batch_devices[device_index] = (kind, number, where)
+        return device
+
+    def _consumer_stream(self, device):
+        """The handle of torch's current stream on DEVICE, which waits for the batch and on which it is
+        released; None for host batches. After torch's public call has set CUDA up, the handle alone:
+        a Stream object each batch costs the loop's thread about 50 us (bench/python_batch_cost.py)."""
+        global _raw_stream
+        if device is None or device[0] != K_DL_CUDA:
             return None
-        return ctypes.c_void_p(self._torch.cuda.current_stream(device[1]).cuda_stream)
+        if _raw_stream is not None:
+            return _raw_stream(device[1])
+        handle = self._torch.cuda.current_stream(device[1]).cuda_stream
+        _raw_stream = getattr(self._torch._C, "_cuda_getCurrentRawStream", None)
+        return handle
+
+    def _labels(self, b, n, device, stream):
+        """The labels as a torch tensor of their own (B integers: a loop that keeps them for its
+        metrics, as DataLoader allows, then holds no slot), which the library fills on the consumer's
+        stream: cheaper for the loop's thread than an exported view and its clone."""
+        labels = self._torch.empty(n, dtype=self._torch.int64, device=device[2])
+        _check(lib.dl_batch_copy(b, b"label", labels.data_ptr(), 8 * n, stream))
+        return labels
 
     def _export(self, b, field):
-        """Field FIELD of batch B: a view of its slot, but the labels a copy (B integers: a loop
-        that keeps them for its metrics, as DataLoader allows, then holds no slot)."""
+        """Field FIELD of batch B: a view of its slot, but the labels a copy (as in _labels)."""
         managed = ctypes.POINTER(DLManagedTensor)()
         _check(lib.dl_batch_export(b, field, ctypes.byref(managed)))
         if self._framework == "torch":  # the capsule straight to torch, which needs no wrapper
-            view = self._torch.utils.dlpack.from_dlpack(_dlpack.capsule(managed))
-            return view.clone() if field == b"label" else view
+            return self._torch.utils.dlpack.from_dlpack(_dlpack.capsule(managed))
         tensor = _dlpack.DLPackTensor(managed)
         if self._framework == "numpy":
             view = self._numpy.from_dlpack(tensor)

@@ -731,11 +731,14 @@ def test_one_slot_serves_a_for_loop_that_lets_each_batch_go():
 
 
 @needs_testdata
-def test_labels_kept_for_metrics_hold_no_slot():
+@pytest.mark.parametrize("framework", ["numpy", "torch"])
+def test_labels_kept_for_metrics_hold_no_slot(framework):
     # As with DataLoader: an evaluation loop keeps every batch's labels; they are copies, so the
     # loader goes on. The images stay views of the slots (the test above holds them).
+    if framework == "torch":
+        pytest.importorskip("torch")
     with ringfeed.Loader(WDS, batch_size=4, image_size=16, prefetch=2, epochs=1, workers=2, shuffle=False,
-                         framework="numpy") as loader:
+                         framework=framework) as loader:
         kept, keys = [], []
         batches = len(loader)
         for batch in loader:
@@ -744,8 +747,10 @@ def test_labels_kept_for_metrics_hold_no_slot():
         assert len(kept) == batches > 2
     with ringfeed.Loader(WDS, batch_size=4, image_size=16, workers=1, shuffle=False, framework="numpy") as again:
         labels = np.concatenate([b["label"] for b in again])
+    kept = [np.asarray(k) for k in kept]
     assert np.array_equal(np.concatenate(kept), labels) and len(keys) == len(labels)
-    assert kept[0].flags.owndata and kept[0].flags.writeable
+    assert kept[0].flags.writeable and kept[0].dtype == np.int64 and kept[0].shape == (4,)
+    assert len({k.__array_interface__["data"][0] for k in kept}) == len(kept)  # no two share memory
 
 
 def _rss_mb():

@@ -143,6 +143,23 @@ def test_consumer_stream_work_sees_each_batch(shard):
     assert [int(x) for x in sums] == want
 
 
+def test_labels_kept_past_their_slots_come_from_the_current_stream(shard):
+    """The labels are the loop's own tensors, which the library fills on the current stream (not
+    the default one here): kept over two epochs of two slots, each still holds its batch's."""
+    kw = dict(batch_size=8, image_size=32, seed=5, workers=4, epochs=2, decode="cpu")
+    want = [b["label"].clone() for b in ringfeed.Loader(shard, device="cpu", **kw)]
+    s = torch.cuda.Stream()
+    kept = []
+    with torch.cuda.stream(s):
+        for b in ringfeed.Loader(shard, device="cuda:0", device_slots=2, **kw):
+            assert b["label"].device == torch.device("cuda", 0) and b["label"].dtype == torch.int64
+            kept.append(b["label"])
+            torch.cuda._sleep(2_000_000)  # a long step: the next batches' copies queue behind it
+    torch.cuda.synchronize()
+    assert len(kept) == len(want) > 10
+    assert all(torch.equal(k.cpu(), w) for k, w in zip(kept, want))
+
+
 def test_gpu_decode_close_to_cpu(shard):
     """decode="gpu": nvJPEG and the crop kernel give the CPU path's crops within 2 levels."""
     kw = dict(batch_size=16, image_size=64, seed=4, flip=True, workers=4)
