@@ -472,7 +472,7 @@ int dl_batch_copy(dl_batch *b, const char *name, void *dst, size_t cap, void *st
   if (!held)
     return dl__fail(-EINVAL, "dl_batch_copy: the batch was released already; copy before releasing it");
   if (b->is_device)
-    return dl__cuda_copy(b, dst, t.data, bytes, stream);
+    return dl__forked(b->l) ? DL_EFORKED : dl__cuda_copy(b, dst, t.data, bytes, stream);
   memcpy(dst, t.data, bytes);
   return 0;
 }

@@ -567,7 +567,7 @@ class Loader:
         return labels
 
     def _export(self, b, field):
-        """Field FIELD of batch B: a view of its slot, but the labels a copy (as in _labels)."""
+        """Field FIELD of batch B: a view of its slot; numpy's labels a copy (torch's: _labels)."""
         managed = ctypes.POINTER(DLManagedTensor)()
         _check(lib.dl_batch_export(b, field, ctypes.byref(managed)))
         if self._framework == "torch":  # the capsule straight to torch, which needs no wrapper
