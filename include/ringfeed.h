@@ -230,8 +230,9 @@ DL_EXTERN int dl_batch_export(dl_batch *b, const char *name, DLManagedTensor **o
 /*
  * Copies field NAME (all of it, as dl_batch_field describes it) into DST, which holds CAP bytes.
  * For a device batch DST is device or host memory, and the copy is queued on STREAM after the
- * batch's copy, as dl_batch_wait orders it; for a host batch it is done before the call returns. The copy holds nothing of the batch: the way to keep
- * a batch's labels past its release without a tensor of the slot. Copy before the release.
+ * batch's copy, as dl_batch_wait orders it; for a host batch it is done before the call returns.
+ * The copy holds nothing of the batch: the way to keep a batch's labels past its release without
+ * a tensor of the slot. Copy before the release.
  */
 DL_EXTERN int dl_batch_copy(dl_batch *b, const char *name, void *dst, size_t cap, void *stream);
 

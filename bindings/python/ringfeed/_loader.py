@@ -491,7 +491,8 @@ class Loader:
             tensors, members = self._layout or self._read_layout(b)
             out = {}
             for key, name in tensors:
-                out[key] = self._labels(b, n, device, stream) if name == b"label" and device else self._export(b, name)
+                labels = name == b"label" and device  # torch's, copied out; numpy's in _export
+                out[key] = self._labels(b, n, device, stream) if labels else self._export(b, name)
             if members:
                 size = ctypes.c_size_t()
                 for key, name, kind in members:
