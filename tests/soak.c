@@ -58,6 +58,19 @@ static sample take(dl_loader *l) {
   return (sample){rss_mb(), count_entries("/proc/self/fd"), count_entries("/proc/self/task") + 1, pinned_of(l)};
 }
 
+/* A sample after dl_close: a thread it joined can stay listed under /proc for a moment after
+ * pthread_join returns (the kernel lets the joiner go before it unlists the task), so the count is
+ * read again for up to a second until it is down to the process's own THREADS; one still there
+ * after that is a thread the loader left running. */
+static sample take_closed(int threads) {
+  sample s = take(NULL);
+  for (int i = 0; i < 1000 && s.threads > threads; i++) {
+    usleep(1000);
+    s.threads = count_entries("/proc/self/task") + 1;
+  }
+  return s;
+}
+
 static void print(const char *what, int i, sample s) {
   printf("%-8s %4d  rss %8.1f MB  fds %3d  threads %3d  pinned %lld\n", what, i, s.rss_mb, s.fds, s.threads,
          s.pinned);
@@ -140,7 +153,7 @@ int main(int argc, char **argv) {
   dl_batch *b;
   ASSERT_EQ(dl_next_batch(l, &b), DL_EOF);
   dl_close(l);
-  sample closed = take(NULL);
+  sample closed = take_closed(before.threads);
   print("closed", 0, closed);
 
   /* EPOCHS loaders, one after another: sampled with each loader open (its pinned memory is all
@@ -151,7 +164,7 @@ int main(int argc, char **argv) {
     epoch_of(l, dl_batches_per_epoch(l));
     long long pinned = pinned_of(l);
     dl_close(l);
-    s = take(NULL);
+    s = take_closed(before.threads);
     s.pinned = pinned;
     if (c == 1)
       warm = s;
