@@ -64,8 +64,8 @@ def one_run(source, batch_size, batches, device, workers, step_kind):
 
 # What Loader._take calls, each timed apart by --parts.
 LIB_CALLS = ("dl_batch_wait", "dl_batch_size", "dl_batch_field_count", "dl_batch_field_name", "dl_batch_export",
-             "dl_batch_copy", "dl_batch_bytes_count", "dl_batch_keys", "dl_batch_position",
-             "dl_batches_per_epoch", "dl_batch_errors", "dl_batch_release")
+             "dl_batch_copy", "dl_batch_bytes_count", "dl_batch_keys", "dl_batch_keys_text",
+             "dl_batch_position", "dl_batches_per_epoch", "dl_batch_errors", "dl_batch_release")
 
 
 def parts_run(source, batch_size, batches, device, workers, step_kind):

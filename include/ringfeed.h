@@ -172,6 +172,13 @@ DL_EXTERN const char *dl_batch_key(const dl_batch *b, int i);
 /* The keys of all dl_batch_size(b) samples at once, owned by the loader until the batch is released
  * (one call a batch where a binding's calls cost more than the loop over them); NULL for no batch. */
 DL_EXTERN const char *const *dl_batch_keys(const dl_batch *b);
+/*
+ * The keys of all dl_batch_size(b) samples as one string, each key ended by a '\0', and in *LEN its
+ * bytes, '\0's included: owned by the loader until the batch is released or this is called again
+ * for it. A binding decodes one string a batch rather than reading B. Call it from the thread that
+ * holds the batch; NULL (and dl_last_error) for no batch, one released already, or no memory.
+ */
+DL_EXTERN const char *dl_batch_keys_text(dl_batch *b, size_t *len);
 
 /* 0 if sample I was delivered as read, else the error that made it a substitute (on_error=skip). */
 DL_EXTERN int dl_batch_sample_error(const dl_batch *b, int i);

@@ -367,6 +367,15 @@ static bool drop_hold(dl_batch *b) {
  * export's). */
 static bool consumer_holds(const dl_batch *b) { return b->state == DL__SLOT_HELD && b->refs - b->exports >= 1; }
 
+/* The same, taking the lock: for a call that reads the slot after (its slot may hold another batch
+ * by now otherwise). */
+static bool still_held(dl_batch *b) {
+  pthread_mutex_lock(&b->l->mu);
+  bool held = consumer_holds(b);
+  pthread_mutex_unlock(&b->l->mu);
+  return held;
+}
+
 static void unref_locked(dl_batch *b, bool *free_now) {
   dl_loader *l = b->l;
   if (--b->refs > 0)
@@ -466,15 +475,38 @@ int dl_batch_copy(dl_batch *b, const char *name, void *dst, size_t cap, void *st
   if (bytes > cap)
     return dl__fail(-EINVAL, "dl_batch_copy: field '%s' is %zu bytes, more than the %zu of DST", name, bytes,
                     cap);
-  pthread_mutex_lock(&b->l->mu);
-  bool held = consumer_holds(b);
-  pthread_mutex_unlock(&b->l->mu);
-  if (!held)
+  if (!still_held(b))
     return dl__fail(-EINVAL, "dl_batch_copy: the batch was released already; copy before releasing it");
   if (b->is_device)
     return dl__forked(b->l) ? DL_EFORKED : dl__cuda_copy(b, dst, t.data, bytes, stream);
   memcpy(dst, t.data, bytes);
   return 0;
+}
+
+/* Into the slot's buffer, which lives as long as the slot: the steady state allocates nothing. */
+const char *dl_batch_keys_text(dl_batch *b, size_t *len) {
+  if (!b) {
+    dl__fail(-EINVAL, "dl_batch_keys_text: no batch");
+    return NULL;
+  }
+  if (!still_held(b)) {
+    dl__fail(-EINVAL, "dl_batch_keys_text: the batch was released already; read its keys before "
+                      "releasing it");
+    return NULL;
+  }
+  size_t at = 0;
+  for (int i = 0; i < b->len; i++) {
+    size_t n = strlen(b->key[i]) + 1;
+    if (dl__buf_reserve(&b->key_text, at + n)) {
+      dl__fail(-ENOMEM, "dl_batch_keys_text: no memory for the keys of %d samples", b->len);
+      return NULL;
+    }
+    memcpy(b->key_text.p + at, b->key[i], n);
+    at += n;
+  }
+  if (len)
+    *len = at;
+  return (const char *)b->key_text.p;
 }
 
 int dl_batch_wait(dl_batch *b, void *stream) {

@@ -57,6 +57,7 @@ struct dl_batch {
   uint8_t *image;    /* host image bytes for this slot */
   int64_t *label;
   const char **key;
+  dl__buf key_text;  /* the keys joined, by dl_batch_keys_text */
   int *sample_err;
   void *gpu;         /* per-slot device state (gpu/copy_stage.c) */
   /* With JPEG decoding on the GPU (host slots): the compressed JPEGs the GPU decodes, and per
@@ -366,8 +367,7 @@ bool dl__decode_may_use_gpu(const dl_loader *l);
  * once). decode=gpu|hybrid that cannot run fails with DL_ENODEVICE; decode=auto falls back to
  * the CPU. Then sizes the arenas (l->arena_bytes) from the dataset's JPEG sizes. */
 int dl__decode_choose(dl_loader *l);
-/* Whether a thread feeds a GPU's JPEG decoder, now or once nvJPEG has started (workers=auto
- * leaves it a CPU). */
+/* Whether a thread feeds a GPU's JPEG decoder, now or once nvJPEG starts (workers=auto leaves it a CPU). */
 bool dl__decode_feeds_gpu(const dl_loader *l);
 /* How many of a batch of LEN samples opened now the workers decode (under l->mu). */
 int dl__split_cpu_n(const dl_loader *l, int len);

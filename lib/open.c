@@ -31,6 +31,7 @@ void dl__loader_free(dl_loader *l) {
     dl_batch *slots = l->streams[s].slots;
     for (int i = 0; slots && i < l->o.prefetch; i++) {
       free(slots[i].key);
+      dl__buf_free(&slots[i].key_text);
       free(slots[i].sample_err);
       free(slots[i].jobs);
       free(slots[i].on_cpu);

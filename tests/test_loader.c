@@ -326,6 +326,14 @@ static void sources(void) {
   for (int i = 0; i < 9; i++)
     ASSERT(keys[i] == dl_batch_key(b, i));
   ASSERT(!dl_batch_keys(NULL));
+  size_t text_len = 0; /* joined in one string, each ended by its NUL; the same again */
+  for (int again = 0; again < 2; again++) {
+    const char *text = dl_batch_keys_text(b, &text_len), *at = text;
+    for (int i = 0; i < 9; at += strlen(at) + 1, i++)
+      ASSERT_STR_EQ(at, dl_batch_key(b, i));
+    ASSERT_EQ((long)text_len, (long)(at - text));
+  }
+  ASSERT(!dl_batch_keys_text(NULL, &text_len));
   DLTensor lab;
   dl_batch_field(b, "label", &lab);
   ASSERT_EQ(((int64_t *)lab.data)[0], 0);
@@ -597,6 +605,8 @@ static void released_twice(void) {
   int64_t labels[4];
   ASSERT_EQ(dl_batch_copy(a, "label", labels, sizeof labels, NULL), -EINVAL);
   ASSERT_CONTAINS(dl_last_error(), "copy before releasing it");
+  ASSERT(!dl_batch_keys_text(a, NULL)); /* the slot holds batch 2's keys now */
+  ASSERT_CONTAINS(dl_last_error(), "read its keys before releasing it");
   dl_batch_release(b, NULL);
   for (int64_t want = 2; want < 5; want++) {
     int64_t epoch, index;

@@ -812,6 +812,7 @@ void dl__cuda_close(dl_loader *l) {
       if (s->dslots) {
         cudaFree(s->dslots[j].fields);
         free(s->dslots[j].key);
+        dl__buf_free(&s->dslots[j].key_text);
         free(s->dslots[j].sample_err);
         dl__slot_bytes_free(l, &s->dslots[j]);
       }

@@ -84,6 +84,7 @@ _sig = {
     "dl_batch_size": (_c.c_int, [_c.c_void_p]),
     "dl_batch_key": (_c.c_char_p, [_c.c_void_p, _c.c_int]),
     "dl_batch_keys": (_c.POINTER(_c.c_char_p), [_c.c_void_p]),
+    "dl_batch_keys_text": (_c.c_void_p, [_c.c_void_p, _c.POINTER(_c.c_size_t)]),
     "dl_batch_sample_error": (_c.c_int, [_c.c_void_p, _c.c_int]),
     "dl_batch_errors": (_c.c_int, [_c.c_void_p]),
     "dl_batch_position": (_c.c_int, [_c.c_void_p, _c.POINTER(_c.c_int64), _c.POINTER(_c.c_int64)]),

@@ -498,10 +498,7 @@ class Loader:
                 for key, name, kind in members:
                     out[key] = [_member(kind, lib.dl_batch_bytes(b, name, i, ctypes.byref(size)), size.value)
                                 for i in range(n)]
-            # One call for the keys, and one decode of them all, as _name decodes each: keys hold no
-            # NUL, which no UTF-8 sequence or escaped byte spans (bench/python_batch_cost.py).
-            keys = lib.dl_batch_keys(b)[:n] if n else None
-            out["key"] = b"\0".join(keys).decode("utf-8", "surrogateescape").split("\0") if n else []
+            out["key"] = self._keys(b) if n else []
             epoch, index = ctypes.c_int64(), ctypes.c_int64()
             lib.dl_batch_position(b, ctypes.byref(epoch), ctypes.byref(index))
             out["epoch"], out["index"] = epoch.value, index.value
@@ -521,6 +518,16 @@ class Loader:
             changed = self._transform(out)
             out = out if changed is None else changed
         return out
+
+    def _keys(self, b):
+        """The batch's keys as str, as _name decodes each: one C call joins them into one string and
+        one decode splits it (keys hold no NUL, which no UTF-8 sequence or escaped byte spans), where
+        B bytes objects, one a key, cost more (bench/python_batch_cost.py)."""
+        size = ctypes.c_size_t()
+        text = lib.dl_batch_keys_text(b, ctypes.byref(size))
+        if not text:
+            raise Error(-22, (lib.dl_last_error() or b"").decode(errors="replace"))
+        return ctypes.string_at(text, size.value - 1).decode("utf-8", "surrogateescape").split("\0")
 
     def _read_layout(self, b):
         """The names of the batch's tensors and members (with what each member holds): the same in
