@@ -413,13 +413,14 @@ static void index_ahead(const char *source, const dl__options *o) {
       pthread_join(t[started], NULL);
   }
   size_t scanned = atomic_load(&a.scanned);
-  char rank[PATH_MAX + 80] = "";
-  if (o->host_ranks > 1)
-    snprintf(rank, sizeof rank, ", beginning with %s (LOCAL_RANK=%d of LOCAL_WORLD_SIZE=%d)", a.paths[a.first],
-             o->host_rank, o->host_ranks);
-  if (scanned)
+  if (scanned) { /* the line says where this rank began, where ranks share the scan */
+    char rank[PATH_MAX + 80] = "";
+    if (o->host_ranks > 1)
+      snprintf(rank, sizeof rank, ", beginning with %s (LOCAL_RANK=%d of LOCAL_WORLD_SIZE=%d)",
+               a.paths[a.first], o->host_rank, o->host_ranks);
     dl__log(DL__LOG_DEBUG, "source: %zu of %zu shards indexed ahead in %.1f ms on %d thread%s%s", scanned, a.n,
             (dl__now() - t0) * 1e3, threads, threads == 1 ? "" : "s", rank);
+  }
   for (size_t i = 0; i < a.n; i++)
     free(a.paths[i]);
   free(a.paths);
