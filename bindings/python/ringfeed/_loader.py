@@ -275,7 +275,8 @@ class Loader:
     def __init__(self, source, *, state=None, framework=None, **options):
         self._handle = ctypes.c_void_p()
         if not hasattr(self, "_guard"):  # kept when the loader reopens (set_epoch, load_state_dict)
-            self._guard = threading.Condition()
+            self._lock = threading.Lock()  # a Condition's own enter and exit cost more, on each batch
+            self._guard = threading.Condition(self._lock)  # for close() to wait on
             self._users = 0
         self._framework = _framework(framework)
         self._torch = _needs("torch") if self._framework == "torch" else None
@@ -429,26 +430,34 @@ class Loader:
         source = _CREDENTIALS.sub(r"\1", self._source)
         return f"ringfeed.Loader({source!r}{options}, framework={self._framework!r}) <{state}>"
 
+    def _enter(self, closed, entered):
+        """The C handle, counted in use until _leave: close() from another thread waits until every
+        use has ended before dl_close frees the loader, so no call is made on a freed one. ENTERED[0]
+        is set with the count, no call between them, so that an interrupt anywhere after still has
+        the count undone. A closed loader raises CLOSED (code, message) instead of handing C a NULL."""
+        with self._lock:
+            if not self._handle:
+                raise Error(*closed)
+            self._users += 1
+            entered[0] = True
+            return self._handle
+
+    def _leave(self):
+        with self._lock:
+            self._users -= 1
+            if not self._users and not self._handle:  # a close() waits for the last use
+                self._guard.notify_all()
+
     @contextlib.contextmanager
     def _use(self, closed=(-9, "the loader is closed")):
-        """The C handle, for one call or a few: close() from another thread waits until every
-        such use has ended before dl_close frees the loader, so no call is made on a freed one. A
-        closed loader raises CLOSED (code, message) instead of handing C a NULL."""
-        counted = False
+        """_enter and _leave around a block (next_batch makes the two calls itself: a generator's
+        context costs the loop's thread 30-40 us more a batch, bench/python_batch_cost.py)."""
+        entered = [False]
         try:
-            with self._guard:
-                if not self._handle:
-                    raise Error(*closed)
-                self._users += 1
-                counted = True  # at once: an interrupt after the count must still undo it
-                handle = self._handle
-            yield handle
+            yield self._enter(closed, entered)
         finally:
-            if counted:
-                with self._guard:
-                    self._users -= 1
-                    if not self._users:
-                        self._guard.notify_all()
+            if entered[0]:
+                self._leave()
 
     def _live(self):
         with self._use() as handle:
@@ -462,10 +471,15 @@ class Loader:
         # takes effect between two of them.
         closed = (-9, "the loader is closed")
         while True:
-            with self._use(closed) as handle:
+            entered = [False]
+            try:
+                handle = self._enter(closed, entered)
                 rc = lib.dl_next_batch_timed(handle, device_index, _WAIT_SLICE_MS, ctypes.byref(b))
                 if rc == 0:
                     return self._take(handle, b, device_index)
+            finally:
+                if entered[0]:
+                    self._leave()
             if rc != _ETIMEDOUT:
                 break
             closed = (_DL_ECLOSED, "the loader was closed while waiting for a batch")
