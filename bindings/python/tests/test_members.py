@@ -306,6 +306,26 @@ def test_names_that_are_not_utf8_come_back_whole(tmp_path):
     assert batch["n\udce9te"] == [b"note %d" % i for i in range(5)]
 
 
+def test_long_keys_come_back_whole_batch_after_batch(tmp_path):
+    """A batch's keys come as one string the library joins in a buffer of the batch's slot, which
+    grows past its first 4 KiB here (eight keys of about 900 bytes) and is reused for the batches
+    after: every key in every batch comes back whole and in order."""
+    path = tmp_path / "long.tar"
+    keys = [f"{i:02d}/" + "k" * (850 + 7 * i) for i in range(24)]
+    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as t:
+        for i, key in enumerate(keys):
+            buf = io.BytesIO()
+            Image.fromarray(np.full((16, 16, 3), i, np.uint8)).save(buf, format="PNG")
+            for ext, data in (("png", buf.getvalue()), ("cls", str(i).encode())):
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size = len(data)
+                t.addfile(info, io.BytesIO(data))
+    with ringfeed.Loader(str(path), batch_size=8, image_size=16, shuffle=False, framework="numpy", prefetch=2,
+                         epochs=2) as loader:
+        got = [batch["key"] for _ in range(2) for batch in loader]
+    assert got == [keys[i:i + 8] for i in range(0, 24, 8)] * 2
+
+
 def test_labels_are_read_as_pythons_int_reads_them(tmp_path):
     path = tmp_path / "labels.tar"
     texts = ["+3", " 4\n", "-2", "0007", "\t12 \r\n"]
