@@ -62,7 +62,7 @@ def one_run(source, batch_size, batches, device, workers, step_kind):
     return statistics.median(spent[batches // 8:]) * 1e3, statistics.median(whole[batches // 8:]) * 1e3
 
 
-# What Loader._take calls, each timed apart by --parts.
+# What Loader._take calls, in this binding or an older one, each timed apart by --parts.
 LIB_CALLS = ("dl_batch_wait", "dl_batch_size", "dl_batch_field_count", "dl_batch_field_name", "dl_batch_export",
              "dl_batch_copy", "dl_batch_bytes_count", "dl_batch_keys", "dl_batch_keys_text",
              "dl_batch_position", "dl_batches_per_epoch", "dl_batch_errors", "dl_batch_release")

@@ -542,7 +542,7 @@ class Loader:
         size = ctypes.c_size_t()
         text = lib.dl_batch_keys_text(b, ctypes.byref(size))
         if not text:
-            raise Error(_EINVAL, (lib.dl_last_error() or b"").decode(errors="replace"))
+            _check(_EINVAL)  # raises, with the library's message
         return ctypes.string_at(text, size.value - 1).decode("utf-8", "surrogateescape").split("\0")
 
     def _read_layout(self, b):
