@@ -13,7 +13,10 @@
 #   traces alone; REPEAT=R: R pairs of held and fed runs, the ratio of each, their median and where
 #   each fed run's split ended;
 #   ALTERNATE=N: one more run (ALTERNATE_STEPS long, STEPS by default) of N-step blocks held and fed
-#   in turn in one process (each fed block follows a pause of the loader's consumer); ORDER=R: R
+#   in turn in one process (each fed block follows a pause of the loader's consumer), ALTERNATE_RUNS
+#   such runs (1), and with ALTERNATE_ONLY=1 these alone; each says how far its held blocks moved,
+#   and several give the median of their ratios, over all and over those whose held blocks moved
+#   QUIET at most (0.03: a host whose own rate moves more cannot show 1%); ORDER=R: R
 #   pairs of fed runs (ORDER_STEPS, 60), the loader opened before the model is built
 #   (--loader-first) and after it (the example's order), for the start-up and rate each gives
 set -u
@@ -21,10 +24,18 @@ data=$1
 out=${2:-out}
 mkdir -p "$out"
 steps=${STEPS:-300}
+if [ -n "${ALTERNATE_ONLY:-}" ] && [ -z "${ALTERNATE:-}" ]; then
+  echo "train_fed_vs_held: ALTERNATE_ONLY=1 needs ALTERNATE=N, the steps of a block" >&2
+  exit 2
+fi
 traces=$(mktemp -d /tmp/ringfeed-train-trace.XXXXXX)  # large: left on the machine
 steady() { sed -n 's/.*"steady_images_per_s_per_gpu": *\([0-9.]*\).*/\1/p' "$1" | tail -1; }
 field() { sed -n "s/.*\"$2\": *\([^,}]*\).*/\1/p" "$1" | tail -1; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN{ if (b > 0 && a > 0) printf "%.4f", a / b; else print "-" }'; }  # A / B
+median() {  # of the arguments; "-" for none
+  [ $# -gt 0 ] || { echo -; return; }
+  printf '%s\n' "$@" | sort -n | awk '{ v[NR] = $1 } END { printf "%.4f", (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
 for model in ${MODELS:-resnet50 vit_tiny}; do
   eval batch=\${BATCH_$model:-}
   [ -n "$batch" ] || { [ $model = vit_tiny ] && batch=128 || batch=256; }
@@ -35,7 +46,32 @@ for model in ${MODELS:-resnet50 vit_tiny}; do
       --batch-size $batch --steps $steps --epochs 0 "$@" > "$out/train-$model-$name.log" 2>&1
     echo "$?"
   }
-  if [ -z "${TRACE_ONLY:-}" ]; then
+  # ALTERNATE_RUNS runs of held and fed blocks in turn, a row each, and with several the median of
+  # their ratios: over all, and over the runs whose held blocks moved QUIET at most
+  alternate_runs() {
+    ratios= quiet=
+    r=1
+    while [ $r -le "${ALTERNATE_RUNS:-1}" ]; do
+      name=alternate
+      [ $r = 1 ] || name=alternate-$r
+      log="$out/train-$model-$name.log"
+      rc_alt=$(run $name --alternate "$ALTERNATE" --steps "${ALTERNATE_STEPS:-$steps}")
+      pair=$(field "$log" median_pair_ratio) moved=$(field "$log" held_moved)
+      printf '| %s fed / held in %s-step blocks of one process, run %s (exit %s) | median step held / fed %s; blocks: median of the pairs %s, ratio of the medians %s; pairs %s; the held blocks moved %s |\n' \
+        $model "$ALTERNATE" $r "$rc_alt" "$(field "$log" ratio_of_median_steps)" "$pair" "$(field "$log" ratio_of_medians)" \
+        "$(sed -n 's/.*"pair_ratios": *\(\[[0-9., ]*\]\).*/\1/p' "$log" | tail -1)" "$moved"
+      case $pair in [0-9]*)
+        ratios="$ratios $pair"
+        awk -v m="$moved" -v q="${QUIET:-0.03}" 'BEGIN { exit !(m ~ /^[0-9.]+$/ && m + 0 <= q + 0) }' && quiet="$quiet $pair" ;;
+      esac
+      r=$((r + 1))
+    done
+    [ "${ALTERNATE_RUNS:-1}" -gt 1 ] && printf '| %s fed / held in blocks, %s runs | median %s of%s; over the %s runs whose held blocks moved %s at most: %s |\n' \
+      $model "$ALTERNATE_RUNS" "$(median $ratios)" "$ratios" "$(echo $quiet | wc -w)" "${QUIET:-0.03}" "$(median $quiet)"
+  }
+  if [ -n "${ALTERNATE_ONLY:-}" ]; then
+    alternate_runs
+  elif [ -z "${TRACE_ONLY:-}" ]; then
     rc_held=$(run held --held)
     rc_beside=$(run beside --held --beside)
     rc_fed=$(run fed)
@@ -62,16 +98,9 @@ for model in ${MODELS:-resnet50 vit_tiny}; do
     done
     [ "${REPEAT:-1}" -gt 1 ] && printf '| %s fed / held, pair by pair (held then fed) | %s; median %s; the fed runs'"'"' split at the end %s |\n' \
       $model "$pairs" \
-      "$(echo $pairs | tr ' ' '\n' | sort -n | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }')" \
+      "$(median $pairs)" \
       "$splits"
-    if [ -n "${ALTERNATE:-}" ]; then
-      rc_alt=$(run alternate --alternate "$ALTERNATE" --steps "${ALTERNATE_STEPS:-$steps}")
-      printf '| %s fed / held in %s-step blocks of one process (exit %s) | median step held / fed %s; blocks: median of the pairs %s, ratio of the medians %s; pairs %s |\n' \
-        $model "$ALTERNATE" "$rc_alt" "$(field "$out/train-$model-alternate.log" ratio_of_median_steps)" \
-        "$(field "$out/train-$model-alternate.log" median_pair_ratio)" \
-        "$(field "$out/train-$model-alternate.log" ratio_of_medians)" \
-        "$(sed -n 's/.*"pair_ratios": *\(\[[0-9., ]*\]\).*/\1/p' "$out/train-$model-alternate.log" | tail -1)"
-    fi
+    [ -z "${ALTERNATE:-}" ] || alternate_runs
     # ORDER=R: each pair in turn loader-first then model-first, and the other way, so that neither
     # order always meets a warmer page cache or GPU
     r=1

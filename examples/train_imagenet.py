@@ -249,7 +249,11 @@ def main():
                                "median_pair_ratio": median(pairs), "median_step_ms": steps,
                                "ratio_of_median_steps": steps["held"] / steps["fed"] if steps["fed"] else None,
                                "ratio_of_medians": median(blocks["fed"]) / median(blocks["held"])
-                               if blocks["fed"] and blocks["held"] else None}
+                               if blocks["fed"] and blocks["held"] else None,
+                               # how far the model's own rate moved: a host on which it moves more than
+                               # a few percent cannot show a loss of 1%
+                               "held_moved": round(max(blocks["held"]) / min(blocks["held"]) - 1, 4)
+                               if blocks["held"] else None}
     print(json.dumps(result), flush=True)
     if args.save_state and rank == 0:
         json.dump(loader.state_dict(), open(args.save_state, "w"))
