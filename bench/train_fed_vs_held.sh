@@ -28,6 +28,17 @@ if [ -n "${ALTERNATE_ONLY:-}" ] && [ -z "${ALTERNATE:-}" ]; then
   echo "train_fed_vs_held: ALTERNATE_ONLY=1 needs ALTERNATE=N, the steps of a block" >&2
   exit 2
 fi
+# counts given wrong would end the loops at once with a shell message and no run: said here instead
+for v in ALTERNATE ALTERNATE_RUNS REPEAT ORDER; do
+  eval val=\${$v:-1}
+  least=1
+  [ $v = ORDER ] && least=0  # (no start-up pairs, its default)
+  case $val in *[!0-9]* | 0?* | "") bad=1 ;; *) bad=$((val < least)) ;; esac
+  if [ $bad = 1 ]; then
+    echo "train_fed_vs_held: $v=$val: give a whole number of $least or more" >&2
+    exit 2
+  fi
+done
 traces=$(mktemp -d /tmp/ringfeed-train-trace.XXXXXX)  # large: left on the machine
 steady() { sed -n 's/.*"steady_images_per_s_per_gpu": *\([0-9.]*\).*/\1/p' "$1" | tail -1; }
 field() { sed -n "s/.*\"$2\": *\([^,}]*\).*/\1/p" "$1" | tail -1; }

@@ -346,3 +346,23 @@ def test_thread_cpus_names_the_workers_and_passes_the_commands_output_and_exit(t
     failed = subprocess.run([sys.executable, script, "--out", tmp_path / "x.json", "--", DLBENCH, "--workers", "0"],
                             capture_output=True, text=True, timeout=60)
     assert failed.returncode != 0 and (tmp_path / "x.json").exists()
+
+
+@pytest.mark.parametrize("setting, said", [
+    ({"ALTERNATE_ONLY": "1"}, "ALTERNATE_ONLY=1 needs ALTERNATE=N, the steps of a block"),
+    ({"ALTERNATE": "25", "ALTERNATE_RUNS": "0"}, "ALTERNATE_RUNS=0: give a whole number of 1 or more"),
+    ({"ALTERNATE": "x"}, "ALTERNATE=x: give a whole number of 1 or more"),
+    ({"REPEAT": "2.5"}, "REPEAT=2.5: give a whole number of 1 or more"),
+    ({"ORDER": "-1"}, "ORDER=-1: give a whole number of 0 or more"),
+])
+def test_train_comparison_refuses_a_count_it_cannot_run_before_running_anything(tmp_path, setting, said):
+    """bench/train_fed_vs_held.sh runs on a GPU machine for many minutes: a count given wrong is said
+    at once (its loops would otherwise end with a shell message and no run), and nothing is run."""
+    script = os.path.join(os.path.dirname(__file__), "..", "..", "..", "bench", "train_fed_vs_held.sh")
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("ALTERNATE", "ALTERNATE_ONLY", "ALTERNATE_RUNS", "REPEAT", "ORDER")}
+    r = subprocess.run(["sh", script, str(tmp_path / "none-*.tar"), str(out)], env={**env, **setting},
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr == f"train_fed_vs_held: {said}\n", r
+    assert list(out.iterdir()) == []  # no model run, no log
